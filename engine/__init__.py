@@ -1,0 +1,1 @@
+"""The bundled RL engine: a Ray single-controller trainer (HybridFlow design)."""
