@@ -30,7 +30,7 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     correction); a single valid element has variance 0.
     """
     mean = masked_mean(x, mask)
-    sq = masked_sum((x - mean) ** 2, mask)
+    sq = masked_sum(torch.where(mask.bool(), x - mean, 0.0) ** 2, mask)  # no inf·0 in backward
     count = mask.sum()
     if unbiased:
         return sq / (count - 1).clamp(min=1)
@@ -47,7 +47,7 @@ def masked_whiten(
     """
     mean = masked_mean(x, mask)
     var = masked_var(x, mask)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
+    whitened = torch.where(mask.bool(), x - mean, 0.0) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))

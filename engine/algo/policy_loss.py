@@ -1,0 +1,447 @@
+"""Policy (actor) losses: one registered function per variant, one shared signature.
+
+Every loss takes the current and sampling-time log-probabilities of the response
+tokens, their advantages and the response mask, and returns the scalar the optimizer
+minimises plus a few diagnostics::
+
+    fn(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> PolicyLossOutput
+
+Notation used in the docstrings: l_t = log π_θ(o_t) − log π_old(o_t) is the token
+log-ratio, r_t = exp(l_t) the token ratio, A_t the advantage, ε_low = ``cfg.clip_low``
+and ε_high = ``cfg.clip_high`` (``clip_ratio_low``/``clip_ratio_high``, both defaulting
+to ``clip_ratio``), sg[·] stop-gradient. Per-token losses are reduced with
+``aggregate_loss(..., cfg.loss_agg_mode, scale, cfg.loss_scale_factor)`` so that
+micro-batches sum to the mini-batch loss; the sequence-level losses (GSPO, GMPO) say
+how they aggregate.
+
+The log-ratio is clamped to ±``MAX_LOG_RATIO`` before it is exponentiated, so a
+policy that drifted far from the sampler (or a padding slot with garbage log-probs)
+gives a large but finite loss, never inf or NaN. Past the clamp the ratio has no
+gradient; every clipped loss has already stopped that token's gradient long before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.algo.aggregate import LossScale, aggregate_loss
+from engine.algo.masked import masked_mean
+from engine.algo.registry import Registry
+from engine.config import ActorConfig
+
+# |log π_θ − log π_old| beyond this is treated as this: exp(20) ≈ 4.9e8 is finite in
+# float32 and bfloat16, and no clip range comes anywhere near it.
+MAX_LOG_RATIO = 20.0
+
+PG_CLIPFRAC = "actor/pg_clipfrac"
+PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
+PPO_KL = "actor/ppo_kl"
+CLIP_COV_FRAC = "actor/clip_cov_frac"
+KL_COV_FRAC = "actor/kl_cov_frac"
+
+
+@dataclass
+class PolicyLossInputs:
+    """One (micro-)batch of response tokens, all tensors of shape (B, T), right-padded."""
+
+    logprobs_BT: torch.Tensor  # log π_θ(o_t) of the current policy (requires grad)
+    old_logprobs_BT: torch.Tensor  # log π_old(o_t) at sampling time (no grad)
+    advantages_BT: torch.Tensor
+    response_mask_BT: torch.Tensor  # 1 for a response token, 0 for padding
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: torch.Tensor  # scalar, aggregated over ``scale``
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+PolicyLossFn = Callable[[PolicyLossInputs, ActorConfig, LossScale | None], PolicyLossOutput]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+
+
+def compute_policy_loss(
+    inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None = None
+) -> PolicyLossOutput:
+    """The loss named by ``cfg.policy_loss.loss_mode`` (see ``POLICY_LOSSES``).
+
+    ``scale`` holds the normalisers of the whole mini-batch this micro-batch belongs
+    to; None takes the micro-batch as the whole batch.
+    """
+    shapes = {
+        tuple(t.shape)
+        for t in (
+            inputs.logprobs_BT,
+            inputs.old_logprobs_BT,
+            inputs.advantages_BT,
+            inputs.response_mask_BT,
+        )
+    }
+    if len(shapes) != 1:
+        raise ValueError(f"policy loss inputs must share one (B, T) shape, got {sorted(shapes)}")
+    return POLICY_LOSSES.get(cfg.policy_loss.loss_mode)(inputs, cfg, scale)
+
+
+# ---------------------------------------------------------------------------
+# shared pieces
+
+
+def _valid(inputs: PolicyLossInputs) -> torch.Tensor:
+    return inputs.response_mask_BT.bool()
+
+
+def _advantages(inputs: PolicyLossInputs) -> torch.Tensor:
+    """A_t, 0 on padding (so a NaN there cannot reach a gradient through a product)."""
+    adv = inputs.advantages_BT
+    return torch.where(_valid(inputs), adv, torch.zeros_like(adv))
+
+
+def _logprobs(inputs: PolicyLossInputs) -> torch.Tensor:
+    """log π_θ(o_t), 0 on padding."""
+    logp = inputs.logprobs_BT
+    return torch.where(_valid(inputs), logp, torch.zeros_like(logp))
+
+
+def _log_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
+    """l_t, 0 on padding, clamped to ±MAX_LOG_RATIO."""
+    diff = inputs.logprobs_BT - inputs.old_logprobs_BT
+    diff = torch.where(_valid(inputs), diff, torch.zeros_like(diff))
+    return diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+def _frac(flags_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """Fraction of the valid tokens where ``flags_BT`` holds (0 for no valid token)."""
+    return float(masked_mean(flags_BT.float(), mask_BT))
+
+
+def _ppo_kl(inputs: PolicyLossInputs) -> float:
+    """Approximate KL(π_old ‖ π_θ): the mean over valid tokens of log π_old − log π_θ."""
+    with torch.no_grad():
+        diff = inputs.old_logprobs_BT - inputs.logprobs_BT
+        return float(masked_mean(diff, inputs.response_mask_BT))
+
+
+def _aggregate(
+    loss_BT: torch.Tensor,
+    inputs: PolicyLossInputs,
+    cfg: ActorConfig,
+    scale: LossScale | None,
+    mode: str | None = None,
+) -> torch.Tensor:
+    """Reduce with ``mode`` (default ``cfg.loss_agg_mode``) over ``scale``."""
+    return aggregate_loss(
+        loss_BT,
+        inputs.response_mask_BT,
+        cfg.loss_agg_mode if mode is None else mode,
+        scale,
+        cfg.loss_scale_factor,
+    )
+
+
+@dataclass
+class _ClippedSurrogate:
+    loss_BT: torch.Tensor
+    clipped_BT: torch.Tensor  # the clipped term was the active one
+    dual_clipped_BT: torch.Tensor  # dual-clip's bound was the active one
+
+
+def _clipped_surrogate(inputs: PolicyLossInputs, cfg: ActorConfig) -> _ClippedSurrogate:
+    """Per-token PPO loss with asymmetric clip and dual-clip (see ``vanilla``)."""
+    adv = _advantages(inputs)
+    ratio = torch.exp(_log_ratio(inputs))
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    surrogate = torch.maximum(unclipped, clipped)
+    dual_bound = -adv * cfg.clip_ratio_c
+    negative = adv < 0
+    loss = torch.where(negative, torch.minimum(surrogate, dual_bound), surrogate)
+    return _ClippedSurrogate(
+        loss_BT=loss,
+        clipped_BT=clipped > unclipped,
+        dual_clipped_BT=negative & (surrogate > dual_bound),
+    )
+
+
+def _centred_covariance(inputs: PolicyLossInputs) -> torch.Tensor:
+    """cov_t = (A_t − mean A)(log π_θ(o_t) − mean log π_θ), means over the valid tokens
+    of this micro-batch; detached, 0 on padding."""
+    mask = inputs.response_mask_BT
+    with torch.no_grad():
+        adv = _advantages(inputs)
+        logp = _logprobs(inputs)
+        cov = (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
+        return torch.where(_valid(inputs), cov, torch.zeros_like(cov))
+
+
+def _count_to_select(ratio: float, num_valid: int) -> int:
+    """ratio·N tokens, rounded stochastically (global torch RNG) so that the expected
+    count is exactly ratio·N even when a micro-batch has fewer than 1/ratio tokens."""
+    expected = ratio * num_valid
+    count = math.floor(expected)
+    if expected > count and float(torch.rand(())) < expected - count:
+        count += 1
+    return min(count, num_valid)
+
+
+# ---------------------------------------------------------------------------
+# the losses
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla(
+    inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None
+) -> PolicyLossOutput:
+    """PPO's clipped surrogate with clip-higher and dual-clip.
+
+    Per token (Schulman et al. 2017, "Proximal Policy Optimization Algorithms")::
+
+        L_t = max(−A_t r_t, −A_t clip(r_t, 1 − ε_low, 1 + ε_high))
+
+    with separate lower and upper ranges (DAPO's clip-higher, Yu et al. 2025), and for
+    A_t < 0 the dual-clip bound (Ye et al. 2020, "Mastering Complex Control in MOBA
+    Games with Deep RL")::
+
+        L_t = min(L_t, −A_t c),   c = clip_ratio_c > 1
+
+    which caps the loss of a negative-advantage token whose ratio exploded; where the
+    bound is active the token has no gradient. Aggregated with ``loss_agg_mode``.
+
+    Metrics: ``pg_clipfrac`` (valid tokens where the clipped term was active),
+    ``pg_clipfrac_lower`` (valid tokens where dual-clip was active), ``ppo_kl``.
+    """
+    mask = inputs.response_mask_BT
+    s = _clipped_surrogate(inputs, cfg)
+    return PolicyLossOutput(
+        loss=_aggregate(s.loss_BT, inputs, cfg, scale),
+        metrics={
+            PG_CLIPFRAC: _frac(s.clipped_BT, mask),
+            PG_CLIPFRAC_LOWER: _frac(s.dual_clipped_BT, mask),
+            PPO_KL: _ppo_kl(inputs),
+        },
+    )
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> PolicyLossOutput:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"), token form.
+
+    The ratio is the length-normalised sequence likelihood ratio::
+
+        s_i = exp( (1/|o_i|) Σ_t l_{i,t} )
+
+    carried to each token so that the gradient flows token by token (GSPO-token)::
+
+        s_{i,t} = sg[s_i] · π_θ(o_t) / sg[π_θ(o_t)]      (value s_i, ∂s_{i,t}/∂log π_θ(o_t) = s_i)
+        L_{i,t} = max(−A_{i,t} s_{i,t}, −A_{i,t} clip(s_{i,t}, 1 − ε_low, 1 + ε_high))
+
+    and, as in the paper, averaged over each sequence's tokens and then over sequences:
+    the aggregation is always ``seq-mean-token-mean`` (whatever ``loss_agg_mode`` says),
+    so a token of sequence i gets gradient −A_i s_i / (|o_i| · |S|) while unclipped.
+    With a sequence-constant advantage this is exactly the sequence-level GSPO objective.
+    The paper's ranges are tiny (ε_low = 3e-4, ε_high = 4e-4): set them with
+    ``clip_ratio_low`` / ``clip_ratio_high``. No dual-clip.
+
+    Metrics: ``pg_clipfrac`` (valid tokens whose sequence ratio was clipped), ``ppo_kl``.
+    """
+    mask = inputs.response_mask_BT
+    adv = _advantages(inputs)
+    token_log_ratio = inputs.logprobs_BT - inputs.old_logprobs_BT
+    token_log_ratio = torch.where(_valid(inputs), token_log_ratio, torch.zeros_like(adv))
+    seq_log_ratio_B = masked_mean(token_log_ratio, mask, dim=-1).clamp(
+        -MAX_LOG_RATIO, MAX_LOG_RATIO
+    )
+    logp = _logprobs(inputs)
+    log_s_BT = seq_log_ratio_B.detach().unsqueeze(-1) + (logp - logp.detach())
+    ratio = torch.exp(log_s_BT)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    loss_BT = torch.maximum(unclipped, clipped)
+    return PolicyLossOutput(
+        loss=_aggregate(loss_BT, inputs, cfg, scale, mode="seq-mean-token-mean"),
+        metrics={PG_CLIPFRAC: _frac(clipped > unclipped, mask), PPO_KL: _ppo_kl(inputs)},
+    )
+
+
+@POLICY_LOSSES.register("gpg")
+def gpg(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> PolicyLossOutput:
+    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline
+    for Model Reasoning"): the plain policy gradient, no ratio and no clip::
+
+        L_t = −A_t log π_θ(o_t)
+
+    Aggregated with ``loss_agg_mode``. On-policy by construction (one update per batch);
+    ``pg_clipfrac`` is always 0.
+    """
+    loss_BT = -_advantages(inputs) * _logprobs(inputs)
+    return PolicyLossOutput(
+        loss=_aggregate(loss_BT, inputs, cfg, scale),
+        metrics={PG_CLIPFRAC: 0.0, PPO_KL: _ppo_kl(inputs)},
+    )
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> PolicyLossOutput:
+    """CISPO (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+    Lightning Attention"): clip the importance-sampling weight, not the update::
+
+        L_t = −sg[clip(r_t, 1 − ε_low, 1 + ε_high)] · A_t · log π_θ(o_t)
+
+    The weight is detached, so every token keeps a gradient (−ŵ_t A_t w.r.t. its
+    log-prob), unlike PPO, which drops the gradient of clipped tokens. The range comes
+    from ``clip_ratio_low`` / ``clip_ratio_high`` (default ``clip_ratio``); the paper
+    effectively leaves the lower side open and tunes only the upper one, which here is
+    a ``clip_ratio_low`` close to 1 (it must stay below 1). Aggregated with
+    ``loss_agg_mode`` (the paper uses token-mean).
+
+    Metrics: ``pg_clipfrac`` (valid tokens whose weight was truncated), ``ppo_kl``.
+    """
+    mask = inputs.response_mask_BT
+    ratio = torch.exp(_log_ratio(inputs)).detach()
+    weight = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    loss_BT = -weight * _advantages(inputs) * _logprobs(inputs)
+    return PolicyLossOutput(
+        loss=_aggregate(loss_BT, inputs, cfg, scale),
+        metrics={PG_CLIPFRAC: _frac(weight != ratio, mask), PPO_KL: _ppo_kl(inputs)},
+    )
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov(
+    inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None
+) -> PolicyLossOutput:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
+    Reasoning Language Models"): stop the gradient of a few high-covariance tokens.
+
+    Entropy falls in proportion to the covariance between a token's log-prob and its
+    advantage. Per valid token of this micro-batch::
+
+        cov_t = (A_t − mean A) · (log π_θ(o_t) − mean log π_θ)
+
+    From the tokens with ``clip_cov_lb`` ≤ cov_t ≤ ``clip_cov_ub``, pick uniformly at
+    random (torch's global RNG: seed it for reproducibility) ``clip_cov_ratio`` · N of
+    them, N the valid tokens of the micro-batch (rounded stochastically, so the expected
+    count is exact even for small micro-batches; fewer if fewer tokens are in the
+    window). Their loss is detached — it still counts in the value and the
+    normaliser, but gives no gradient, which is the paper's "0 for t ∈ I_clip" for the
+    update. Every other token gets the ``vanilla`` loss (clip-higher and dual-clip).
+    Aggregated with ``loss_agg_mode``.
+
+    Keys: ``policy_loss.clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``, plus the
+    vanilla clip keys. Metrics: vanilla's, and ``clip_cov_frac`` (tokens detached).
+    """
+    mask = inputs.response_mask_BT
+    valid = _valid(inputs)
+    pl = cfg.policy_loss
+    cov = _centred_covariance(inputs)
+    window = valid & (cov >= pl.clip_cov_lb) & (cov <= pl.clip_cov_ub)
+    candidates = window.flatten().nonzero().squeeze(-1)
+    count = min(_count_to_select(pl.clip_cov_ratio, int(valid.sum())), candidates.numel())
+    chosen = candidates[torch.randperm(candidates.numel(), device=candidates.device)[:count]]
+    detached = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    detached[chosen] = True
+    detached = detached.view(mask.shape)
+
+    s = _clipped_surrogate(inputs, cfg)
+    loss_BT = torch.where(detached, s.loss_BT.detach(), s.loss_BT)
+    return PolicyLossOutput(
+        loss=_aggregate(loss_BT, inputs, cfg, scale),
+        metrics={
+            PG_CLIPFRAC: _frac(s.clipped_BT, mask),
+            PG_CLIPFRAC_LOWER: _frac(s.dual_clipped_BT, mask),
+            PPO_KL: _ppo_kl(inputs),
+            CLIP_COV_FRAC: _frac(detached, mask),
+        },
+    )
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> PolicyLossOutput:
+    """KL-Cov (Cui et al. 2025, same paper as Clip-Cov): a KL penalty on the tokens of
+    largest covariance, no clip.
+
+    With cov_t as in ``clip_cov``, let I be the ``kl_cov_ratio`` · N valid tokens of
+    largest cov_t in this micro-batch (N its valid tokens; the count rounded as in
+    ``clip_cov``; ties broken arbitrarily). Per token::
+
+        L_t = −A_t r_t + β |log π_θ(o_t) − log π_old(o_t)| · [t ∈ I],   β = ppo_kl_coef
+
+    The penalty uses the unclamped log-ratio so that it keeps pulling back a token
+    whose ratio drifted past the clamp. Aggregated with ``loss_agg_mode``.
+
+    Keys: ``policy_loss.kl_cov_ratio``, ``policy_loss.ppo_kl_coef``. Metrics:
+    ``pg_clipfrac`` (always 0), ``ppo_kl``, ``kl_cov_frac`` (tokens penalised).
+    """
+    mask = inputs.response_mask_BT
+    valid = _valid(inputs)
+    pl = cfg.policy_loss
+    cov = _centred_covariance(inputs)
+    count = _count_to_select(pl.kl_cov_ratio, int(valid.sum()))
+    ranked = torch.where(valid, cov, torch.full_like(cov, -math.inf)).flatten()
+    penalised = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    if count > 0:
+        penalised[torch.topk(ranked, count, sorted=False).indices] = True
+    penalised = penalised.view(mask.shape) & valid
+
+    diff = inputs.logprobs_BT - inputs.old_logprobs_BT
+    diff = torch.where(valid, diff, torch.zeros_like(diff))
+    pg = -_advantages(inputs) * torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    loss_BT = torch.where(penalised, pg + pl.ppo_kl_coef * diff.abs(), pg)
+    return PolicyLossOutput(
+        loss=_aggregate(loss_BT, inputs, cfg, scale),
+        metrics={
+            PG_CLIPFRAC: 0.0,
+            PPO_KL: _ppo_kl(inputs),
+            KL_COV_FRAC: _frac(penalised, mask),
+        },
+    )
+
+
+@POLICY_LOSSES.register("geo_mean")
+def geo_mean(
+    inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None
+) -> PolicyLossOutput:
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization"): the geometric mean
+    of the token ratios, clipped token by token in log space.
+
+    The paper maximises, per sequence i with advantage Â_i,
+    ``sgn(Â_i) · ( Π_t |min(ρ_t Â_i, clip(ρ_t, e^{−ε_low}, e^{ε_high}) Â_i)| )^{1/|o_i|}``.
+    Taking logs, this is the PPO trust region applied to each token's log-ratio, one
+    side per advantage sign, before the mean::
+
+        l'_t = min(l_t, ε_high)   if Â_i > 0      (= sgn(Â)·min(sgn(Â)·l_t, sgn(Â)·clip(l_t, −ε_low, ε_high)))
+        l'_t = max(l_t, −ε_low)   if Â_i < 0
+        L_i  = −Â_i · exp( (1/|o_i|) Σ_t l'_t )
+
+    ``clip_ratio_low`` / ``clip_ratio_high`` are therefore log-space bounds here (ratio
+    range (e^{−ε_low}, e^{ε_high})); the paper recommends a wide 0.4 on both sides. With
+    equal bounds this matches the paper's pseudo-code exactly; with unequal ones ε_high
+    limits how far a ratio grows and ε_low how far it shrinks, as in ``vanilla``.
+    Â_i is the mean of the sequence's token advantages (the advantage itself for
+    outcome-reward estimators such as GRPO). A clipped token has no gradient; an
+    unclipped one gets −Â_i · exp(mean l') / |o_i|.
+
+    Sequence-level: L_i is spread over the sequence's tokens and aggregated with
+    ``seq-mean-token-mean`` (whatever ``loss_agg_mode`` says), i.e. Σ_i L_i / |S|.
+
+    Metrics: ``pg_clipfrac`` (valid tokens whose log-ratio was clipped), ``ppo_kl``.
+    """
+    mask = inputs.response_mask_BT
+    valid = _valid(inputs)
+    log_ratio = _log_ratio(inputs)
+    seq_adv_B = masked_mean(_advantages(inputs), mask, dim=-1)
+    sign_BT = torch.sign(seq_adv_B).unsqueeze(-1).expand_as(log_ratio)
+    upper = torch.minimum(log_ratio, torch.full_like(log_ratio, cfg.clip_high))
+    lower = torch.maximum(log_ratio, torch.full_like(log_ratio, -cfg.clip_low))
+    clipped_log_ratio = torch.where(sign_BT > 0, upper, torch.where(sign_BT < 0, lower, log_ratio))
+    seq_ratio_B = torch.exp(masked_mean(clipped_log_ratio, mask, dim=-1))
+    loss_B = -seq_adv_B * seq_ratio_B
+    loss_BT = loss_B.unsqueeze(-1).expand_as(log_ratio)
+    clipped = valid & (clipped_log_ratio != log_ratio)
+    return PolicyLossOutput(
+        loss=_aggregate(loss_BT, inputs, cfg, scale, mode="seq-mean-token-mean"),
+        metrics={PG_CLIPFRAC: _frac(clipped, mask), PPO_KL: _ppo_kl(inputs)},
+    )
