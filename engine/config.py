@@ -128,7 +128,9 @@ class ActorConfig:
     clip_ratio_high: float | None = None  # default: clip_ratio (DAPO's clip-higher: 0.28)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (> 1)
     loss_agg_mode: str = "token-mean"
-    loss_scale_factor: float | None = None  # seq-mean-token-sum-norm divisor; default: max_response_length
+    loss_scale_factor: float | None = (
+        None  # seq-mean-token-sum-norm divisor; default: max_response_length
+    )
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False  # KL to the reference as a loss term (GRPO)
     kl_loss_coef: float = 0.001
@@ -179,6 +181,7 @@ class RolloutConfig:
     enforce_eager: bool = False
     free_cache_engine: bool = True  # release KV cache while training (colocated)
     log_prob_micro_batch_size_per_gpu: int = 8
+    micro_batch_size: int | None = None  # hf: sequences per generate call; None: all at once
     calculate_log_probs: bool = False  # return sampling log-probs from the engine
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -299,6 +302,7 @@ class TrainerConfig:
     nnodes: int = 1
     n_gpus_per_node: int = 8  # devices per node (CPU workers when device=cpu)
     device: str = "auto"  # auto | cuda | npu | cpu (ROCm is cuda in torch)
+    cpus_per_worker: int = 1  # CPU cores reserved for each device's worker process
     total_epochs: int = 1
     total_training_steps: int | None = None  # overrides epochs when set
     critic_warmup: int = 0  # steps that train the critic only
@@ -462,9 +466,11 @@ def _parse_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
 
 def _omegaconf_problem(exc: Exception, source: str) -> str:
     """One line from an OmegaConf error: the key, what was wrong, and for a typo the fix."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
     key = getattr(exc, "full_key", None) or ""
     msg = str(getattr(exc, "msg", None) or exc).splitlines()[0]
-    if "not in struct" in msg or "Key '" in msg and "not" in msg:
+    if isinstance(exc, ConfigKeyError | ConfigAttributeError):
         close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{source}: unknown key {key!r}{hint}"
@@ -546,7 +552,9 @@ def _check_names(cfg: EngineConfig) -> list[str]:
         "algorithm.filter_groups.metric",
         "filter metric",
     )
-    p += _choice(rollout.name, ROLLOUT_BACKENDS, "actor_rollout_ref.rollout.name", "rollout backend")
+    p += _choice(
+        rollout.name, ROLLOUT_BACKENDS, "actor_rollout_ref.rollout.name", "rollout backend"
+    )
     p += _choice(rollout.placement, PLACEMENTS, "actor_rollout_ref.rollout.placement", "placement")
     p += _choice(actor.strategy, TRAIN_STRATEGIES, "actor_rollout_ref.actor.strategy", "strategy")
     p += _choice(cfg.critic.strategy, TRAIN_STRATEGIES, "critic.strategy", "strategy")
@@ -592,11 +600,17 @@ def _positive(cfg: EngineConfig) -> list[str]:
         ("data.max_prompt_length", cfg.data.max_prompt_length),
         ("data.max_response_length", cfg.data.max_response_length),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            actor.ppo_micro_batch_size_per_gpu,
+        ),
         ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu),
         ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
         ("actor_rollout_ref.rollout.n", rollout.n),
-        ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
+        (
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            rollout.tensor_model_parallel_size,
+        ),
         (
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
             rollout.log_prob_micro_batch_size_per_gpu,
@@ -606,6 +620,7 @@ def _positive(cfg: EngineConfig) -> list[str]:
         ("trainer.nnodes", cfg.trainer.nnodes),
         ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),
         ("trainer.total_epochs", cfg.trainer.total_epochs),
+        ("trainer.cpus_per_worker", cfg.trainer.cpus_per_worker),
         ("reward_model.num_workers", cfg.reward_model.num_workers),
     ]
     p = [f"{key} must be a positive integer, got {value}" for key, value in checks if value < 1]
@@ -635,14 +650,27 @@ def _batch_sizes(cfg: EngineConfig) -> list[str]:
     p = []
     if min(train_bsz, n, world, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu) < 1:
         return p  # _positive reports these
-    roles = [("actor_rollout_ref.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu)]
+    # (role, mini-batch, micro-batch, whether the mini-batch is the role's own setting)
+    roles = [
+        (
+            "actor_rollout_ref.actor",
+            actor.ppo_mini_batch_size,
+            actor.ppo_micro_batch_size_per_gpu,
+            True,
+        )
+    ]
     if cfg.use_critic:
-        critic_mini = cfg.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
-        roles.append(("critic", critic_mini, cfg.critic.ppo_micro_batch_size_per_gpu))
-    for role, mini, micro in roles:
+        own = cfg.critic.ppo_mini_batch_size is not None
+        critic_mini = cfg.critic.ppo_mini_batch_size if own else actor.ppo_mini_batch_size
+        roles.append(("critic", critic_mini, cfg.critic.ppo_micro_batch_size_per_gpu, own))
+    for role, mini, micro, own in roles:
         if mini < 1 or micro < 1:
             continue
-        if mini > train_bsz or train_bsz % mini:
+        if not own:
+            # Inherited from the actor: its mini-batch problems are reported once, there.
+            if train_bsz % mini or (mini * n) % world:
+                continue
+        elif mini > train_bsz or train_bsz % mini:
             fits = ", ".join(map(str, _divisors_near(train_bsz, mini)))
             p.append(
                 f"{role}.ppo_mini_batch_size {mini} must divide data.train_batch_size {train_bsz}"
@@ -650,7 +678,7 @@ def _batch_sizes(cfg: EngineConfig) -> list[str]:
             )
             continue
         samples = mini * n
-        if samples % world:
+        if own and samples % world:
             p.append(
                 f"{role}.ppo_mini_batch_size × rollout.n = {mini} × {n} = {samples} samples must be"
                 f" divisible by the {world} devices (trainer.nnodes × trainer.n_gpus_per_node);"
@@ -707,7 +735,9 @@ def _algorithm_rules(cfg: EngineConfig) -> list[str]:
         p.append(f"critic.cliprange_value must be > 0, got {cfg.critic.cliprange_value}")
     if algo.kl_ctrl.kl_coef < 0 or actor.kl_loss_coef < 0:
         p.append("KL coefficients (algorithm.kl_ctrl.kl_coef, actor.kl_loss_coef) must be >= 0")
-    if algo.kl_ctrl.type == "adaptive" and (algo.kl_ctrl.target_kl <= 0 or algo.kl_ctrl.horizon < 1):
+    if algo.kl_ctrl.type == "adaptive" and (
+        algo.kl_ctrl.target_kl <= 0 or algo.kl_ctrl.horizon < 1
+    ):
         p.append(
             "algorithm.kl_ctrl.type=adaptive needs target_kl > 0 and horizon >= 1"
             f" (got {algo.kl_ctrl.target_kl}, {algo.kl_ctrl.horizon})"
@@ -773,9 +803,13 @@ def _trainer_rules(cfg: EngineConfig) -> list[str]:
             "trainer.resume_mode=resume_path needs trainer.resume_from_path (a checkpoint dir)"
         )
     if t.save_freq == 0 or t.save_freq < -1:
-        p.append(f"trainer.save_freq must be -1 (never) or a positive step count, got {t.save_freq}")
+        p.append(
+            f"trainer.save_freq must be -1 (never) or a positive step count, got {t.save_freq}"
+        )
     if t.test_freq == 0 or t.test_freq < -1:
-        p.append(f"trainer.test_freq must be -1 (never) or a positive step count, got {t.test_freq}")
+        p.append(
+            f"trainer.test_freq must be -1 (never) or a positive step count, got {t.test_freq}"
+        )
     if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
         p.append("trainer.max_actor_ckpt_to_keep must be >= 1 or null (keep all)")
     if not cfg.actor_rollout_ref.model.path:

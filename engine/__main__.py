@@ -1,0 +1,3 @@
+from engine.main import main
+
+main()

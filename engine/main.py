@@ -1,0 +1,87 @@
+"""The engine's entry point, Hydra-style, as verl users know it:
+
+    python -m engine.main algorithm.adv_estimator=grpo data.train_files=train.parquet ...
+    python -m engine.main --config run.yaml trainer.total_epochs=2
+    python -m engine.main --print-config ...     # the resolved config, then exit
+    python -m engine.main --check ...            # validate only (no torch, no ray)
+
+Configuration errors print every problem with its fix and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from engine.config import EngineConfig, load_config, to_yaml
+from engine.errors import ConfigError, EngineError
+
+EXIT_USER_ERROR = 2
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.main",
+        description="Run the RL engine. Configure with key=value overrides (Hydra syntax).",
+        epilog="example: python -m engine.main algorithm.adv_estimator=grpo "
+        "actor_rollout_ref.rollout.n=8 data.train_files=train.parquet "
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+    )
+    parser.add_argument("--config", metavar="FILE", help="a YAML file applied before overrides")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(args.overrides, config_file=args.config)
+        if args.print_config:
+            print(to_yaml(cfg), end="")
+            return
+        if args.check:
+            print(summary(cfg))
+            return
+        run(cfg)
+    except (ConfigError, EngineError) as exc:
+        if os.environ.get("ENGINE_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def summary(cfg: EngineConfig) -> str:
+    """One paragraph a person can check: what will run, on what, in which batch sizes."""
+    actor = cfg.actor_rollout_ref.actor
+    n = cfg.actor_rollout_ref.rollout.n
+    samples = cfg.data.train_batch_size * n
+    minis = cfg.data.train_batch_size // actor.ppo_mini_batch_size
+    return (
+        f"config ok: {cfg.algorithm.adv_estimator} advantages, "
+        f"{actor.policy_loss.loss_mode} policy loss ({actor.loss_agg_mode}), "
+        f"model {cfg.actor_rollout_ref.model.path}\n"
+        f"  {cfg.data.train_batch_size} prompts × {n} samples = {samples} samples per step, "
+        f"{minis} optimizer step(s) per PPO epoch, on {cfg.world_size} device(s) "
+        f"({cfg.trainer.nnodes} node(s) × {cfg.trainer.n_gpus_per_node})\n"
+        f"  critic: {'on' if cfg.use_critic else 'off'}, "
+        f"reference: {'on' if cfg.use_reference else 'off'}, "
+        f"rollout: {cfg.actor_rollout_ref.rollout.name} ({cfg.actor_rollout_ref.rollout.placement})"
+    )
+
+
+def run(cfg: EngineConfig) -> None:
+    # Imported here: the trainer pulls in torch and ray, which --check and
+    # --print-config (and rlctl on a laptop) never need.
+    from engine.runtime import run_training
+
+    run_training(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""The typed engine config: composition, overrides, and every cross-field rule."""
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.algo import names
+from engine.config import EngineConfig, config_keys, load_config, to_yaml
+from engine.errors import ConfigError
+
+REQUIRED = ["actor_rollout_ref.model.path=/models/tiny", "data.train_files=train.parquet"]
+# A small valid GRPO setup on 2 devices: 8 prompts × 4 samples, 2 mini-batches.
+GRPO = [
+    *REQUIRED,
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.n=4",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "trainer.n_gpus_per_node=2",
+]
+
+
+def problems(overrides: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    return info.value.problems
+
+
+def one_problem(overrides: list[str]) -> str:
+    found = problems(overrides)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_config_imports_without_torch_or_ray():
+    code = (
+        "import sys, engine.config, engine.main; "
+        "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_defaults_live_in_the_dataclasses():
+    expected = EngineConfig()
+    expected.actor_rollout_ref.model.path = "/models/tiny"
+    expected.data.train_files = "train.parquet"
+    expected.trainer.default_local_dir = "checkpoints/rlctl/run"  # the interpolation, resolved
+    assert load_config(REQUIRED) == expected
+
+
+def test_overrides_are_typed_and_nested():
+    cfg = load_config(
+        [
+            *GRPO,
+            "actor_rollout_ref.actor.optim.lr=3e-6",
+            "actor_rollout_ref.actor.clip_ratio_high=0.28",
+            "trainer.logger=[console,jsonl]",
+            "data.val_batch_size=null",
+            "trainer.experiment_name='my run'",
+            "data.train_files=[a.parquet,b.jsonl]",
+        ]
+    )
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.optim.lr == pytest.approx(3e-6)
+    assert (actor.clip_low, actor.clip_high) == (0.2, 0.28)
+    assert cfg.trainer.logger == ["console", "jsonl"]
+    assert cfg.data.val_batch_size is None
+    assert cfg.trainer.default_local_dir == "checkpoints/rlctl/my run"
+    assert cfg.data.train_file_list == ["a.parquet", "b.jsonl"]
+
+
+def test_a_single_train_file_is_a_list_of_one():
+    assert load_config(REQUIRED).data.train_file_list == ["train.parquet"]
+
+
+def test_unknown_key_suggests_the_right_one():
+    message = one_problem([*REQUIRED, "data.train_batch_sise=8"])
+    assert "unknown key 'data.train_batch_sise'" in message
+    assert "did you mean 'data.train_batch_size'" in message
+
+
+def test_wrong_type_names_the_key():
+    message = one_problem([*REQUIRED, "data.train_batch_size=many"])
+    assert "data.train_batch_size" in message and "many" in message
+
+
+def test_sweeps_and_deletes_are_refused():
+    assert "sweep" in one_problem([*REQUIRED, "actor_rollout_ref.actor.optim.lr=1e-6,2e-6"])
+    assert "deletes" in one_problem([*REQUIRED, "~data.seed"])
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "algorithm:\n  adv_estimator: grpo\n  gamma: 0.9\n"
+        "actor_rollout_ref:\n  rollout:\n    n: 4\n"
+    )
+    cfg = load_config([*GRPO, "algorithm.gamma=0.5"], config_file=path)
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.algorithm.gamma == 0.5  # the override wins over the file
+
+
+def test_yaml_file_with_unknown_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm:\n  adv_estimater: grpo\n")
+    with pytest.raises(ConfigError, match="adv_estimater"):
+        load_config(REQUIRED, config_file=path)
+
+
+def test_missing_yaml_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(REQUIRED, config_file=tmp_path / "nope.yaml")
+
+
+def test_printed_yaml_round_trips(tmp_path):
+    cfg = load_config([*GRPO, "actor_rollout_ref.actor.clip_ratio_high=0.28"])
+    path = tmp_path / "printed.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(config_file=path) == cfg
+
+
+# ---------------------------------------------------------------------------
+# cross-field rules: each names the fields and the fix
+
+
+def test_mini_batch_must_divide_train_batch():
+    message = one_problem(
+        [*REQUIRED, "data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=48"]
+    )
+    assert "ppo_mini_batch_size 48 must divide data.train_batch_size 256" in message
+    assert "32" in message and "64" in message  # nearby divisors offered
+
+
+def test_mini_batch_samples_must_split_over_devices():
+    message = one_problem(
+        [
+            *REQUIRED,
+            "data.train_batch_size=6",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "trainer.n_gpus_per_node=4",
+            "critic.enable=false",
+            "algorithm.adv_estimator=reinforce_plus_plus",
+        ]
+    )
+    assert "3 × 1 = 3 samples must be divisible by the 4 devices" in message
+
+
+def test_micro_batch_must_divide_per_device_samples():
+    message = one_problem([*GRPO, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    # 4 prompts × 4 samples / 2 devices = 8 samples per device; 3 does not divide 8.
+    assert "ppo_micro_batch_size_per_gpu 3 must divide the 8 samples" in message
+    assert "use_dynamic_bsz" in message
+
+
+def test_dynamic_batch_size_lifts_the_micro_batch_rule():
+    load_config(
+        [
+            *GRPO,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        ]
+    )
+
+
+def test_critic_batch_rules_apply_when_the_critic_runs():
+    ppo = [*GRPO, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=3"]
+    assert one_problem(ppo).startswith("critic.ppo_micro_batch_size_per_gpu 3")
+    load_config([*GRPO, "critic.ppo_micro_batch_size_per_gpu=3"])  # GRPO: no critic, no rule
+
+
+def test_inherited_critic_mini_batch_is_reported_once():
+    found = problems(
+        [
+            *REQUIRED,
+            "algorithm.adv_estimator=gae",
+            "data.train_batch_size=256",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=48",
+        ]
+    )
+    assert len(found) == 1 and found[0].startswith("actor_rollout_ref.actor.ppo_mini_batch_size")
+
+
+@pytest.mark.parametrize("estimator", names.GROUP_ADVANTAGE_ESTIMATORS)
+def test_group_estimators_need_several_samples(estimator):
+    message = one_problem(
+        [*GRPO, f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=1"]
+    )
+    assert f"adv_estimator={estimator}" in message and "rollout.n >= 2" in message
+
+
+@pytest.mark.parametrize("estimator", ["remax", "reinforce_plus_plus", "gae"])
+def test_single_sample_estimators_accept_n_1(estimator):
+    load_config(
+        [
+            *GRPO,
+            f"algorithm.adv_estimator={estimator}",
+            "actor_rollout_ref.rollout.n=1",
+            "critic.ppo_micro_batch_size_per_gpu=2",
+        ]
+    )
+
+
+def test_gae_needs_the_critic():
+    message = one_problem([*GRPO, "algorithm.adv_estimator=gae", "critic.enable=false"])
+    assert "critic.enable" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("algorithm.adv_estimator=grpoo", "did you mean 'grpo'"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=gpso", "valid: cispo, clip_cov"),
+        ("actor_rollout_ref.actor.loss_agg_mode=token_mean", "did you mean 'token-mean'"),
+        ("actor_rollout_ref.actor.kl_loss_type=k4", "straight-through"),
+        ("algorithm.kl_ctrl.type=pid", "valid: adaptive, fixed"),
+        ("actor_rollout_ref.rollout.name=trtllm", "valid: hf, sglang, vllm"),
+        ("trainer.device=tpu", "valid: auto, cpu, cuda, npu"),
+        ("trainer.logger=[console,tensorbord]", "did you mean 'tensorboard'"),
+        ("data.truncation=both", "valid: error, left, middle, right"),
+    ],
+)
+def test_unknown_names_list_the_valid_ones(override, expected):
+    assert expected in one_problem([*GRPO, override])
+
+
+def test_every_registered_name_is_accepted():
+    for estimator in names.ADVANTAGE_ESTIMATORS:
+        load_config([*GRPO, f"algorithm.adv_estimator={estimator}"])
+    for loss in names.POLICY_LOSSES:
+        load_config([*GRPO, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"])
+    for mode in names.LOSS_AGG_MODES:
+        load_config([*GRPO, f"actor_rollout_ref.actor.loss_agg_mode={mode}"])
+    for kl in names.KL_ESTIMATORS:
+        load_config([*GRPO, f"actor_rollout_ref.actor.kl_loss_type={kl}+"])
+        load_config([*GRPO, f"algorithm.kl_penalty={kl}"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("actor_rollout_ref.actor.clip_ratio_low=1.2", "clip_ratio_low 1.2 must be in (0, 1)"),
+        ("actor_rollout_ref.actor.clip_ratio=0", "clip_ratio_low 0.0 must be in (0, 1)"),
+        ("actor_rollout_ref.actor.clip_ratio_high=-0.1", "clip_ratio_high must be > 0"),
+        ("actor_rollout_ref.actor.clip_ratio_c=1.0", "clip_ratio_c 1.0 must be > 1"),
+        ("algorithm.gamma=1.5", "algorithm.gamma must be in [0, 1]"),
+        ("algorithm.lam=-0.1", "algorithm.lam must be in [0, 1]"),
+        ("actor_rollout_ref.rollout.top_p=0", "rollout.top_p must be in (0, 1]"),
+        ("actor_rollout_ref.rollout.top_k=0", "top_k must be -1 (off)"),
+        ("actor_rollout_ref.rollout.temperature=0", "set do_sample=false"),
+        ("actor_rollout_ref.rollout.val_kwargs.do_sample=true", "val_kwargs.temperature"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=1.5", "gpu_memory_utilization"),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size=4", "must divide the 2 devices"),
+        ("actor_rollout_ref.rollout.placement=separate", "separate_nnodes"),
+        ("trainer.resume_mode=resume_path", "trainer.resume_from_path"),
+        ("trainer.save_freq=0", "trainer.save_freq must be -1"),
+        ("reward_model.overlong_buffer.enable=true", "overlong_buffer.len 0 must be in"),
+        ("algorithm.kl_ctrl.kl_coef=-1", "must be >= 0"),
+        ("reward_model.timeout_s=0", "timeout_s must be > 0"),
+        ("data.train_batch_size=0", "data.train_batch_size must be a positive integer"),
+        ("actor_rollout_ref.model.path=''", "actor_rollout_ref.model.path is required"),
+    ],
+)
+def test_range_rules(override, expected):
+    assert expected in "\n".join(problems([*GRPO, override]))
+
+
+def test_all_problems_are_reported_at_once():
+    found = problems(
+        [
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=1",
+            "actor_rollout_ref.actor.clip_ratio_c=0.5",
+        ]
+    )
+    joined = "\n".join(found)
+    for fragment in ("rollout.n >= 2", "clip_ratio_c", "model.path", "train_files"):
+        assert fragment in joined
+    assert len(found) == 4
+
+
+def test_derived_roles():
+    assert load_config([*GRPO, "algorithm.adv_estimator=gae"]).use_critic
+    assert not load_config(GRPO).use_critic
+    assert load_config([*GRPO, "critic.enable=true"]).use_critic  # e.g. a value baseline
+    assert not load_config(GRPO).use_reference
+    assert load_config([*GRPO, "actor_rollout_ref.actor.use_kl_loss=true"]).use_reference
+    assert load_config([*GRPO, "algorithm.use_kl_in_reward=true"]).use_reference
+    assert load_config(GRPO).world_size == 2
+
+
+def test_config_keys_cover_the_schema():
+    keys = config_keys()
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode" in keys
+    assert "actor_rollout_ref.rollout.val_kwargs.temperature" in keys
+    assert len(keys) == len(set(keys)) > 100
+
+
+# ---------------------------------------------------------------------------
+# the command line
+
+
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "engine.main", *args], capture_output=True, text=True
+    )
+
+
+def test_main_check_prints_the_batch_arithmetic():
+    result = run_main("--check", *GRPO)
+    assert result.returncode == 0, result.stderr
+    assert "8 prompts × 4 samples = 32 samples per step" in result.stdout
+    assert "2 optimizer step(s) per PPO epoch" in result.stdout
+
+
+def test_main_reports_every_problem_and_exits_2():
+    result = run_main("data.train_batch_size=7", "algorithm.adv_estimator=nope")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "unknown advantage estimator 'nope'" in result.stderr
+    assert "must divide data.train_batch_size 7" in result.stderr
+
+
+def test_main_print_config_is_yaml_of_the_overrides():
+    result = run_main("--print-config", *GRPO)
+    assert result.returncode == 0, result.stderr
+    assert "adv_estimator: grpo" in result.stdout
