@@ -1,0 +1,1 @@
+"""The single controller's machinery: resource pools, worker groups, dispatch."""

@@ -1,0 +1,146 @@
+"""Resource pools and worker groups (HybridFlow's single controller, SPMD workers).
+
+A ``ResourcePool`` reserves devices with one Ray placement group per node (one
+bundle per device). A ``WorkerGroup`` starts one ``WorkerHost`` actor per bundle;
+the hosts form one torch.distributed process group and hold the roles placed on
+that pool (actor, rollout, reference, critic): colocation is a placement
+decision, each role stays its own class.
+
+The controller calls a role's method through the group in one of two ways:
+
+    group.call_split("actor", "log_probs", tokens)   # rank r gets chunk r; results concatenated
+    group.call_split("actor", "update", batch, gather=reduce_rank_metrics)
+    group.call_all("actor", "save", path)            # every rank gets the same args; list of results
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from engine.controller import dispatch
+from engine.errors import EngineError
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    nnodes: int
+    devices_per_node: int
+    ray_resource: str | None  # "GPU", "NPU", or None for CPU workers
+    cpus_per_worker: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.devices_per_node
+
+
+class ResourcePool:
+    """Devices reserved for one worker group, node by node."""
+
+    def __init__(self, spec: PoolSpec, name: str, ready_timeout_s: float = 120.0) -> None:
+        self.spec = spec
+        bundle: dict[str, float] = {"CPU": spec.cpus_per_worker}
+        if spec.ray_resource:
+            bundle[spec.ray_resource] = 1
+        # STRICT_PACK: all of a node's devices on one node, so ranks 0..k-1 share a host.
+        self.groups: list[PlacementGroup] = [
+            placement_group(
+                [dict(bundle) for _ in range(spec.devices_per_node)],
+                strategy="STRICT_PACK",
+                name=f"{name}-node{i}",
+            )
+            for i in range(spec.nnodes)
+        ]
+        ready, _ = ray.wait(
+            [pg.ready() for pg in self.groups],
+            timeout=ready_timeout_s,
+            num_returns=len(self.groups),
+        )
+        if len(ready) < len(self.groups):
+            available = ray.available_resources()
+            self.release()
+            raise EngineError(
+                f"the Ray cluster cannot place {spec.nnodes} node(s) × {spec.devices_per_node}"
+                f" workers of {bundle} within {ready_timeout_s:.0f}s; available: {available}."
+                " Check trainer.nnodes / trainer.n_gpus_per_node against the cluster"
+            )
+
+    def bundles(self) -> list[tuple[PlacementGroup, int]]:
+        """(placement group, bundle index) for each rank, node-major."""
+        return [(pg, i) for pg in self.groups for i in range(self.spec.devices_per_node)]
+
+    def release(self) -> None:
+        for pg in self.groups:
+            remove_placement_group(pg)
+        self.groups = []
+
+
+class WorkerGroup:
+    def __init__(self, pool: ResourcePool, host_cls: type, host_kwargs: dict[str, Any]) -> None:
+        self.pool = pool
+        self.world_size = pool.spec.world_size
+        remote_cls = ray.remote(host_cls)
+        spec = pool.spec
+        self.workers = []
+        for rank, (pg, index) in enumerate(pool.bundles()):
+            options: dict[str, Any] = {
+                "num_cpus": spec.cpus_per_worker,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=index
+                ),
+                "name": None,
+            }
+            if spec.ray_resource == "GPU":
+                options["num_gpus"] = 1
+            elif spec.ray_resource:
+                options["resources"] = {spec.ray_resource: 1}
+            self.workers.append(
+                remote_cls.options(**options).remote(
+                    rank=rank,
+                    world_size=self.world_size,
+                    local_rank=index,
+                    **host_kwargs,
+                )
+            )
+        # Rank 0 picks the rendezvous address; then every rank joins at once.
+        master_addr, master_port = ray.get(self.workers[0].rendezvous_address.remote())
+        self.get([w.init_distributed.remote(master_addr, master_port) for w in self.workers])
+
+    def get(self, refs: list[Any]) -> list[Any]:
+        """ray.get that reports which rank failed, not only that one did."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            raise EngineError(f"a worker process died: {exc}") from exc
+
+    def call_all(self, role: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Every rank runs role.method(*args); the results in rank order."""
+        return self.get([w.call.remote(role, method, *args, **kwargs) for w in self.workers])
+
+    def call_split(
+        self,
+        role: str,
+        method: str,
+        batch: Any,
+        *args: Any,
+        gather: Callable[[list[Any]], Any] = dispatch.concat,
+    ) -> Any:
+        """Rank r runs role.method(chunk r of batch, *args); ``gather`` combines the
+        results (default: concatenate batches in rank order)."""
+        shards = dispatch.split(batch, self.world_size)
+        refs = [
+            w.call.remote(role, method, shard, *args)
+            for w, shard in zip(self.workers, shards, strict=True)
+        ]
+        return gather(self.get(refs))
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+        self.pool.release()

@@ -1,0 +1,195 @@
+"""Build a tiny Qwen2-shaped model and its tokenizer locally, without a model hub.
+
+The tokenizer is a byte-level BPE trained with the ``tokenizers`` library on generated
+text (the synthetic task, templated word problems, arithmetic) and a fixed selection of
+the Python standard library's own sources. It uses Qwen2's pre-tokenizer split pattern
+(digits one by one) because transformers 5 reloads any ``qwen2`` folder as
+``Qwen2Tokenizer``, which imposes that pattern: trained with another one, the token ids
+would change after a reload. The model is a randomly initialised ``Qwen2ForCausalLM``
+(about 1.3M parameters with the defaults). Same seed, same weights; the vocabulary does
+not depend on the seed.
+
+    python -m engine.models.tiny OUT_DIR [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sysconfig
+from pathlib import Path
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+# ChatML; ``add_generation_prompt`` opens the assistant's turn.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer uses the same pattern).
+QWEN2_SPLIT_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+# Standard-library modules read for variety; a fixed list keeps the corpus deterministic.
+_STDLIB_FILES = (
+    "string.py",
+    "textwrap.py",
+    "fractions.py",
+    "statistics.py",
+    "random.py",
+    "calendar.py",
+    "heapq.py",
+    "bisect.py",
+    "json/encoder.py",
+    "json/decoder.py",
+    "argparse.py",
+)
+
+_NAMES = ("Tom", "Ana", "Lee", "Mia", "Sam", "Ravi", "Zoe", "Omar", "Lin", "Eva")
+_ITEMS = ("apples", "books", "coins", "eggs", "pens", "cards", "shells", "stickers")
+
+
+def _word_problems(rng: random.Random, n: int) -> list[str]:
+    lines = []
+    for _ in range(n):
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        a, b = rng.randint(2, 99), rng.randint(1, 50)
+        lines.append(
+            f"{name} has {a} {item}. {name} buys {b} more. How many {item} does {name} have now?"
+        )
+        lines.append(f"{name} has {a} + {b} = {a + b} {item}.\n#### {a + b}")
+        lines.append(f"The answer is $\\boxed{{{a + b}}}$. Answer: {a + b}")
+        lines.append(f"<answer>{a} + {b}</answer>")
+    return lines
+
+
+def _arithmetic(rng: random.Random, n: int) -> list[str]:
+    lines = []
+    for _ in range(n):
+        a, b = rng.randint(0, 999), rng.randint(1, 99)
+        op = rng.choice("+-*/")
+        value = {"+": a + b, "-": a - b, "*": a * b, "/": round(a / b, 3)}[op]
+        lines.append(f"{a} {op} {b} = {value}")
+    lines.append(" ".join(str(i) for i in range(1000)))
+    return lines
+
+
+def _stdlib_text() -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = []
+    for name in _STDLIB_FILES:
+        path = root / name
+        if path.is_file():
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    return texts
+
+
+def training_corpus() -> list[str]:
+    """The text the BPE is trained on (deterministic)."""
+    from engine.data import synthetic
+
+    rng = random.Random("engine.models.tiny")
+    lines = ["system\nYou are a helpful assistant."]
+    # The task's text as the chat template lays it out (role names included).
+    for question, answer in synthetic.sample_problems(2000, seed=0):
+        lines.append(f"user\n{question}\nassistant\n{answer}")
+    lines += _word_problems(rng, 500)
+    lines += _arithmetic(rng, 1000)
+    lines += _stdlib_text()
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 2048):
+    """A byte-level BPE wrapped as a ``PreTrainedTokenizerFast`` (ChatML template)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(training_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        bos_token=None,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=2048,
+    )
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 2048,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+) -> Path:
+    """Save a random ``Qwen2ForCausalLM`` and its tokenizer under ``out_dir``; return it."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.models.tiny",
+        description="Build a tiny random Qwen2 model and a locally trained tokenizer.",
+    )
+    parser.add_argument("out_dir", help="folder to write (created if missing)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(build_tiny_model(args.out_dir, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()

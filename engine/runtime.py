@@ -1,0 +1,132 @@
+"""Start a run: Ray, the worker group, data, rewards, trackers; then the loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import ray
+
+from engine.config import EngineConfig
+from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
+from engine.device import DEVICES
+from engine.errors import EngineError
+
+# Environment every worker process starts with.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def init_ray(cfg: EngineConfig) -> None:
+    """Join the cluster named by RAY_ADDRESS (Slurm, SkyPilot), or start one here."""
+    if ray.is_initialized():
+        return
+    env = {
+        **WORKER_ENV,
+        **{k: v for k, v in os.environ.items() if k.startswith(("HF_", "TRANSFORMERS_"))},
+    }
+    runtime_env = {"env_vars": env}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
+        return
+    needed = cfg.world_size * cfg.trainer.cpus_per_worker
+    ray.init(
+        num_cpus=max(needed, os.cpu_count() or 1),
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        # Unix socket paths are limited to 107 bytes: keep Ray's session dir short.
+        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+    )
+
+
+def resolve_cluster_device(cfg: EngineConfig) -> str:
+    """``trainer.device=auto`` decided by what the cluster has, not by the driver's
+    own node (the driver may run on a head without accelerators)."""
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device
+    resources = ray.cluster_resources()
+    if resources.get("GPU", 0) >= 1:
+        return "cuda"
+    if resources.get("NPU", 0) >= 1:
+        return "npu"
+    return "cpu"
+
+
+def start_workers(cfg: EngineConfig) -> WorkerGroup:
+    from engine.workers.host import WorkerHost
+
+    device_name = cfg.trainer.device
+    spec = DEVICES["cuda" if device_name == "cuda" else device_name]
+    roles = ["actor", "rollout"]
+    if cfg.use_reference:
+        roles.append("ref")
+    if cfg.use_critic:
+        roles.append("critic")
+    pool = ResourcePool(
+        PoolSpec(
+            nnodes=cfg.trainer.nnodes,
+            devices_per_node=cfg.trainer.n_gpus_per_node,
+            ray_resource=spec.ray_resource,
+            cpus_per_worker=cfg.trainer.cpus_per_worker,
+        ),
+        name="actor_rollout_ref",
+    )
+    return WorkerGroup(
+        pool,
+        WorkerHost,
+        {"cfg": cfg, "roles": roles, "cpus_per_worker": cfg.trainer.cpus_per_worker},
+    )
+
+
+def run_training(cfg: EngineConfig) -> None:
+    from transformers import AutoTokenizer
+
+    from engine.data.dataset import RLDataset
+    from engine.data.loader import PromptLoader
+    from engine.metrics import Tracker
+    from engine.reward.manager import RewardManager
+    from engine.trainer import Trainer
+
+    model = cfg.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(
+        model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
+    )
+    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data)
+    loader = PromptLoader(
+        train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
+    )
+    val = RLDataset(cfg.data.val_file_list, tokenizer, cfg.data) if cfg.data.val_file_list else None
+    total = cfg.trainer.total_training_steps or len(loader) * cfg.trainer.total_epochs
+    if total < 1:
+        raise EngineError("no training steps: the dataset is smaller than data.train_batch_size")
+    cfg = with_total_steps(cfg, total)
+
+    init_ray(cfg)
+    cfg = dataclasses.replace(
+        cfg, trainer=dataclasses.replace(cfg.trainer, device=resolve_cluster_device(cfg))
+    )
+    workers = start_workers(cfg)
+    reward = RewardManager(
+        cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
+    )
+    tracker = Tracker(cfg.trainer.logger, cfg.trainer.default_local_dir)
+    try:
+        Trainer(cfg, workers, reward, tokenizer, loader, val, tracker).fit()
+    finally:
+        tracker.close()
+        reward.close()
+        workers.shutdown()
+
+
+def with_total_steps(cfg: EngineConfig, total: int) -> EngineConfig:
+    """The config with the optimizers' schedule length filled in."""
+    arr = cfg.actor_rollout_ref
+    actor = dataclasses.replace(
+        arr.actor, optim=dataclasses.replace(arr.actor.optim, total_training_steps=total)
+    )
+    critic = dataclasses.replace(
+        cfg.critic, optim=dataclasses.replace(cfg.critic.optim, total_training_steps=total)
+    )
+    return dataclasses.replace(
+        cfg, actor_rollout_ref=dataclasses.replace(arr, actor=actor), critic=critic
+    )

@@ -1,0 +1,204 @@
+"""The FSDP2 training backend: shard a Hugging Face model, optimize it, run it.
+
+Each decoder layer (the model's ``_no_split_modules`` classes) becomes its own
+``fully_shard`` unit, then the root: parameters are gathered one layer at a time
+in forward and backward. Gradients are reduce-scattered and averaged over the
+data-parallel group; see ``engine.algo.aggregate`` for how losses undo that mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from engine.algo.aggregate import LossScale
+from engine.config import FSDPConfig, ModelConfig, OptimConfig
+from engine.device import DeviceSpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_hf_model(
+    model_cfg: ModelConfig, kind: str = "causal_lm", path: str | None = None
+) -> nn.Module:
+    """The model in fp32 on CPU (FSDP casts for compute): ``causal_lm`` for the policy
+    and reference, ``value`` (a token-classification head with one output) for the critic."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    path = path or model_cfg.path
+    common = {"trust_remote_code": model_cfg.trust_remote_code, "dtype": torch.float32}
+    if kind == "causal_lm":
+        model = AutoModelForCausalLM.from_pretrained(path, **common)
+    elif kind == "value":
+        from transformers.utils import logging as hf_logging
+
+        # The value head is new by design: silence the "newly initialized" report.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **common)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+    else:
+        raise ValueError(f"unknown model kind {kind!r}")
+    model.config.use_cache = False
+    return model
+
+
+def shard_model(
+    model: nn.Module,
+    fsdp_cfg: FSDPConfig,
+    device: DeviceSpec,
+    *,
+    gradient_checkpointing: bool,
+) -> nn.Module:
+    if gradient_checkpointing:
+        # transformers 5 renamed it (and its keyword); 4.x only has the old name.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+    kwargs: dict = {"reshard_after_forward": fsdp_cfg.reshard_after_forward}
+    if device.supports_bf16:
+        mp = fsdp_cfg.mixed_precision
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=DTYPES[mp.param_dtype], reduce_dtype=DTYPES[mp.reduce_dtype]
+        )
+    if fsdp_cfg.param_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    else:
+        model.to(device.torch_device())
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        raise RuntimeError(
+            f"{type(model).__name__} names no decoder layer class in _no_split_modules;"
+            " cannot pick FSDP units"
+        )
+    # FSDP2 warns when a unit returns a view (an in-place op on it would skip the
+    # backward hook). Model outputs here are only sliced, never modified in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+@contextlib.contextmanager
+def full_parameters(model: nn.Module) -> Iterator[nn.Module]:
+    """Gather every shard and keep it gathered, so that the model runs forward any
+    number of times with no collective (ranks may generate different lengths)."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False)
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True)
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=(cfg.betas[0], cfg.betas[1]),
+        weight_decay=cfg.weight_decay,
+    )
+
+
+def lr_multiplier(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Linear warmup, then constant or cosine decay to ``min_lr_ratio``.
+
+    Warmup steps are ``lr_warmup_steps`` when >= 0, else ``lr_warmup_steps_ratio``
+    of the total. ``step`` counts optimizer-schedule steps from 0.
+    """
+    warmup = (
+        cfg.lr_warmup_steps
+        if cfg.lr_warmup_steps >= 0
+        else int(cfg.lr_warmup_steps_ratio * total_steps)
+    )
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if cfg.lr_scheduler_type == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * cfg.num_cycles * min(progress, 1.0)))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_multiplier(step, cfg, total_steps)
+    )
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm; returns the norm before clipping (inf/nan kept,
+    so the caller can skip a bad step)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def global_loss_scale(mask_BR: torch.Tensor, device: DeviceSpec) -> LossScale:
+    """The loss normalisers of a mini-batch of which this rank holds ``mask_BR``: the
+    token and sequence counts summed over the data-parallel group."""
+    local = LossScale.of(mask_BR)
+    counts = torch.tensor(
+        [local.num_tokens, local.num_seqs], dtype=torch.float64, device=device.torch_device()
+    )
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    tokens, seqs = counts.tolist()
+    return LossScale(num_tokens=tokens, num_seqs=seqs)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move AdamW's moments (the largest training state after the weights) to ``device``.
+
+    With ``fsdp_config.optimizer_offload`` the states live on the CPU between updates,
+    leaving device memory to a colocated rollout; they come back for the step. (With
+    ``param_offload`` FSDP2 keeps parameters, gradients and these states on the CPU
+    throughout, and the optimizer steps there.)
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.device != device:
+                state[key] = value.to(device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def optimizer_on_device(
+    optimizer: torch.optim.Optimizer, device: DeviceSpec, offload: bool
+) -> Iterator[None]:
+    """Bring offloaded optimizer state to the device for an update, then send it back."""
+    if offload and device.type != "cpu":
+        move_optimizer_state(optimizer, device.torch_device())
+    try:
+        yield
+    finally:
+        if offload and device.type != "cpu":
+            move_optimizer_state(optimizer, torch.device("cpu"))
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
+    """Clip and step, unless the gradient norm is inf/NaN: then the update is skipped
+    (and the gradients dropped). Returns the norm before clipping."""
+    grad_norm = clip_grad_norm(model, max_norm)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm

@@ -1,0 +1,343 @@
+"""The RL loop, run by the single controller.
+
+One step, top to bottom:
+
+    prompts ─► generate ─► score ─► old log-probs ─► ref log-probs ─► values
+            ─► advantages ─► critic update ─► actor update ─► metrics
+
+The controller holds the algorithm's control flow and the typed batches; the
+worker group (``engine.controller.worker_group``) holds the weights and does
+every forward and backward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+
+from engine.algo.advantage import AdvantageInputs, compute_advantages
+from engine.algo.kl import apply_kl_in_reward, make_kl_controller
+from engine.config import EngineConfig
+from engine.controller.dispatch import concat, split
+from engine.controller.worker_group import WorkerGroup
+from engine.data.dataset import PromptSample, RLDataset
+from engine.data.loader import PromptLoader
+from engine.metrics import (
+    StageTimer,
+    Tracker,
+    batch_metrics,
+    reduce_rank_metrics,
+    throughput_metrics,
+)
+from engine.reward.manager import RewardManager
+from engine.reward.types import ScoreRequest, ScoreResult
+from engine.types import (
+    ActorBatch,
+    CriticBatch,
+    GenerationRequest,
+    SampleMeta,
+    SamplingParams,
+    TokenBatch,
+)
+
+
+@dataclasses.dataclass
+class Rollout:
+    """A generated and scored batch, on the controller. Ragged token lists are the
+    source of truth; the padded ``tokens`` are derived, so slicing and joining
+    batches (DAPO's group filter) never has to re-pad by hand."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    meta: SampleMeta
+    scores_B: torch.Tensor
+    acc_B: torch.Tensor
+    pad_token_id: int
+
+    @functools.cached_property
+    def tokens(self) -> TokenBatch:
+        return TokenBatch.from_ragged(self.prompt_ids, self.response_ids, self.pad_token_id)
+
+    @property
+    def prompt_lengths_B(self) -> torch.Tensor:
+        return torch.tensor([len(p) for p in self.prompt_ids], dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        workers: WorkerGroup,
+        reward: RewardManager,
+        tokenizer: Any,
+        train_loader: PromptLoader,
+        val_dataset: RLDataset | None,
+        tracker: Tracker,
+    ) -> None:
+        self.cfg = cfg
+        self.workers = workers
+        self.reward = reward
+        self.tokenizer = tokenizer
+        self.train_loader = train_loader
+        self.val_dataset = val_dataset
+        self.tracker = tracker
+        self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
+        self.total_steps = cfg.actor_rollout_ref.actor.optim.total_training_steps
+        self.step = 0
+        rollout = cfg.actor_rollout_ref.rollout
+        self.sampling = SamplingParams(
+            n=rollout.n,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            do_sample=rollout.do_sample,
+            max_new_tokens=cfg.data.max_response_length,
+            ignore_eos=rollout.ignore_eos,
+        )
+        val = rollout.val_kwargs
+        self.val_sampling = SamplingParams(
+            n=val.n,
+            temperature=val.temperature,
+            top_p=val.top_p,
+            top_k=val.top_k,
+            do_sample=val.do_sample,
+            max_new_tokens=cfg.data.max_response_length,
+        )
+        self._batches = iter(self.train_loader)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
+
+    # -- the loop -----------------------------------------------------------
+
+    def fit(self) -> None:
+        if self.val_dataset is not None and self.cfg.trainer.val_before_train:
+            self.tracker.log(self.step, self.total_steps, self.validate())
+        while self.step < self.total_steps:
+            self.step += 1
+            metrics = self.train_step()
+            test_freq = self.cfg.trainer.test_freq
+            if self.val_dataset is not None and (
+                self.step == self.total_steps or (test_freq > 0 and self.step % test_freq == 0)
+            ):
+                metrics |= self.validate()
+            self.tracker.log(self.step, self.total_steps, metrics)
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        timer = StageTimer()
+        metrics: dict[str, float] = {}
+        with timer("step"):
+            with timer("gen"):
+                rollout = self.generate_training_batch(timer, metrics)
+            tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
+            with timer("old_log_prob"):
+                old_logprobs = self.workers.call_split("actor", "log_probs", tokens)
+            ref_logprobs = None
+            if cfg.use_reference:
+                with timer("ref"):
+                    ref_logprobs = self.workers.call_split("ref", "log_probs", tokens)
+            values = None
+            if cfg.use_critic:
+                with timer("values"):
+                    values = self.workers.call_split("critic", "values", tokens)
+            with timer("adv"):
+                token_rewards = self.token_rewards(rollout, old_logprobs, ref_logprobs, metrics)
+                baseline = (
+                    self.greedy_baseline(rollout, timer)
+                    if cfg.algorithm.adv_estimator == "remax"
+                    else None
+                )
+                adv = compute_advantages(
+                    cfg.algorithm.adv_estimator,
+                    AdvantageInputs(
+                        token_rewards_BT=token_rewards,
+                        response_mask_BT=mask,
+                        group_ids_B=torch.tensor(rollout.meta.group_ids),
+                        values_BT=values,
+                        baseline_rewards_B=baseline,
+                    ),
+                    cfg.algorithm,
+                )
+            if cfg.use_critic:
+                with timer("update_critic"):
+                    batch = CriticBatch(tokens, values, adv.returns_BT)
+                    metrics |= self.workers.call_split(
+                        "critic", "update", batch, gather=reduce_rank_metrics
+                    )
+            if self.step > cfg.trainer.critic_warmup:
+                with timer("update_actor"):
+                    batch = ActorBatch(tokens, old_logprobs, adv.advantages_BT, ref_logprobs)
+                    metrics |= self.workers.call_split(
+                        "actor", "update", batch, gather=reduce_rank_metrics
+                    )
+        metrics |= batch_metrics(
+            scores_B=rollout.scores_B,
+            token_rewards_BR=token_rewards,
+            advantages_BR=adv.advantages_BT,
+            returns_BR=adv.returns_BT,
+            response_mask_BR=mask,
+            prompt_lengths_B=rollout.prompt_lengths_B,
+            max_response_length=cfg.data.max_response_length,
+            values_BR=values,
+        )
+        metrics["critic/acc/mean"] = float(rollout.acc_B.mean())
+        metrics |= timer.metrics()
+        num_tokens = int(tokens.attention_mask_BS.sum())
+        metrics |= throughput_metrics(num_tokens, timer.seconds["step"], cfg.world_size)
+        metrics["training/epoch"] = float(self.train_loader.epoch)
+        return metrics
+
+    # -- stages -------------------------------------------------------------
+
+    def next_prompts(self) -> list[PromptSample]:
+        """The next batch of prompts; a new epoch starts when one runs out."""
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._batches = iter(self.train_loader)
+            return next(self._batches)
+
+    def generate_training_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Rollout:
+        """Generate and score one step's batch. With DAPO's dynamic sampling, keep
+        drawing prompt batches until enough groups have rewards that differ."""
+        filt = self.cfg.algorithm.filter_groups
+        want = self.cfg.data.train_batch_size
+        if not filt.enable:
+            return self.generate(self.next_prompts(), self.sampling, timer)
+        kept: list[Rollout] = []
+        spare: list[Rollout] = []  # groups with equal rewards, used only to fill a shortfall
+        num_kept = draws = 0
+        while num_kept < want:
+            if filt.max_num_gen_batches and draws >= filt.max_num_gen_batches:
+                break
+            draws += 1
+            rollout = self.generate(self.next_prompts(), self.sampling, timer)
+            for group in split_groups(rollout, self.sampling.n):
+                metric = group.acc_B if filt.metric == "acc" else group.scores_B
+                (kept if metric.std() > 0 else spare).append(group)
+            num_kept = len(kept)
+        shortfall = max(0, want - len(kept))
+        metrics["training/gen_batches"] = float(draws)
+        metrics["training/filter_padded_groups"] = float(shortfall)
+        return join_groups((kept + spare[:shortfall])[:want])
+
+    def generate(
+        self, prompts: list[PromptSample], sampling: SamplingParams, timer: StageTimer
+    ) -> Rollout:
+        n = sampling.n
+        expanded = [p for p in prompts for _ in range(n)]
+        request = GenerationRequest([p.prompt_ids for p in expanded], sampling)
+        output = self.workers.call_split("rollout", "generate", request)
+        meta = SampleMeta(
+            group_ids=[i // n for i in range(len(expanded))],
+            data_source=[p.data_source for p in expanded],
+            ground_truth=[p.ground_truth for p in expanded],
+            extra_info=[p.extra_info for p in expanded],
+        )
+        with timer("reward"):
+            results = self.score(output.response_ids, meta)
+        return Rollout(
+            prompt_ids=request.prompt_ids,
+            response_ids=output.response_ids,
+            meta=meta,
+            scores_B=torch.tensor([r.score for r in results], dtype=torch.float32),
+            acc_B=torch.tensor([r.acc for r in results], dtype=torch.float32),
+            pad_token_id=self.pad_token_id,
+        )
+
+    def score(self, responses: list[list[int]], meta: SampleMeta) -> list[ScoreResult]:
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        requests = [
+            ScoreRequest(
+                data_source=meta.data_source[i],
+                response=texts[i],
+                ground_truth=meta.ground_truth[i],
+                extra_info=meta.extra_info[i],
+                response_length=len(responses[i]),
+            )
+            for i in range(len(responses))
+        ]
+        return self.reward.score(requests)
+
+    def token_rewards(
+        self,
+        rollout: Rollout,
+        old_logprobs: torch.Tensor,
+        ref_logprobs: torch.Tensor | None,
+        metrics: dict[str, float],
+    ) -> torch.Tensor:
+        """The sequence score on each response's last token, minus the KL penalty
+        when the KL is in the reward."""
+        mask = rollout.tokens.response_mask_BR
+        scores = torch.zeros_like(mask)
+        last = (mask.sum(-1).long() - 1).clamp(min=0)
+        has_tokens = mask.sum(-1) > 0
+        rows = torch.arange(len(rollout))[has_tokens]
+        scores[rows, last[has_tokens]] = rollout.scores_B[has_tokens]
+        if not self.cfg.algorithm.use_kl_in_reward:
+            return scores
+        rewards, kl_metrics = apply_kl_in_reward(
+            scores, old_logprobs, ref_logprobs, mask, self.kl_ctrl, self.cfg.algorithm.kl_penalty
+        )
+        metrics |= {k: float(v) for k, v in kl_metrics.items()}
+        self.kl_ctrl.update(float(kl_metrics["actor/reward_kl_penalty"]), n_steps=len(rollout))
+        return rewards
+
+    def greedy_baseline(self, rollout: Rollout, timer: StageTimer) -> torch.Tensor:
+        """ReMax: the score of each prompt's greedy response, for each of its samples."""
+        n = self.sampling.n
+        greedy = dataclasses.replace(self.sampling, n=1, do_sample=False)
+        prompt_ids = rollout.prompt_ids[::n]
+        with timer("gen_baseline"):
+            output = self.workers.call_split(
+                "rollout", "generate", GenerationRequest(prompt_ids, greedy)
+            )
+        meta = SampleMeta(
+            *(getattr(rollout.meta, f.name)[::n] for f in dataclasses.fields(SampleMeta))
+        )
+        with timer("reward"):
+            results = self.score(output.response_ids, meta)
+        return torch.tensor([r.score for r in results], dtype=torch.float32).repeat_interleave(n)
+
+    def validate(self) -> dict[str, float]:
+        """Score the validation set with the validation sampling settings."""
+        assert self.val_dataset is not None
+        timer = StageTimer()
+        samples = [self.val_dataset[i] for i in range(len(self.val_dataset))]
+        # Pad to a multiple of the world size: every rank must generate (the padding
+        # rows are dropped before scoring).
+        world = self.cfg.world_size
+        padded = samples + samples[: (-len(samples) * self.val_sampling.n) % world]
+        with timer("val"):
+            rollout = self.generate(padded, self.val_sampling, timer)
+        keep = len(samples) * self.val_sampling.n
+        scores = rollout.scores_B[:keep]
+        sources = rollout.meta.data_source[:keep]
+        out = {"val/score/mean": float(scores.mean()), "timing_s/val": timer.seconds["val"]}
+        for source in sorted(set(sources)):
+            picked = torch.tensor([s == source for s in sources])
+            out[f"val-core/{source}/reward/mean@{self.val_sampling.n}"] = float(
+                scores[picked].mean()
+            )
+        return out
+
+
+# -- group helpers (the n samples of a prompt are adjacent) -----------------
+
+
+def split_groups(rollout: Rollout, n: int) -> list[Rollout]:
+    return split(rollout, len(rollout) // n)
+
+
+def join_groups(groups: list[Rollout]) -> Rollout:
+    """Concatenate groups into one batch, group ids renumbered."""
+    joined = concat(groups)
+    n = len(groups[0])
+    joined.meta.group_ids = [i // n for i in range(len(joined))]
+    return joined

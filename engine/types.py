@@ -1,0 +1,125 @@
+"""Typed batches at the boundaries between stages.
+
+Shapes in names: B samples (prompts × rollout.n), S = P + R tokens per row,
+P the prompt length (left-padded), R the response length (right-padded).
+
+    controller                         workers (one per device)
+    ----------                         ------------------------
+    prompts ──► GenerationRequest ──►  rollout.generate  ──► GenerationOutput (ragged)
+    TokenBatch (padded once, here)
+             ──► TokenBatch        ──►  actor/ref.log_probs, critic.values  ──► per-token tensors
+             ──► ActorBatch        ──►  actor.update     ──► metrics
+             ──► CriticBatch       ──►  critic.update    ──► metrics
+
+A batch sent to a worker group is split along its first dimension by
+data-parallel rank (``engine.controller.dispatch``); every field of these
+dataclasses is either a tensor with B rows, a list with B items, or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    do_sample: bool = True
+    max_new_tokens: int = 512
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerationRequest:
+    """Prompts already expanded to one row per sample (the n copies are adjacent)."""
+
+    prompt_ids: list[list[int]]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class GenerationOutput:
+    """Ragged, so that each worker returns only the tokens it produced."""
+
+    response_ids: list[list[int]]  # up to and including EOS when one was sampled
+    finished: list[bool]  # True when the response ended with EOS (not truncated)
+    logprobs: list[list[float]] | None = None  # sampling log-probs, when the engine gives them
+
+
+@dataclass
+class TokenBatch:
+    """Prompt and response tokens as the models see them."""
+
+    input_ids_BS: torch.Tensor  # [left-padded prompt | right-padded response]
+    attention_mask_BS: torch.Tensor
+    position_ids_BS: torch.Tensor
+    response_mask_BR: torch.Tensor  # 1.0 for response tokens that count in losses
+
+    @property
+    def response_length(self) -> int:
+        return self.response_mask_BR.shape[1]
+
+    @property
+    def responses_BR(self) -> torch.Tensor:
+        return self.input_ids_BS[:, -self.response_length :]
+
+    def __len__(self) -> int:
+        return self.input_ids_BS.shape[0]
+
+    @classmethod
+    def from_ragged(
+        cls, prompts: list[list[int]], responses: list[list[int]], pad_token_id: int
+    ) -> TokenBatch:
+        """Pad prompts on the left and responses on the right, to the longest of each."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        batch = len(prompts)
+        p_len = max(len(p) for p in prompts)
+        r_len = max(1, max(len(r) for r in responses))
+        input_ids = torch.full((batch, p_len + r_len), pad_token_id, dtype=torch.long)
+        attention = torch.zeros((batch, p_len + r_len), dtype=torch.long)
+        for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            input_ids[i, p_len - len(prompt) : p_len] = torch.tensor(prompt, dtype=torch.long)
+            attention[i, p_len - len(prompt) : p_len] = 1
+            if response:
+                input_ids[i, p_len : p_len + len(response)] = torch.tensor(response)
+                attention[i, p_len : p_len + len(response)] = 1
+        # Positions count real tokens only, so left padding does not shift them.
+        position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        return cls(
+            input_ids_BS=input_ids,
+            attention_mask_BS=attention,
+            position_ids_BS=position_ids,
+            response_mask_BR=attention[:, p_len:].float(),
+        )
+
+
+@dataclass
+class ActorBatch:
+    tokens: TokenBatch
+    old_logprobs_BR: torch.Tensor
+    advantages_BR: torch.Tensor
+    ref_logprobs_BR: torch.Tensor | None = None  # present when the KL loss is on
+
+
+@dataclass
+class CriticBatch:
+    tokens: TokenBatch
+    old_values_BR: torch.Tensor
+    returns_BR: torch.Tensor
+
+
+@dataclass
+class SampleMeta:
+    """What the reward needs about each sample besides its tokens."""
+
+    group_ids: list[int]  # samples of the same prompt share an id
+    data_source: list[str]
+    ground_truth: list[Any]
+    extra_info: list[dict[str, Any]]

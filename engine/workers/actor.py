@@ -1,0 +1,138 @@
+"""The actor role: the policy being trained, sharded with FSDP2."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from engine.algo.aggregate import aggregate_loss
+from engine.algo.kl import kl_loss
+from engine.algo.policy_loss import PolicyLossInputs, compute_policy_loss
+from engine.config import EngineConfig
+from engine.controller.dispatch import take
+from engine.device import DeviceSpec
+from engine.train import fsdp
+from engine.train.forward import micro_batches, response_logprobs
+from engine.types import ActorBatch, TokenBatch
+
+
+class ActorWorker:
+    def __init__(
+        self, cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, colocated: dict[str, Any]
+    ) -> None:
+        arr = cfg.actor_rollout_ref
+        # seq-mean-token-sum-norm's constant: the configured length, never the padding
+        # of whichever micro-batch is at hand.
+        self.cfg = dataclasses.replace(
+            arr.actor,
+            loss_scale_factor=arr.actor.loss_scale_factor or float(cfg.data.max_response_length),
+        )
+        self.rollout_cfg = arr.rollout
+        self.device = device
+        self.world_size = cfg.world_size
+        model = fsdp.load_hf_model(arr.model)
+        self.module = fsdp.shard_model(
+            model,
+            self.cfg.fsdp_config,
+            device,
+            gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+        )
+        self.optimizer = fsdp.build_optimizer(self.module, self.cfg.optim)
+        self.scheduler = fsdp.build_scheduler(
+            self.optimizer, self.cfg.optim, max(1, self.cfg.optim.total_training_steps)
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_updates = 0
+
+    @torch.no_grad()
+    def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
+        """log π_θ of each response token under the current weights (PPO's π_old)."""
+        self.module.eval()
+        out = []
+        for rows in micro_batches(len(tokens), self.rollout_cfg.log_prob_micro_batch_size_per_gpu):
+            logp, _ = response_logprobs(
+                self.module,
+                take(tokens, rows),
+                self.device.torch_device(),
+                temperature=self.rollout_cfg.temperature,
+            )
+            out.append(logp.cpu())
+        return torch.cat(out)
+
+    def update(self, batch: ActorBatch) -> dict[str, float]:
+        """PPO epochs over mini-batches of this rank's shard; one optimizer step per
+        mini-batch, gradients accumulated over its micro-batches."""
+        cfg = self.cfg
+        self.module.train()
+        rows = len(batch.tokens)
+        mini = cfg.ppo_mini_batch_size * self.rollout_cfg.n // self.world_size
+        metrics: dict[str, list[float]] = defaultdict(list)
+        offload = cfg.fsdp_config.optimizer_offload
+        with fsdp.optimizer_on_device(self.optimizer, self.device, offload):
+            for _epoch in range(cfg.ppo_epochs):
+                for mini_rows in micro_batches(rows, mini):
+                    self._update_mini_batch(take(batch, mini_rows), metrics)
+        self.scheduler.step()
+        result = {k: sum(v) / len(v) for k, v in metrics.items()}
+        result["actor/lr"] = self.scheduler.get_last_lr()[0]
+        result["actor/skipped_updates"] = float(self.skipped_updates)
+        return result
+
+    def _update_mini_batch(self, batch: ActorBatch, metrics: dict[str, list[float]]) -> None:
+        cfg = self.cfg
+        device = self.device.torch_device()
+        scale = fsdp.global_loss_scale(batch.tokens.response_mask_BR, self.device)
+        # This rank's parts of the mini-batch's losses; × world size they average to
+        # the global values over ranks (which is how the controller reduces metrics).
+        pg_loss = entropy_sum = kl_sum = 0.0
+        for rows in micro_batches(len(batch.tokens), cfg.ppo_micro_batch_size_per_gpu):
+            micro = take(batch, rows)
+            mask = micro.tokens.response_mask_BR.to(device)
+            logp, entropy = response_logprobs(
+                self.module,
+                micro.tokens,
+                device,
+                temperature=self.rollout_cfg.temperature,
+                with_entropy=True,
+            )
+            pg = compute_policy_loss(
+                PolicyLossInputs(
+                    logprobs_BT=logp,
+                    old_logprobs_BT=micro.old_logprobs_BR.to(device),
+                    advantages_BT=micro.advantages_BR.to(device),
+                    response_mask_BT=mask,
+                ),
+                cfg,
+                scale,
+            )
+            loss = pg.loss
+            entropy_loss = aggregate_loss(
+                entropy, mask, cfg.loss_agg_mode, scale, self.cfg.loss_scale_factor
+            )
+            if cfg.entropy_coeff:
+                loss = loss - cfg.entropy_coeff * entropy_loss
+            if cfg.use_kl_loss:
+                kl_term, kl_metrics = kl_loss(
+                    logp, micro.ref_logprobs_BR.to(device), mask, cfg, scale
+                )
+                loss = loss + kl_term
+                kl_sum += kl_metrics["actor/kl_loss"]
+            # Each rank holds part of the global sum; FSDP averages gradients over ranks.
+            (loss * self.world_size).backward()
+            pg_loss += float(pg.loss.detach())
+            entropy_sum += float(entropy_loss.detach())
+            for k, v in pg.metrics.items():
+                metrics[k].append(float(v))
+        metrics["actor/pg_loss"].append(pg_loss * self.world_size)
+        metrics["actor/entropy"].append(entropy_sum * self.world_size)
+        if cfg.use_kl_loss:
+            metrics["actor/kl_loss"].append(kl_sum * self.world_size)
+            metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+        grad_norm = fsdp.optimizer_step(self.module, self.optimizer, cfg.grad_clip)
+        metrics["actor/grad_norm"].append(grad_norm)
+        if not math.isfinite(grad_norm):
+            self.skipped_updates += 1

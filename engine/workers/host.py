@@ -1,0 +1,117 @@
+"""The process on one device: joins the process group and hosts the roles placed there.
+
+A host holds no algorithm logic. It owns what every role on its device shares:
+the torch.distributed process group, the device, and the tokenizer. Roles are
+built in order, so a colocated rollout can generate with the actor's own module.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.config import EngineConfig
+from engine.device import DeviceSpec, local_rank_from_env, resolve_device, set_device
+
+# The role classes, in the order they are built on a host.
+ROLE_ORDER = ("actor", "rollout", "ref", "critic")
+
+
+def _role_class(role: str) -> type:
+    # Imported lazily: a host builds only the roles placed on it.
+    if role == "actor":
+        from engine.workers.actor import ActorWorker
+
+        return ActorWorker
+    if role == "rollout":
+        from engine.workers.rollout import RolloutWorker
+
+        return RolloutWorker
+    if role == "ref":
+        from engine.workers.reference import ReferenceWorker
+
+        return ReferenceWorker
+    if role == "critic":
+        from engine.workers.critic import CriticWorker
+
+        return CriticWorker
+    raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLE_ORDER)}")
+
+
+class WorkerHost:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        cfg: EngineConfig,
+        roles: list[str],
+        cpus_per_worker: int = 1,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.cfg = cfg
+        self.device: DeviceSpec = resolve_device(cfg.trainer.device)
+        self.local_rank = (
+            local_rank_from_env(self.device) if self.device.type != "cpu" else local_rank
+        )
+        torch.set_num_threads(max(1, cpus_per_worker))
+        self.role_names = [r for r in ROLE_ORDER if r in roles]
+        self.roles: dict[str, Any] = {}
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        ip = _node_ip()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ip, s.getsockname()[1]
+
+    def init_distributed(self, master_addr: str, master_port: int) -> None:
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.local_rank),
+        )
+        set_device(self.device, self.local_rank)
+        dist.init_process_group(
+            backend=self.device.backend,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(minutes=30),
+        )
+        self._build_roles()
+
+    def _build_roles(self) -> None:
+        from transformers import AutoTokenizer
+
+        model = self.cfg.actor_rollout_ref.model
+        tokenizer = AutoTokenizer.from_pretrained(
+            model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
+        )
+        # The same seed on every rank while models are built (a new value head must
+        # start identical on all shards), then one per rank so samples differ.
+        torch.manual_seed(self.cfg.trainer.seed)
+        for name in self.role_names:
+            self.roles[name] = _role_class(name)(
+                cfg=self.cfg, device=self.device, tokenizer=tokenizer, colocated=self.roles
+            )
+        torch.manual_seed(self.cfg.trainer.seed * 100_003 + self.rank)
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.roles[role], method)(*args, **kwargs)
+
+    def __del__(self) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()

@@ -1,0 +1,76 @@
+"""Split/gather of typed batches over data-parallel ranks."""
+
+import pytest
+import torch
+
+from engine.controller.dispatch import batch_rows, concat, split, take
+from engine.types import ActorBatch, GenerationRequest, SamplingParams, TokenBatch
+
+
+def make_tokens() -> TokenBatch:
+    # Four samples: prompts of 1-3 tokens, responses of 0-2 tokens.
+    return TokenBatch.from_ragged(
+        prompts=[[11], [12, 13], [14, 15, 16], [17]],
+        responses=[[21, 22], [23], [], [24, 25]],
+        pad_token_id=0,
+    )
+
+
+def test_from_ragged_pads_prompts_left_and_responses_right():
+    t = make_tokens()
+    assert t.input_ids_BS.tolist() == [
+        [0, 0, 11, 21, 22],
+        [0, 12, 13, 23, 0],
+        [14, 15, 16, 0, 0],
+        [0, 0, 17, 24, 25],
+    ]
+    assert t.attention_mask_BS.tolist() == [
+        [0, 0, 1, 1, 1],
+        [0, 1, 1, 1, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1],
+    ]
+    # Positions count real tokens, so a left-padded prompt still starts at 0.
+    assert t.position_ids_BS[0].tolist() == [0, 0, 0, 1, 2]
+    assert t.position_ids_BS[1].tolist() == [0, 0, 1, 2, 2]
+    assert t.response_mask_BR.tolist() == [[1, 1], [1, 0], [0, 0], [1, 1]]
+    assert t.responses_BR.tolist() == [[21, 22], [23, 0], [0, 0], [24, 25]]
+
+
+def test_split_gives_contiguous_chunks_and_concat_restores_the_batch():
+    tokens = make_tokens()
+    batch = ActorBatch(
+        tokens=tokens,
+        old_logprobs_BR=torch.arange(8.0).reshape(4, 2),
+        advantages_BR=torch.ones(4, 2),
+        ref_logprobs_BR=None,
+    )
+    shards = split(batch, 2)
+    assert [len(s.tokens) for s in shards] == [2, 2]
+    assert shards[1].old_logprobs_BR.tolist() == [[4.0, 5.0], [6.0, 7.0]]
+    assert shards[1].tokens.input_ids_BS.tolist() == tokens.input_ids_BS[2:].tolist()
+    assert shards[0].ref_logprobs_BR is None  # an absent field stays absent
+    joined = concat(shards)
+    assert torch.equal(joined.old_logprobs_BR, batch.old_logprobs_BR)
+    assert torch.equal(joined.tokens.input_ids_BS, tokens.input_ids_BS)
+
+
+def test_shared_fields_go_whole_to_every_rank():
+    sampling = SamplingParams(n=4, temperature=0.7)
+    request = GenerationRequest(prompt_ids=[[1], [2], [3], [4]], sampling=sampling)
+    shards = split(request, 2)
+    assert [s.prompt_ids for s in shards] == [[[1], [2]], [[3], [4]]]
+    assert all(s.sampling is sampling for s in shards)
+
+
+def test_uneven_split_is_refused():
+    # Every rank must run the same number of forward passes, or collectives hang.
+    with pytest.raises(ValueError, match="5 rows cannot be split evenly over 2"):
+        split(torch.zeros(5, 3), 2)
+
+
+def test_take_and_rows():
+    tokens = make_tokens()
+    assert batch_rows(tokens) == 4
+    assert batch_rows(SamplingParams()) is None
+    assert take(tokens, slice(1, 3)).input_ids_BS.tolist() == tokens.input_ids_BS[1:3].tolist()

@@ -1,0 +1,102 @@
+"""The HF rollout: EOS handling, the response mask, and agreement with the training forward."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engine.rollout.base import trim_response
+from engine.rollout.hf import HFRollout
+from engine.train.forward import response_logprobs
+from engine.types import GenerationRequest, SamplingParams, TokenBatch
+
+
+def test_trim_keeps_the_first_eos_and_drops_what_follows():
+    assert trim_response([5, 6, 2, 7, 2], eos_token_ids={2}, ignore_eos=False) == ([5, 6, 2], True)
+    assert trim_response([5, 6, 7], eos_token_ids={2}, ignore_eos=False) == ([5, 6, 7], False)
+    assert trim_response([2], eos_token_ids={2, 3}, ignore_eos=False) == ([2], True)
+    # Several EOS ids (tokenizer's and generation config's): whichever comes first.
+    assert trim_response([5, 3, 2], eos_token_ids={2, 3}, ignore_eos=False) == ([5, 3], True)
+    assert trim_response([5, 2, 6], eos_token_ids={2}, ignore_eos=True) == ([5, 2, 6], False)
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model_dir):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def prompts(tokenizer, texts):
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for t in texts
+    ]
+
+
+def test_greedy_tokens_are_the_argmax_of_the_training_forward(model_and_tokenizer):
+    """Left padding, positions and the response slice agree between generate and training:
+    otherwise PPO's ratio would not start at 1."""
+    model, tokenizer = model_and_tokenizer
+    rollout = HFRollout(model, tokenizer, torch.device("cpu"))
+    ids = prompts(tokenizer, ["Add 3 and 4.", "What is 12 minus 5? Answer with a number."])
+    assert len(ids[0]) != len(ids[1])  # so one of them is left-padded
+    greedy = SamplingParams(do_sample=False, max_new_tokens=8, ignore_eos=True)
+    out = rollout.generate(GenerationRequest(ids, greedy))
+    tokens = TokenBatch.from_ragged(ids, out.response_ids, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = model(
+            input_ids=tokens.input_ids_BS,
+            attention_mask=tokens.attention_mask_BS,
+            position_ids=tokens.position_ids_BS,
+        ).logits
+    r = tokens.response_length
+    argmax = logits[:, -r - 1 : -1].argmax(-1)
+    mask = tokens.response_mask_BR.bool()
+    assert torch.equal(argmax[mask], tokens.responses_BR[mask])
+    logp, _ = response_logprobs(model, tokens, torch.device("cpu"))
+    assert torch.isfinite(logp).all() and (logp[mask] <= 0).all()
+
+
+def test_eos_ends_a_response_and_the_mask_covers_it(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    eos = tokenizer.eos_token_id
+    # Make EOS the most likely token everywhere: every greedy response is exactly [EOS].
+    with torch.no_grad():
+        bias = torch.zeros(model.config.vocab_size)
+        bias[eos] = 1e4
+        model.lm_head.bias = torch.nn.Parameter(bias)
+    try:
+        rollout = HFRollout(model, tokenizer, torch.device("cpu"))
+        ids = prompts(tokenizer, ["Add 3 and 4.", "Hello"])
+        out = rollout.generate(
+            GenerationRequest(ids, SamplingParams(do_sample=False, max_new_tokens=6))
+        )
+        assert out.response_ids == [[eos], [eos]]
+        assert out.finished == [True, True]
+        tokens = TokenBatch.from_ragged(ids, out.response_ids, tokenizer.pad_token_id)
+        assert tokens.response_mask_BR.tolist() == [[1.0], [1.0]]
+    finally:
+        model.lm_head.bias = None
+
+
+def test_length_limit_and_sampling_settings(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    rollout = HFRollout(model, tokenizer, torch.device("cpu"), micro_batch_size=3)
+    ids = prompts(tokenizer, ["a", "bb", "ccc", "dddd", "eeeee"])
+    torch.manual_seed(1)
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=5)
+    out = rollout.generate(GenerationRequest(ids, sampled))
+    assert len(out.response_ids) == 5  # two generate calls (3 + 2), order kept
+    assert all(1 <= len(r) <= 5 for r in out.response_ids)
+    assert all(
+        f == (r[-1] in rollout.eos_token_ids)
+        for r, f in zip(out.response_ids, out.finished, strict=False)
+    )
+    greedy = SamplingParams(do_sample=False, max_new_tokens=5)
+    first = rollout.generate(GenerationRequest(ids, greedy)).response_ids
+    assert rollout.generate(GenerationRequest(ids, greedy)).response_ids == first
