@@ -101,14 +101,21 @@ def run_training(cfg: EngineConfig) -> None:
         raise EngineError("no training steps: the dataset is smaller than data.train_batch_size")
     cfg = with_total_steps(cfg, total)
 
+    reward = RewardManager(
+        cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
+    )
+    # An unknown data source fails now, not after the cluster and models are up.
+    reward.check_data_sources(train.data_sources() | (val.data_sources() if val else set()))
+
     init_ray(cfg)
     cfg = dataclasses.replace(
         cfg, trainer=dataclasses.replace(cfg.trainer, device=resolve_cluster_device(cfg))
     )
-    workers = start_workers(cfg)
-    reward = RewardManager(
-        cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
-    )
+    try:
+        workers = start_workers(cfg)
+    except BaseException:
+        reward.close()
+        raise
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.default_local_dir)
     try:
         Trainer(cfg, workers, reward, tokenizer, loader, val, tracker).fit()

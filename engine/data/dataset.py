@@ -224,6 +224,10 @@ class RLDataset:
             extra_info=self._extra_info[index],
         )
 
+    def data_sources(self) -> set[str]:
+        """Every ``data_source`` in the dataset (the reward checks it can score each)."""
+        return set(self._data_source)
+
     def prompt_lengths(self) -> np.ndarray:
         """Token count of every prompt (after truncation), in dataset order."""
         return np.diff(self._offsets)
