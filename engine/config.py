@@ -306,14 +306,18 @@ class TrainerConfig:
     total_epochs: int = 1
     total_training_steps: int | None = None  # overrides epochs when set
     critic_warmup: int = 0  # steps that train the critic only
-    save_freq: int = -1  # -1: only at the end is not implied; set a step count
+    save_freq: int = -1  # save every N steps and at the last step; -1: never
     test_freq: int = -1
     val_before_train: bool = True
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
     logger: list[str] = field(default_factory=lambda: ["console"])
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    max_actor_ckpt_to_keep: int | None = None
+    max_actor_ckpt_to_keep: int | None = None  # keep the last K complete checkpoints
+    # On SIGTERM (preemption), save before exiting if at least this many steps ran since
+    # the last checkpoint; 0: exit without saving. Exit code 75 asks to be requeued.
+    preemption_save_steps: int = 1
+    max_consecutive_skipped_updates: int = 5  # NaN/inf updates in a row before stopping
     seed: int = 1
 
 
@@ -809,6 +813,13 @@ def _trainer_rules(cfg: EngineConfig) -> list[str]:
     if t.test_freq == 0 or t.test_freq < -1:
         p.append(
             f"trainer.test_freq must be -1 (never) or a positive step count, got {t.test_freq}"
+        )
+    if t.preemption_save_steps < 0:
+        p.append(f"trainer.preemption_save_steps must be >= 0, got {t.preemption_save_steps}")
+    if t.max_consecutive_skipped_updates < 1:
+        p.append(
+            "trainer.max_consecutive_skipped_updates must be >= 1,"
+            f" got {t.max_consecutive_skipped_updates}"
         )
     if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
         p.append("trainer.max_actor_ckpt_to_keep must be >= 1 or null (keep all)")

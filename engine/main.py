@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if os.environ.get("ENGINE_DEBUG"):
             raise
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+        sys.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))
 
 
 def summary(cfg: EngineConfig) -> str:

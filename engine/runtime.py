@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import signal
 import tempfile
+from pathlib import Path
 
 import ray
 
+from engine.checkpoint import CheckpointManager, is_remote
 from engine.config import EngineConfig
 from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
 from engine.device import DEVICES
@@ -116,10 +120,18 @@ def run_training(cfg: EngineConfig) -> None:
     except BaseException:
         reward.close()
         raise
-    tracker = Tracker(cfg.trainer.logger, cfg.trainer.default_local_dir)
+    checkpoints = CheckpointManager(cfg.trainer)
+    resume_from = checkpoints.resume_point()
+    tracker = Tracker(cfg.trainer.logger, run_dir(cfg))
+    write_worker_table(workers, run_dir(cfg))
+    trainer = Trainer(
+        cfg, workers, reward, tokenizer, loader, val, tracker, checkpoints, resume_from
+    )
+    previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
     try:
-        Trainer(cfg, workers, reward, tokenizer, loader, val, tracker).fit()
+        trainer.fit()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         tracker.close()
         reward.close()
         workers.shutdown()
@@ -137,3 +149,19 @@ def with_total_steps(cfg: EngineConfig, total: int) -> EngineConfig:
     return dataclasses.replace(
         cfg, actor_rollout_ref=dataclasses.replace(arr, actor=actor), critic=critic
     )
+
+
+def run_dir(cfg: EngineConfig) -> Path:
+    """Where logs and metrics go: the checkpoint dir when it is local, else a local
+    folder named after the run (a bucket holds only checkpoints)."""
+    root = cfg.trainer.default_local_dir
+    if is_remote(root):
+        return Path("runs") / cfg.trainer.project_name / cfg.trainer.experiment_name
+    return Path(root)
+
+
+def write_worker_table(workers: WorkerGroup, directory: Path) -> None:
+    """Which process and node holds each rank: for operators, and for fault tests."""
+    directory.mkdir(parents=True, exist_ok=True)
+    table = [{"rank": r, "pid": pid} for r, pid in enumerate(workers.host_all("pid"))]
+    (directory / "workers.json").write_text(json.dumps(table))

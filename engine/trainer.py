@@ -20,11 +20,13 @@ import torch
 
 from engine.algo.advantage import AdvantageInputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
-from engine.config import EngineConfig
+from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
+from engine.config import EngineConfig, to_yaml
 from engine.controller.dispatch import concat, split
 from engine.controller.worker_group import WorkerGroup
 from engine.data.dataset import PromptSample, RLDataset
 from engine.data.loader import PromptLoader
+from engine.errors import EngineError
 from engine.metrics import (
     StageTimer,
     Tracker,
@@ -69,6 +71,17 @@ class Rollout:
         return len(self.prompt_ids)
 
 
+class Preempted(EngineError):
+    """The run stopped on SIGTERM; a launcher should requeue it (exit code 75)."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+    def __init__(self, step: int) -> None:
+        super().__init__(
+            f"stopped on SIGTERM after step {step}; resume continues from the last checkpoint"
+        )
+
+
 class Trainer:
     def __init__(
         self,
@@ -79,6 +92,8 @@ class Trainer:
         train_loader: PromptLoader,
         val_dataset: RLDataset | None,
         tracker: Tracker,
+        checkpoints: CheckpointManager,
+        resume_from: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.workers = workers
@@ -90,6 +105,9 @@ class Trainer:
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
         self.total_steps = cfg.actor_rollout_ref.actor.optim.total_training_steps
         self.step = 0
+        self.checkpoints = checkpoints
+        self.resume_from = resume_from
+        self.stop_requested = False
         rollout = cfg.actor_rollout_ref.rollout
         self.sampling = SamplingParams(
             n=rollout.n,
@@ -116,17 +134,75 @@ class Trainer:
     # -- the loop -----------------------------------------------------------
 
     def fit(self) -> None:
-        if self.val_dataset is not None and self.cfg.trainer.val_before_train:
+        if self.resume_from is not None:
+            self.resume(self.resume_from)
+        elif self.val_dataset is not None and self.cfg.trainer.val_before_train:
             self.tracker.log(self.step, self.total_steps, self.validate())
         while self.step < self.total_steps:
             self.step += 1
             metrics = self.train_step()
+            self.check_updates(metrics)
             test_freq = self.cfg.trainer.test_freq
             if self.val_dataset is not None and (
                 self.step == self.total_steps or (test_freq > 0 and self.step % test_freq == 0)
             ):
                 metrics |= self.validate()
+            if self.checkpoints.should_save(self.step, self.total_steps):
+                self.save()
             self.tracker.log(self.step, self.total_steps, metrics)
+            self.checkpoints.finish_uploads(self.workers, block=False)
+            if self.stop_requested:
+                self.stop_for_preemption()
+        self.checkpoints.finish_uploads(self.workers, block=True)
+
+    # -- checkpoints and faults ---------------------------------------------
+
+    def state(self) -> TrainerState:
+        return TrainerState(
+            step=self.step,
+            loader=self.train_loader.state_dict(),
+            kl_ctrl=self.kl_ctrl.state_dict(),
+        )
+
+    def save(self) -> None:
+        self.checkpoints.save(self.step, self.workers, self.state(), to_yaml(self.cfg))
+
+    def resume(self, path: str) -> None:
+        """Continue exactly where checkpoint ``path`` left off."""
+        state = read_trainer_state(path)
+        local = self.checkpoints.fetch(path, self.workers)
+        self.workers.host_all("load_checkpoint", local)
+        self.step = state.step
+        self.train_loader.load_state_dict(state.loader)
+        self._batches = iter(self.train_loader)
+        self.kl_ctrl.load_state_dict(state.kl_ctrl)
+        self.checkpoints.last_saved_step = state.step
+        print(f"resumed from {path} at step {state.step}", flush=True)
+
+    def check_updates(self, metrics: dict[str, float]) -> None:
+        """Stop when the actor keeps producing non-finite gradients (its updates are
+        skipped and counted, so one bad batch does not end a run)."""
+        in_a_row = metrics.get("actor/consecutive_skipped_updates", 0.0)
+        limit = self.cfg.trainer.max_consecutive_skipped_updates
+        if in_a_row >= limit:
+            raise EngineError(
+                f"{int(in_a_row)} actor updates in a row had a NaN/inf loss or gradient norm"
+                f" (trainer.max_consecutive_skipped_updates={limit}); the last good"
+                " checkpoint is intact. Lower the learning rate, check the reward for NaN,"
+                " or enable gradient clipping (actor_rollout_ref.actor.grad_clip)"
+            )
+
+    def request_stop(self) -> None:
+        """Called from the SIGTERM handler: finish this step, then stop."""
+        self.stop_requested = True
+
+    def stop_for_preemption(self) -> None:
+        since = self.step - self.checkpoints.last_saved_step
+        wanted = self.cfg.trainer.preemption_save_steps
+        if wanted > 0 and since >= wanted:
+            self.save()
+        self.checkpoints.finish_uploads(self.workers, block=True)
+        raise Preempted(self.step)
 
     def train_step(self) -> dict[str, float]:
         cfg = self.cfg

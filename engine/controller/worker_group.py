@@ -39,6 +39,25 @@ class PoolSpec:
         return self.nnodes * self.devices_per_node
 
 
+class WorkerFailure(EngineError):
+    """A worker raised or died; the run stops instead of waiting on the others."""
+
+    exit_code = 1  # not a configuration problem
+
+    def __init__(self, rank: int, reason: str) -> None:
+        self.rank = rank
+        super().__init__(f"worker rank {rank} failed: {reason}")
+
+
+def _cause(exc: Exception) -> str:
+    """The worker's own error, without Ray's wrapping (the last line of its traceback)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
 class ResourcePool:
     """Devices reserved for one worker group, node by node."""
 
@@ -112,11 +131,27 @@ class WorkerGroup:
         self.get([w.init_distributed.remote(master_addr, master_port) for w in self.workers])
 
     def get(self, refs: list[Any]) -> list[Any]:
-        """ray.get that reports which rank failed, not only that one did."""
-        try:
-            return ray.get(refs)
-        except ray.exceptions.RayActorError as exc:
-            raise EngineError(f"a worker process died: {exc}") from exc
+        """Results of one call per rank, in rank order.
+
+        Results are taken as they arrive, so a rank that dies is noticed at once even
+        while the others block in a collective waiting for it; the error names the
+        rank. The caller then shuts the group down, which ends the blocked ranks.
+        """
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerFailure(rank_of[done[0]], f"its process died ({_cause(exc)})") from exc
+            except ray.exceptions.RayTaskError as exc:
+                raise WorkerFailure(rank_of[done[0]], _cause(exc)) from exc
+        return ray.get(refs)
+
+    def host_all(self, method: str, *args: Any) -> list[Any]:
+        """Every host runs one of its own methods (checkpointing, pid)."""
+        return self.get([getattr(w, method).remote(*args) for w in self.workers])
 
     def call_all(self, role: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Every rank runs role.method(*args); the results in rank order."""

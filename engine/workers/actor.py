@@ -17,6 +17,7 @@ from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train import fsdp
 from engine.train.forward import micro_batches, response_logprobs
+from engine.train.fsdp_checkpoint import load_role, save_role
 from engine.types import ActorBatch, TokenBatch
 
 
@@ -46,7 +47,9 @@ class ActorWorker:
             self.optimizer, self.cfg.optim, max(1, self.cfg.optim.total_training_steps)
         )
         self.optimizer.zero_grad(set_to_none=True)
-        self.skipped_updates = 0
+        self.tokenizer = tokenizer
+        self.skipped_updates = 0  # non-finite gradient norms, over the run
+        self.consecutive_skips = 0  # ... in a row, up to the last update
 
     @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
@@ -80,7 +83,17 @@ class ActorWorker:
         result = {k: sum(v) / len(v) for k, v in metrics.items()}
         result["actor/lr"] = self.scheduler.get_last_lr()[0]
         result["actor/skipped_updates"] = float(self.skipped_updates)
+        result["actor/consecutive_skipped_updates"] = float(self.consecutive_skips)
         return result
+
+    def save(self, path: str) -> None:
+        counters = {"skipped": self.skipped_updates, "consecutive": self.consecutive_skips}
+        save_role(path, self.module, self.optimizer, self.scheduler, counters, self.tokenizer)
+
+    def load(self, path: str) -> None:
+        counters = load_role(path, self.module, self.optimizer, self.scheduler)
+        self.skipped_updates = counters["skipped"]
+        self.consecutive_skips = counters["consecutive"]
 
     def _update_mini_batch(self, batch: ActorBatch, metrics: dict[str, list[float]]) -> None:
         cfg = self.cfg
@@ -134,5 +147,8 @@ class ActorWorker:
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
         grad_norm = fsdp.optimizer_step(self.module, self.optimizer, cfg.grad_clip)
         metrics["actor/grad_norm"].append(grad_norm)
-        if not math.isfinite(grad_norm):
+        if math.isfinite(grad_norm):
+            self.consecutive_skips = 0
+        else:
             self.skipped_updates += 1
+            self.consecutive_skips += 1

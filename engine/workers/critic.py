@@ -13,6 +13,7 @@ from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train import fsdp
 from engine.train.forward import micro_batches, response_values
+from engine.train.fsdp_checkpoint import load_role, save_role
 from engine.types import CriticBatch, TokenBatch
 
 
@@ -66,6 +67,12 @@ class CriticWorker:
         result = {k: sum(v) / len(v) for k, v in metrics.items()}
         result["critic/lr"] = self.scheduler.get_last_lr()[0]
         return result
+
+    def save(self, path: str) -> None:
+        save_role(path, self.module, self.optimizer, self.scheduler, {})
+
+    def load(self, path: str) -> None:
+        load_role(path, self.module, self.optimizer, self.scheduler)
 
     def _update_mini_batch(self, batch: CriticBatch, metrics: dict[str, list[float]]) -> None:
         device = self.device.torch_device()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,8 @@ from engine.device import DeviceSpec, local_rank_from_env, resolve_device, set_d
 
 # The role classes, in the order they are built on a host.
 ROLE_ORDER = ("actor", "rollout", "ref", "critic")
+# The roles with state that changes during training (and so goes into checkpoints).
+TRAINED_ROLES = ("actor", "critic")
 
 
 def _role_class(role: str) -> type:
@@ -63,6 +66,7 @@ class WorkerHost:
         torch.set_num_threads(max(1, cpus_per_worker))
         self.role_names = [r for r in ROLE_ORDER if r in roles]
         self.roles: dict[str, Any] = {}
+        self._uploader: Any = None  # engine.storage.BackgroundUploader, made on first use
 
     def rendezvous_address(self) -> tuple[str, int]:
         ip = _node_ip()
@@ -103,12 +107,73 @@ class WorkerHost:
             )
         torch.manual_seed(self.cfg.trainer.seed * 100_003 + self.rank)
 
+    # Checkpoints: the trained roles save their shards; the host saves what the roles
+    # share, the random state (rollout sampling draws from it).
+
+    def save_checkpoint(self, path: str) -> None:
+        for name in TRAINED_ROLES:
+            if name in self.roles:
+                self.roles[name].save(os.path.join(path, name))
+        rng_dir = Path(path) / "rng"
+        rng_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(_rng_state(self.device), rng_dir / f"rank_{self.rank}.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        for name in TRAINED_ROLES:
+            if name in self.roles:
+                self.roles[name].load(os.path.join(path, name))
+        rng_file = Path(path) / "rng" / f"rank_{self.rank}.pt"
+        if rng_file.exists():  # absent after a change of world size: keep fresh seeds
+            _set_rng_state(self.device, torch.load(rng_file, weights_only=False))
+
+    # With a bucket, one host per node (local rank 0) moves the node's files.
+
+    def upload_checkpoint(self, local_dir: str, root: str, name: str) -> None:
+        if self.local_rank != 0:
+            return
+        if self._uploader is None:
+            from engine.storage import BackgroundUploader, open_store
+
+            self._uploader = BackgroundUploader(open_store(root))
+        self._uploader.submit(Path(local_dir), name)
+
+    def uploads_pending(self, block: bool) -> int:
+        if self._uploader is None:
+            return 0
+        if block:
+            self._uploader.wait()
+        return self._uploader.pending()
+
+    def download_checkpoint(self, url: str, local_dir: str) -> None:
+        if self.local_rank != 0:
+            return
+        from engine.storage import open_store
+
+        open_store(url).download_dir("", Path(local_dir))
+
+    def pid(self) -> int:
+        return os.getpid()
+
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.roles[role], method)(*args, **kwargs)
 
     def __del__(self) -> None:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _rng_state(device: DeviceSpec) -> dict[str, Any]:
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(device: DeviceSpec, state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _node_ip() -> str:

@@ -1,0 +1,192 @@
+"""Long runs: a run killed for real resumes exactly; SIGTERM saves and asks for a requeue;
+a dead worker stops the run promptly with its rank; bad checkpoints are never resumed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).parents[2]
+# Metrics that measure the machine, not the run: they differ between two identical runs.
+MACHINE_METRICS = ("timing_s/", "perf/")
+
+
+@pytest.fixture(scope="module")
+def synthetic_data(tmp_path_factory):
+    from engine.data.synthetic import write_synthetic_dataset
+
+    return write_synthetic_dataset(tmp_path_factory.mktemp("synthetic"), n_train=64, n_val=8)
+
+
+def engine_args(model: Path, train: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "engine.main",
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={train}",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=2",
+        "data.max_prompt_length=64",
+        "data.max_response_length=8",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # two optimizer steps per step
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",  # and accumulation
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",  # a reference model too
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
+        "reward_model.num_workers=1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=2",
+        "trainer.total_training_steps=6",
+        *extra,
+    ]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env())
+
+
+def by_step(run_dir: Path) -> dict[int, dict]:
+    """The last record of each step (a killed run may have logged a step it never saved)."""
+    records = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records[record["step"]] = {
+            k: v for k, v in record.items() if not k.startswith(MACHINE_METRICS)
+        }
+    return records
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else "exited"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.2)
+
+
+def test_killed_run_resumes_exactly(tiny_model_dir, synthetic_data, tmp_path):
+    train, _ = synthetic_data
+    straight = tmp_path / "straight"
+    result = run(engine_args(tiny_model_dir, train, straight))
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = by_step(straight)
+    assert sorted(expected) == [1, 2, 3, 4, 5, 6]
+
+    # The same run, killed (driver, Ray and workers: the whole process group) once the
+    # step-4 checkpoint is complete: what a lost node looks like.
+    broken = tmp_path / "broken"
+    proc = subprocess.Popen(
+        engine_args(tiny_model_dir, train, broken),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(),
+        start_new_session=True,
+    )
+    try:
+        wait_for(broken / "global_step_4" / "COMPLETE", proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    resumed = run(engine_args(tiny_model_dir, train, broken))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    got = by_step(broken)
+    for step in (5, 6):
+        assert got[step] == expected[step], f"step {step} differs after resume"
+
+
+def test_incomplete_checkpoint_is_never_resumed(tiny_model_dir, synthetic_data, tmp_path):
+    train, _ = synthetic_data
+    run_dir = tmp_path / "run"
+    args = engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=2")
+    assert run(args).returncode == 0
+    # A checkpoint cut off mid-write: files, but no marker. Resume must skip it.
+    partial = run_dir / "global_step_4"
+    (partial / "actor").mkdir(parents=True)
+    (partial / "trainer_state.json").write_text('{"step": 4}')
+    result = run(engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout and "at step 2" in result.stdout
+    # An explicit path to it is refused with the reason.
+    explicit = run(
+        engine_args(
+            tiny_model_dir,
+            train,
+            tmp_path / "other",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={partial}",
+        )
+    )
+    assert explicit.returncode == 2
+    assert "not a complete checkpoint" in explicit.stderr
+
+
+def test_sigterm_saves_and_exits_for_requeue(tiny_model_dir, synthetic_data, tmp_path):
+    train, _ = synthetic_data
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        engine_args(
+            tiny_model_dir,
+            train,
+            run_dir,
+            "trainer.save_freq=100",
+            "trainer.total_training_steps=100",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(),
+    )
+    wait_for(run_dir / "workers.json", proc)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, output[-3000:]
+    assert "stopped on SIGTERM" in output
+    saved = sorted(p.name for p in run_dir.glob("global_step_*") if (p / "COMPLETE").exists())
+    assert len(saved) == 1
+    last_logged = max(by_step(run_dir))
+    assert saved == [f"global_step_{last_logged}"]  # the step it finished, saved
+
+
+def test_dead_worker_stops_the_run_with_its_rank(tiny_model_dir, synthetic_data, tmp_path):
+    train, _ = synthetic_data
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=1000"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(),
+    )
+    wait_for(run_dir / "global_step_2" / "COMPLETE", proc)
+    workers = json.loads((run_dir / "workers.json").read_text())
+    os.kill(workers[1]["pid"], signal.SIGKILL)  # as the OOM killer would
+    killed_at = time.monotonic()
+    output, _ = proc.communicate(timeout=120)
+    assert time.monotonic() - killed_at < 60, "the run hung on the dead worker"
+    assert proc.returncode == 1, output[-3000:]
+    assert "worker rank 1 failed" in output
+    assert (run_dir / "global_step_2" / "COMPLETE").exists()  # the last good checkpoint
