@@ -141,7 +141,11 @@ class CheckpointManager:
             _write_marker(local, step)
             self._prune()
             return
-        # Each node uploads what its workers wrote; the controller its own two files.
+        # Uploads merge into the destination: clear what an earlier, unfinished attempt
+        # at this step left there, then each node uploads what its workers wrote and the
+        # controller its own two files.
+        if name in self.store.list_dirs(""):
+            self.store.delete_dir(name)
         workers.host_all("upload_checkpoint", str(local), self.root, name)
         self.store.write_text(f"{name}/{TRAINER_STATE}", state.to_json())
         self.store.write_text(f"{name}/config.yaml", config_yaml)

@@ -1,14 +1,11 @@
-"""Step metrics with the names verl users know, stage timing, and where they go."""
+"""Step metrics with the names verl users know, and stage timing (``engine.tracking``
+sends them to the loggers)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, TextIO
 
 import torch
 
@@ -89,57 +86,3 @@ def reduce_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """Average each metric over the ranks that reported it."""
     keys = {k for m in per_rank for k in m}
     return {k: sum(m[k] for m in per_rank if k in m) / sum(k in m for m in per_rank) for k in keys}
-
-
-# The headline of the console line: a person watching a run looks for these.
-CONSOLE_KEYS = (
-    ("critic/score/mean", "score"),
-    ("val/score/mean", "val"),
-    ("actor/pg_loss", "pg_loss"),
-    ("actor/entropy", "entropy"),
-    ("actor/ppo_kl", "ppo_kl"),
-    ("actor/grad_norm", "grad_norm"),
-    ("critic/vf_loss", "vf_loss"),
-    ("response_length/mean", "resp_len"),
-    ("timing_s/step", "step_s"),
-    ("perf/throughput", "tok/s/dev"),
-)
-
-
-def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    parts = [f"step {step}/{total}"]
-    for key, label in CONSOLE_KEYS:
-        if key in metrics:
-            parts.append(f"{label} {metrics[key]:.4g}")
-    return " | ".join(parts)
-
-
-class Tracker:
-    """Sends each step's metrics to the configured loggers.
-
-    The JSONL file in the run directory is always written: it is the record that
-    ``rlctl`` and resumed runs read back.
-    """
-
-    def __init__(self, loggers: list[str], run_dir: str | Path, stream: TextIO | None = None):
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.console = "console" in loggers
-        self.stream = stream or sys.stdout
-        self.jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
-
-    def log(self, step: int, total: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
-        if self.console:
-            print(console_line(step, total, metrics), file=self.stream, flush=True)
-
-    def close(self) -> None:
-        self.jsonl.close()
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.item()
-    return value

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import ray
 
-from engine.checkpoint import CheckpointManager, is_remote
+from engine.checkpoint import CheckpointManager, is_remote, read_trainer_state
 from engine.config import EngineConfig
 from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
 from engine.device import DEVICES
@@ -87,8 +87,8 @@ def run_training(cfg: EngineConfig) -> None:
 
     from engine.data.dataset import RLDataset
     from engine.data.loader import PromptLoader
-    from engine.metrics import Tracker
     from engine.reward.manager import RewardManager
+    from engine.tracking import Tracker
     from engine.trainer import Trainer
 
     model = cfg.actor_rollout_ref.model
@@ -122,33 +122,23 @@ def run_training(cfg: EngineConfig) -> None:
         raise
     checkpoints = CheckpointManager(cfg.trainer)
     resume_from = checkpoints.resume_point()
-    tracker = Tracker(cfg.trainer.logger, run_dir(cfg))
+    resumed_step = read_trainer_state(resume_from).step if resume_from else 0
     write_worker_table(workers, run_dir(cfg))
-    trainer = Trainer(
-        cfg, workers, reward, tokenizer, loader, val, tracker, checkpoints, resume_from
-    )
-    previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
     try:
-        trainer.fit()
+        with Tracker(
+            cfg.trainer, run_dir(cfg), dataclasses.asdict(cfg), total, resumed_step
+        ) as tracker:
+            trainer = Trainer(
+                cfg, workers, reward, tokenizer, loader, val, tracker, checkpoints, resume_from
+            )
+            previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
+            try:
+                trainer.fit()
+            finally:
+                signal.signal(signal.SIGTERM, previous)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        tracker.close()
         reward.close()
         workers.shutdown()
-
-
-def with_total_steps(cfg: EngineConfig, total: int) -> EngineConfig:
-    """The config with the optimizers' schedule length filled in."""
-    arr = cfg.actor_rollout_ref
-    actor = dataclasses.replace(
-        arr.actor, optim=dataclasses.replace(arr.actor.optim, total_training_steps=total)
-    )
-    critic = dataclasses.replace(
-        cfg.critic, optim=dataclasses.replace(cfg.critic.optim, total_training_steps=total)
-    )
-    return dataclasses.replace(
-        cfg, actor_rollout_ref=dataclasses.replace(arr, actor=actor), critic=critic
-    )
 
 
 def run_dir(cfg: EngineConfig) -> Path:
@@ -165,3 +155,17 @@ def write_worker_table(workers: WorkerGroup, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     table = [{"rank": r, "pid": pid} for r, pid in enumerate(workers.host_all("pid"))]
     (directory / "workers.json").write_text(json.dumps(table))
+
+
+def with_total_steps(cfg: EngineConfig, total: int) -> EngineConfig:
+    """The config with the optimizers' schedule length filled in."""
+    arr = cfg.actor_rollout_ref
+    actor = dataclasses.replace(
+        arr.actor, optim=dataclasses.replace(arr.actor.optim, total_training_steps=total)
+    )
+    critic = dataclasses.replace(
+        cfg.critic, optim=dataclasses.replace(cfg.critic.optim, total_training_steps=total)
+    )
+    return dataclasses.replace(
+        cfg, actor_rollout_ref=dataclasses.replace(arr, actor=actor), critic=critic
+    )

@@ -29,13 +29,13 @@ from engine.data.loader import PromptLoader
 from engine.errors import EngineError
 from engine.metrics import (
     StageTimer,
-    Tracker,
     batch_metrics,
     reduce_rank_metrics,
     throughput_metrics,
 )
 from engine.reward.manager import RewardManager
 from engine.reward.types import ScoreRequest, ScoreResult
+from engine.tracking import Tracker
 from engine.types import (
     ActorBatch,
     CriticBatch,
@@ -44,6 +44,7 @@ from engine.types import (
     SamplingParams,
     TokenBatch,
 )
+from engine.validation import ValidationSample, validation_metrics
 
 
 @dataclasses.dataclass
@@ -57,6 +58,7 @@ class Rollout:
     meta: SampleMeta
     scores_B: torch.Tensor
     acc_B: torch.Tensor
+    preds: list[str | None]  # each sample's extracted answer, when the scorer gives one
     pad_token_id: int
 
     @functools.cached_property
@@ -137,7 +139,7 @@ class Trainer:
         if self.resume_from is not None:
             self.resume(self.resume_from)
         elif self.val_dataset is not None and self.cfg.trainer.val_before_train:
-            self.tracker.log(self.step, self.total_steps, self.validate())
+            self.tracker.log(self.step, self.validate())
         while self.step < self.total_steps:
             self.step += 1
             metrics = self.train_step()
@@ -149,7 +151,7 @@ class Trainer:
                 metrics |= self.validate()
             if self.checkpoints.should_save(self.step, self.total_steps):
                 self.save()
-            self.tracker.log(self.step, self.total_steps, metrics)
+            self.tracker.log(self.step, metrics)
             self.checkpoints.finish_uploads(self.workers, block=False)
             if self.stop_requested:
                 self.stop_for_preemption()
@@ -324,6 +326,7 @@ class Trainer:
             meta=meta,
             scores_B=torch.tensor([r.score for r in results], dtype=torch.float32),
             acc_B=torch.tensor([r.acc for r in results], dtype=torch.float32),
+            preds=[r.pred for r in results],
             pad_token_id=self.pad_token_id,
         )
 
@@ -382,26 +385,34 @@ class Trainer:
         return torch.tensor([r.score for r in results], dtype=torch.float32).repeat_interleave(n)
 
     def validate(self) -> dict[str, float]:
-        """Score the validation set with the validation sampling settings."""
+        """Generate on the validation set with the validation sampling settings, score,
+        and report per data source (mean@n, best/worst@k, pass@k, maj@k)."""
         assert self.val_dataset is not None
         timer = StageTimer()
-        samples = [self.val_dataset[i] for i in range(len(self.val_dataset))]
-        # Pad to a multiple of the world size: every rank must generate (the padding
-        # rows are dropped before scoring).
+        n = self.val_sampling.n
+        prompts = [self.val_dataset[i] for i in range(len(self.val_dataset))]
+        # Every rank must generate: pad the prompt list so the samples split evenly
+        # (the extra prompts' samples are dropped before the metrics).
         world = self.cfg.world_size
-        padded = samples + samples[: (-len(samples) * self.val_sampling.n) % world]
+        extra = 0
+        while (len(prompts) + extra) * n % world:
+            extra += 1
+        padded = prompts + [prompts[i % len(prompts)] for i in range(extra)]
         with timer("val"):
             rollout = self.generate(padded, self.val_sampling, timer)
-        keep = len(samples) * self.val_sampling.n
-        scores = rollout.scores_B[:keep]
-        sources = rollout.meta.data_source[:keep]
-        out = {"val/score/mean": float(scores.mean()), "timing_s/val": timer.seconds["val"]}
-        for source in sorted(set(sources)):
-            picked = torch.tensor([s == source for s in sources])
-            out[f"val-core/{source}/reward/mean@{self.val_sampling.n}"] = float(
-                scores[picked].mean()
+        keep = len(prompts) * n
+        samples = [
+            ValidationSample(
+                data_source=rollout.meta.data_source[i],
+                prompt_index=i // n,
+                score=float(rollout.scores_B[i]),
+                acc=float(rollout.acc_B[i]),
+                pred=rollout.preds[i],
             )
-        return out
+            for i in range(keep)
+        ]
+        metrics = validation_metrics(samples, seed=self.cfg.trainer.seed)
+        return metrics | {"timing_s/val": timer.seconds["val"]}
 
 
 # -- group helpers (the n samples of a prompt are adjacent) -----------------

@@ -20,11 +20,11 @@ exec python -m engine.main \
     actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.actor.ppo_mini_batch_size=32 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64 \
-    actor_rollout_ref.actor.optim.lr=1e-3 \
+    actor_rollout_ref.actor.optim.lr=2e-3 \
     reward_model.num_workers=1 \
     trainer.device=cpu \
     trainer.n_gpus_per_node=2 \
-    trainer.total_training_steps=40 \
+    trainer.total_training_steps=50 \
     trainer.test_freq=10 \
     trainer.default_local_dir="$out/run" \
     "$@"

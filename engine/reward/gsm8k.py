@@ -61,7 +61,7 @@ def compute_score(
     method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """``score`` for the right answer, ``format_score`` for a wrong one in the expected
     format, 0 when no answer can be read."""
     answer = extract_answer(solution_str, method)
@@ -72,4 +72,5 @@ def compute_score(
         "score": score if correct else format_score,
         "acc": 1.0 if correct else 0.0,
         "format": 1.0,
+        "pred": answer,
     }

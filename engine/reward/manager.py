@@ -203,7 +203,8 @@ class RewardManager:
             code = worker.process.exitcode
             if not worker.ready:
                 raise RewardError(
-                    f"a reward worker exited while starting (exit code {code})"
+                    f"a reward worker exited while starting (exit code {code}); its "
+                    "traceback, if any, is in the log above"
                 ) from None
             if worker.chunk:
                 index = worker.chunk.popleft()
@@ -244,6 +245,9 @@ class _Worker:
         self.conn.close()
 
     def stop(self) -> None:
+        if self.chunk:  # busy (a batch was interrupted): no point waiting for it
+            self.kill()
+            return
         with contextlib.suppress(OSError, ValueError):  # already closed or dead
             self.conn.send(None)
         self.process.join(timeout=2)

@@ -86,7 +86,7 @@ def is_equivalent(answer: str, ground_truth: str) -> bool:
     return normalize_answer(answer) == normalize_answer(ground_truth)
 
 
-def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:
+def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, Any]:
     answer = extract_answer(solution_str)
     if answer is None:
         return {"score": 0.0, "acc": 0.0, "format": 0.0}
@@ -94,4 +94,4 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: Any = None) 
     boxed_truth = last_boxed(truth)
     correct = is_equivalent(answer, boxed_truth if boxed_truth is not None else truth)
     value = 1.0 if correct else 0.0
-    return {"score": value, "acc": value, "format": 1.0}
+    return {"score": value, "acc": value, "format": 1.0, "pred": normalize_answer(answer)}

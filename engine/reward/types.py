@@ -36,13 +36,14 @@ class ScoreResult:
     acc: float  # correctness in [0, 1] (equals score for plain 0/1 scorers)
     extras: dict[str, float] = field(default_factory=dict)  # other numbers, "overlong_penalty"
     error: str | None = None  # "timeout" or the exception text when the scorer failed (score 0)
+    pred: str | None = None  # the extracted final answer, for majority voting in validation
 
 
 def to_result(value: Any) -> ScoreResult:
     """Turn what a scorer returned (a number or a dict with "score") into a ``ScoreResult``.
 
-    ``acc`` defaults to the score. Non-numeric extras (e.g. the extracted answer) are
-    dropped. Raises ``TypeError``/``KeyError`` for a value of the wrong shape.
+    ``acc`` defaults to the score; ``pred`` (the extracted answer, for majority voting)
+    is kept as a string. Other non-numeric extras are dropped. Raises ``TypeError``/``KeyError`` for a value of the wrong shape.
     """
     if isinstance(value, Mapping):
         if "score" not in value:
@@ -52,9 +53,10 @@ def to_result(value: Any) -> ScoreResult:
         extras = {
             str(k): float(v)
             for k, v in value.items()
-            if k not in ("score", "acc") and isinstance(v, numbers.Real)
+            if k not in ("score", "acc", "pred") and isinstance(v, numbers.Real)
         }
-        return ScoreResult(score=score, acc=acc, extras=extras)
+        pred = None if value.get("pred") is None else str(value["pred"])
+        return ScoreResult(score=score, acc=acc, extras=extras, pred=pred)
     if isinstance(value, numbers.Real):
         return ScoreResult(score=float(value), acc=float(value))
     raise TypeError(

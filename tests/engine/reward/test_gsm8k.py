@@ -39,7 +39,7 @@ def test_flexible(response, truth, score):
 
 def test_format_score_and_acc():
     wrong = gsm8k.compute_score("#### 6", "7", format_score=0.1)
-    assert wrong == {"score": 0.1, "acc": 0.0, "format": 1.0}
+    assert wrong == {"score": 0.1, "acc": 0.0, "format": 1.0, "pred": "6"}
     assert gsm8k.compute_score("no answer", "7", format_score=0.1)["score"] == 0.0
     assert gsm8k.compute_score("#### 7", "7", format_score=0.1)["acc"] == 1.0
 

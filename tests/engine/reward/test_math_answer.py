@@ -38,7 +38,21 @@ def test_extract_answer(text, expected):
     ],
 )
 def test_equivalent_forms_score_one(response, truth):
-    assert math_answer.compute_score(response, truth) == {"score": 1.0, "acc": 1.0, "format": 1.0}
+    result = math_answer.compute_score(response, truth)
+    assert {k: result[k] for k in ("score", "acc", "format")} == {
+        "score": 1.0,
+        "acc": 1.0,
+        "format": 1.0,
+    }
+    assert result["pred"]  # the extracted answer, for majority voting
+
+
+def test_pred_is_the_normalised_answer():
+    # Spelling variants of one answer vote together in maj@k.
+    first = math_answer.compute_score("\\boxed{\\dfrac{1}{2}}", "0.5")["pred"]
+    second = math_answer.compute_score("\\boxed{\\frac{1}{2}}", "0.5")["pred"]
+    assert first == second
+    assert "pred" not in math_answer.compute_score("no box here", "0.5")
 
 
 @pytest.mark.parametrize(
@@ -67,4 +81,4 @@ def test_works_outside_the_main_thread():
     )
     thread.start()
     thread.join()
-    assert results == [{"score": 1.0, "acc": 1.0, "format": 1.0}]
+    assert [r["score"] for r in results] == [1.0]

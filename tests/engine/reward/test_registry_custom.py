@@ -82,3 +82,12 @@ def test_custom_import_error(tmp_path):
     path = write(tmp_path, "import not_a_module_anywhere\n")
     with pytest.raises(RewardError, match="ModuleNotFoundError"):
         load_custom_function(path, "compute_score")
+
+
+def test_pred_is_kept_as_text_and_not_as_a_metric():
+    from engine.reward.types import to_result
+
+    result = to_result({"score": 1.0, "acc": 1.0, "pred": 42, "format": 1.0})
+    assert result.pred == "42"
+    assert result.extras == {"format": 1.0}
+    assert to_result({"score": 0.5}).pred is None
