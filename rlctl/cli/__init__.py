@@ -1,6 +1,13 @@
-"""The ``rlctl`` command line: a thin layer over the Python API, one module per noun."""
+"""The ``rlctl`` command line: a thin layer over ``rlctl.api``, one module per noun.
+
+Errors the user can fix print one short message and the fix; a traceback only
+with RLCTL_DEBUG=1. Nothing here imports torch, ray or skypilot.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
 
 import typer
 
@@ -8,10 +15,14 @@ from rlctl import __version__
 
 app = typer.Typer(
     name="rlctl",
-    help="Launch RL post-training of LLMs: local, Slurm, or any cloud through SkyPilot.",
+    help="Launch RL post-training of LLMs: on this machine, on Slurm, or on any cloud.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
+
+EXIT_USER_ERROR = 2
 
 
 def _version(value: bool) -> None:
@@ -26,8 +37,49 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """rlctl turns a recipe into a running RL job."""
+    """rlctl turns a recipe into a running RL job.
+
+    Examples:
+
+        rlctl launch quickstart                # the CPU quickstart, here
+        rlctl plan recipes/dapo_qwen32b.yaml   # what would run, no side effects
+        rlctl status; rlctl logs JOB -f; rlctl stop JOB
+    """
+
+
+def _register() -> None:
+    from rlctl.cli import jobs, launch, recipes
+
+    launch.register(app)
+    jobs.register(app)
+    recipes.register(app)
 
 
 def main() -> None:
-    app()
+    _register()
+    try:
+        app(standalone_mode=False)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # the one error boundary
+        if os.environ.get("RLCTL_DEBUG"):
+            raise
+        import click
+
+        from rlctl.errors import RlctlError
+
+        if isinstance(exc, click.exceptions.Exit):
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, RlctlError):
+            typer.secho(f"error: {exc}", err=True, fg="red")
+            if exc.hint:
+                typer.echo(f"fix: {exc.hint}", err=True)
+            sys.exit(EXIT_USER_ERROR)
+        typer.secho(f"error: {type(exc).__name__}: {exc}", err=True, fg="red")
+        typer.echo("(set RLCTL_DEBUG=1 for the traceback)", err=True)
+        sys.exit(1)

@@ -1,0 +1,153 @@
+"""rlctl's Python API; the CLI is a thin layer over it.
+
+from rlctl import api
+job = api.launch("recipes/quickstart.yaml")
+api.status(job.id).state
+for line in api.logs(job.id, follow=True): print(line)
+api.stop(job.id)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.backends import get_backend
+from rlctl.errors import RlctlError
+from rlctl.jobs import SUBMISSION_INCOMPLETE, Job, JobState, JobStore
+from rlctl.recipe import Recipe, load_recipe
+from rlctl.spec import JobSpec, build_spec
+
+BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+# A PENDING job with no handle this old was never submitted (the CLI died mid-launch).
+STALE_SUBMISSION_S = 600.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A recipe resolved for a backend: what ``plan`` shows and ``launch`` runs."""
+
+    recipe: Recipe
+    plan: Any  # rlctl.plan.Plan
+    spec: JobSpec
+    files: dict[str, str]  # rendered files, by name
+
+
+def find_recipe(ref: str) -> Path:
+    """A recipe path, or the name of a bundled recipe (``quickstart``)."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path
+    bundled = BUNDLED_RECIPES / f"{ref.removesuffix('.yaml')}.yaml"
+    if bundled.is_file():
+        return bundled
+    names = ", ".join(sorted(p.stem for p in BUNDLED_RECIPES.glob("*.yaml")))
+    raise RlctlError(f"no recipe at {ref!r}", hint=f"give a recipe file, or a bundled one: {names}")
+
+
+def bundled_recipes() -> list[Recipe]:
+    return [load_recipe(p) for p in sorted(BUNDLED_RECIPES.glob("*.yaml"))]
+
+
+def validate(ref: str) -> Recipe:
+    """Load and check a recipe, including its engine config (no side effects)."""
+    recipe = load_recipe(find_recipe(ref))
+    prepare(recipe, backend="local", job_id="validate")
+    return recipe
+
+
+def plan_recipe(recipe: Recipe) -> Any:
+    from rlctl.plan import make_plan, plan_request
+
+    return make_plan(plan_request(recipe))
+
+
+def prepare(recipe: Recipe, backend: str, job_id: str) -> Prepared:
+    plan = plan_recipe(recipe)
+    impl = get_backend(backend)
+    spec = build_spec(recipe, plan.engine_overrides(), impl.paths(job_id))
+    return Prepared(recipe, plan, spec, impl.render(job_id, spec))
+
+
+def launch(ref: str, backend: str = "local", store: JobStore | None = None) -> Job:
+    """Validate, plan, record, submit. Bad input fails before anything is recorded."""
+    store = store or JobStore()
+    recipe = load_recipe(find_recipe(ref))
+    impl = get_backend(backend)
+    secrets = _secret_values(recipe)
+    prepared = prepare(recipe, backend, job_id="pending")  # every check, before any record
+
+    job = store.create(
+        name=recipe.name,
+        recipe_path=str(find_recipe(ref)),
+        recipe_yaml=recipe.to_yaml(),
+        plan_json=json.dumps(prepared.plan.to_json()),
+        backend=backend,
+    )
+    try:
+        spec = build_spec(recipe, prepared.plan.engine_overrides(), impl.paths(job.id))
+        handle = impl.submit(job, spec, secrets)
+    except BaseException as exc:
+        store.transition(job.id, JobState.FAILED, reason=f"submission failed: {exc}")
+        raise
+    store.set_handle(job.id, handle)
+    return store.transition(job.id, JobState.RUNNING)
+
+
+def _secret_values(recipe: Recipe) -> dict[str, str]:
+    missing = [name for name in recipe.secrets if name not in os.environ]
+    if missing:
+        raise RlctlError(
+            f"recipe {recipe.name}: secrets not set in your environment: {', '.join(missing)}",
+            hint="export them before launching (their values are passed to the job, never stored)",
+        )
+    return {name: os.environ[name] for name in recipe.secrets}
+
+
+def refresh(job: Job, store: JobStore) -> Job:
+    """The job with its state brought up to date from its backend."""
+    if job.state.terminal:
+        return job
+    if not job.handle:
+        stale = store.stale_pending(STALE_SUBMISSION_S)
+        if any(j.id == job.id for j in stale):
+            return store.transition(job.id, JobState.FAILED, reason=SUBMISSION_INCOMPLETE)
+        return job
+    seen = get_backend(job.backend).status(job)
+    return store.transition(job.id, seen.state, reason=seen.reason, exit_code=seen.exit_code)
+
+
+def status(ref: str | None = None, store: JobStore | None = None) -> list[Job]:
+    store = store or JobStore()
+    jobs = [store.get(ref)] if ref else store.list()
+    return [refresh(job, store) for job in jobs]
+
+
+def list_jobs(store: JobStore | None = None, limit: int | None = None) -> list[Job]:
+    store = store or JobStore()
+    return store.list(limit=limit)
+
+
+def logs(ref: str, follow: bool = False, store: JobStore | None = None) -> Iterator[str]:
+    store = store or JobStore()
+    job = store.get(ref)
+    if not job.handle:
+        raise RlctlError(f"job {job.id} has no logs: it was never submitted ({job.state})")
+    yield from get_backend(job.backend).logs(job, follow)
+
+
+def stop(ref: str, grace_s: float = 60.0, store: JobStore | None = None) -> Job:
+    """Graceful first (the engine saves and exits), forceful after ``grace_s``."""
+    store = store or JobStore()
+    job = refresh(store.get(ref), store)
+    if job.state.terminal:
+        return job
+    # Recorded first: the job's own exit (code 75 after SIGTERM) must not read as a failure.
+    job = store.transition(job.id, JobState.CANCELLED, reason="stopped by the user")
+    if job.handle:
+        get_backend(job.backend).stop(job, grace_s)
+    return job

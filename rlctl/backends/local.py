@@ -1,0 +1,168 @@
+"""The local backend: run the job on this machine, detached from the CLI.
+
+The job runs as ``bash run.sh`` in a new session (so it survives the terminal and
+the CLI), with its output in ``job.log`` and its exit code written to ``exit_code``
+when it ends. The engine starts its own local Ray cluster inside that session.
+``stop`` sends SIGTERM to the session (the engine finishes its step, saves, exits),
+waits, then SIGKILLs whatever is left of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from rlctl import __version__
+from rlctl.backends.base import Observed
+from rlctl.home import job_dir
+from rlctl.jobs import Job, JobState
+from rlctl.render import render
+from rlctl.spec import JobPaths, JobSpec
+
+LOG = "job.log"
+EXIT_CODE = "exit_code"
+PREEMPTED = 75  # the engine's "stopped on SIGTERM, requeue me"
+# Runs the script and records its exit code, whatever it was. The paths are argv
+# words ($1, $2), never part of the command string.
+_RUNNER = 'bash "$1"; code=$?; echo "$code" > "$2"; exit "$code"'
+
+
+class LocalBackend:
+    name = "local"
+
+    def paths(self, job_id: str) -> JobPaths:
+        return JobPaths(root=str(job_dir(job_id)))
+
+    def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
+        script = render(
+            "local_job.sh.j2",
+            job_id=job_id,
+            recipe_name=spec.recipe.name,
+            version=__version__,
+            env=spec.env,
+            root=spec.paths.root,
+            setup=[_with_python(step) for step in spec.setup],
+            engine_command=_with_python(spec.engine_command),
+        )
+        return {"run.sh": script, "engine.yaml": spec.engine_yaml}
+
+    def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
+        root = Path(spec.paths.root)
+        root.mkdir(parents=True, exist_ok=True)
+        for name, content in self.render(job.id, spec).items():
+            (root / name).write_text(content)
+        log = (root / LOG).open("ab")
+        env = {**os.environ, **secrets}
+        proc = subprocess.Popen(
+            ["bash", "-c", _RUNNER, "rlctl-job", str(root / "run.sh"), str(root / EXIT_CODE)],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives the CLI; one session to signal on stop
+        )
+        log.close()
+        return {"pid": proc.pid, "sid": proc.pid, "root": str(root), "log": str(root / LOG)}
+
+    def status(self, job: Job) -> Observed:
+        root = Path(job.handle["root"])
+        exit_file = root / EXIT_CODE
+        if exit_file.exists():
+            text = exit_file.read_text().strip()
+            code = int(text) if text.lstrip("-").isdigit() else None
+            if code == 0:
+                return Observed(JobState.SUCCEEDED, "exit code 0", 0)
+            if code == PREEMPTED:
+                return Observed(JobState.FAILED, "stopped on SIGTERM (exit code 75)", code)
+            return Observed(JobState.FAILED, f"exit code {code}: {_last_error(root / LOG)}", code)
+        if _session_pids(job.handle["sid"]):
+            return Observed(JobState.RUNNING)
+        return Observed(JobState.FAILED, "the job's processes ended without an exit code")
+
+    def logs(self, job: Job, follow: bool) -> Iterator[str]:
+        path = Path(job.handle.get("log") or Path(job.handle["root"]) / LOG)
+        yield from follow_file(path, follow, lambda: self.status(job).state.terminal)
+
+    def stop(self, job: Job, grace_s: float) -> None:
+        sid = job.handle["sid"]
+        # SIGTERM to the engine's driver only (the runner's child): it finishes its
+        # step, saves and exits. Its Ray workers must not get it, or the step fails.
+        for pid in _session_pids(sid, parent=sid):
+            _kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _signal_session(sid, signal.SIGKILL)
+
+
+def _with_python(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The job runs with the same Python as this rlctl (where the engine is installed)."""
+    return (sys.executable, *argv[1:]) if argv and argv[0] == "python" else argv
+
+
+def follow_file(path: Path, follow: bool, finished) -> Iterator[str]:
+    """Lines of ``path``; with ``follow``, keep reading until ``finished()``."""
+    while not path.exists():
+        if not follow or finished():
+            return
+        time.sleep(0.2)
+    with path.open("r", errors="replace") as f:
+        pending = ""
+        while True:
+            chunk = f.readline()
+            if chunk:
+                pending += chunk
+                if pending.endswith("\n"):
+                    yield pending.rstrip("\n")
+                    pending = ""
+                continue
+            if not follow or finished():
+                rest = f.read()
+                if pending or rest:
+                    yield from (pending + rest).splitlines()
+                return
+            time.sleep(0.25)
+
+
+def _last_error(log: Path, lines: int = 5) -> str:
+    """The tail of the log: what a person needs to see why it failed."""
+    if not log.exists():
+        return "no log"
+    tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return " | ".join(tail[-lines:]) if tail else "empty log"
+
+
+def _session_pids(sid: int, parent: int | None = None) -> list[int]:
+    """Every live process of the job's session (the engine's Ray processes included:
+    some of them put themselves in process groups of their own); with ``parent``,
+    only its children."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+        state, ppid, session = fields[0], int(fields[1]), int(fields[3])
+        if session == sid and state != "Z" and (parent is None or ppid == parent):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _signal_session(sid: int, sig: signal.Signals) -> None:
+    for pid in _session_pids(sid):
+        _kill(pid, sig)
+
+
+def _kill(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+        os.kill(pid, sig)

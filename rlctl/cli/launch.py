@@ -1,0 +1,67 @@
+"""rlctl launch · plan · validate"""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from rlctl.cli import options
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(launch)
+    app.command()(plan)
+    app.command()(validate)
+
+
+def launch(
+    recipe: options.Recipe,
+    backend: options.Backend = "local",
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream the logs after launching."),
+) -> None:
+    """Launch a recipe as a job.
+
+    Example: `rlctl launch quickstart` · `rlctl launch recipes/grpo_qwen7b_gsm8k.yaml --backend slurm`
+    """
+    from rlctl import api
+
+    job = api.launch(recipe, backend=backend)
+    typer.echo(f"launched {job.id} ({job.backend}); follow with: rlctl logs {job.id} -f")
+    if follow:
+        for line in api.logs(job.id, follow=True):
+            typer.echo(line)
+
+
+def plan(
+    recipe: options.Recipe,
+    backend: options.Backend = "local",
+    as_json: options.Json = False,
+) -> None:
+    """Show what a recipe would run: sizing, memory, the engine config, the job script.
+    Nothing is launched or recorded.
+
+    Example: `rlctl plan recipes/dapo_qwen32b.yaml`
+    """
+    from rlctl import api
+    from rlctl.recipe import load_recipe
+
+    recipe_obj = load_recipe(api.find_recipe(recipe))
+    prepared = api.prepare(recipe_obj, backend=backend, job_id="JOB_ID")
+    if as_json:
+        typer.echo(json.dumps({"plan": prepared.plan.to_json(), "files": prepared.files}, indent=1))
+        return
+    from rlctl.cli.show import show_plan
+
+    show_plan(prepared)
+
+
+def validate(recipe: options.Recipe) -> None:
+    """Check a recipe: its fields, its hardware and every engine key, as it would launch.
+
+    Example: `rlctl validate recipes/quickstart.yaml`
+    """
+    from rlctl import api
+
+    checked = api.validate(recipe)
+    typer.echo(f"ok: {checked.name} ({checked.algorithm}, {checked.model})")

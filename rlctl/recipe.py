@@ -1,0 +1,442 @@
+"""Recipes: the short YAML a person writes to describe a run.
+
+    name: grpo-qwen7b-gsm8k
+    description: GRPO on GSM8K, Qwen2.5-7B-Instruct, one 8×H100 node
+    extends: base.yaml                 # optional: a recipe this one refines
+    algorithm: grpo                    # a preset (rlctl.presets)
+    model: Qwen/Qwen2.5-7B-Instruct    # Hugging Face id, a local folder, or rlctl:tiny
+    data:
+      prepare: gsm8k                   # made on the cluster: gsm8k | math | synthetic
+      # or train: [files], val: [files] (paths as seen where the job runs)
+    reward:                            # optional: built-in rules by data_source otherwise
+      custom: {path: my_reward.py, name: compute_score}
+    hardware: {accelerators: H100:8, nodes: 1}     # or accelerators: auto | cpu:2
+    rollout: vllm                      # vllm | sglang | hf
+    trainer: fsdp2                     # fsdp | fsdp2 | megatron
+    checkpoints: s3://bucket/runs      # optional: where checkpoints go
+    env: {NCCL_DEBUG: INFO}            # plain settings
+    secrets: [HF_TOKEN, WANDB_API_KEY] # names only: values come from your environment at launch
+    engine:                            # any engine key, dotted, checked against its schema
+      data.train_batch_size: 256
+
+Every error names the field path, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlctl.errors import RlctlError
+from rlctl.presets import PRESETS
+
+TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
+PREPARATIONS = ("gsm8k", "math", "synthetic")
+ROLLOUTS = ("vllm", "sglang", "hf")
+TRAINERS = ("fsdp", "fsdp2", "megatron")
+_FIELDS = (
+    "name",
+    "description",
+    "extends",
+    "algorithm",
+    "model",
+    "data",
+    "reward",
+    "hardware",
+    "rollout",
+    "trainer",
+    "checkpoints",
+    "env",
+    "secrets",
+    "engine",
+)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class RecipeError(RlctlError):
+    """A recipe field is wrong; the message names the field, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    prepare: str | None = None
+    train: tuple[str, ...] = ()
+    val: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    accelerators: str = "auto"  # "H100:8", "MI300X:8", "cpu:2", or "auto"
+    nodes: int | None = None  # None: the planner decides
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.accelerators.lower().split(":")[0] == "cpu"
+
+    @property
+    def cpu_workers(self) -> int:
+        _, _, count = self.accelerators.partition(":")
+        return int(count) if count else 2
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    algorithm: str
+    model: str
+    data: DataSpec
+    source: str = "<string>"
+    description: str = ""
+    custom_reward: tuple[str, str] | None = None  # (path, function name)
+    hardware: HardwareSpec = field(default_factory=HardwareSpec)
+    rollout: str = "vllm"
+    trainer: str = "fsdp2"
+    checkpoints: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()
+    engine: dict[str, Any] = field(default_factory=dict)
+
+    def engine_overrides(self) -> dict[str, Any]:
+        """The engine keys this recipe sets (before sizing), in the order they apply:
+        the algorithm preset, then the recipe's fields, then its ``engine:`` block."""
+        keys: dict[str, Any] = dict(PRESETS[self.algorithm])
+        keys["actor_rollout_ref.rollout.name"] = self.rollout
+        keys["actor_rollout_ref.actor.strategy"] = self.trainer
+        keys["critic.strategy"] = self.trainer
+        keys["trainer.experiment_name"] = self.name
+        if self.custom_reward:
+            keys["custom_reward_function.path"] = self.custom_reward[0]
+            keys["custom_reward_function.name"] = self.custom_reward[1]
+        if self.hardware.is_cpu:
+            keys["trainer.device"] = "cpu"
+        keys.update(self.engine)
+        if keys.get("reward_model.overlong_buffer.enable") and (
+            "reward_model.overlong_buffer.len" not in keys
+        ):
+            response = keys.get(
+                "data.max_response_length", _engine_default("data.max_response_length")
+            )
+            keys["reward_model.overlong_buffer.len"] = max(1, int(response) // 5)
+        return keys
+
+    def to_yaml(self) -> str:
+        """The recipe as resolved (extends applied): what the job store keeps. Secrets
+        appear by name only."""
+        data: dict[str, Any] = {"name": self.name, "description": self.description}
+        data |= {"algorithm": self.algorithm, "model": self.model}
+        data["data"] = {k: v for k, v in (
+            ("prepare", self.data.prepare),
+            ("train", list(self.data.train)),
+            ("val", list(self.data.val)),
+        ) if v}  # fmt: skip
+        if self.custom_reward:
+            data["reward"] = {
+                "custom": {"path": self.custom_reward[0], "name": self.custom_reward[1]}
+            }
+        hw: dict[str, Any] = {"accelerators": self.hardware.accelerators}
+        if self.hardware.nodes is not None:
+            hw["nodes"] = self.hardware.nodes
+        data |= {"hardware": hw, "rollout": self.rollout, "trainer": self.trainer}
+        if self.checkpoints:
+            data["checkpoints"] = self.checkpoints
+        if self.env:
+            data["env"] = dict(self.env)
+        if self.secrets:
+            data["secrets"] = list(self.secrets)
+        if self.engine:
+            data["engine"] = dict(self.engine)
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+def _engine_default(key: str) -> Any:
+    from engine.config import EngineConfig
+
+    value: Any = EngineConfig()
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+# ---------------------------------------------------------------------------
+# loading
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read, merge ``extends`` chains, and check a recipe file."""
+    path = Path(path)
+    raw = _load_with_extends(path, seen=())
+    return parse_recipe(raw, source=str(path))
+
+
+def _load_with_extends(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    resolved = path.resolve()
+    if resolved in seen:
+        chain = " -> ".join(str(p) for p in (*seen, resolved))
+        raise RecipeError(f"extends: the recipes extend each other in a loop: {chain}")
+    if not path.is_file():
+        where = f" (extended by {seen[-1]})" if seen else ""
+        raise RecipeError(
+            f"recipe file {str(path)!r} does not exist{where}",
+            hint="`rlctl recipes` lists the bundled recipes",
+        )
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping of fields, got {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise RecipeError(f"{path}: extends: expected a file path, got {parent!r}")
+    base = _load_with_extends(path.parent / parent, (*seen, resolved))
+    return _merge(base, raw)
+
+
+def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """The child's fields win; mappings (data, hardware, env, engine, ...) merge key by key."""
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
+    errors: list[str] = []
+    p = _Parser(raw, source, errors)
+    for key in raw:
+        if key not in _FIELDS:
+            close = difflib.get_close_matches(key, _FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; fields: {', '.join(_FIELDS)}"
+            errors.append(f"{key}: unknown field{hint}")
+    name = p.string("name", required=True, pattern=_NAME, what="a name of letters, digits, . _ -")
+    algorithm = p.choice("algorithm", tuple(PRESETS), required=True)
+    model = p.string("model", required=True)
+    recipe = Recipe(
+        name=name or "",
+        algorithm=algorithm or "grpo",
+        model=model or "",
+        data=p.data(),
+        source=source,
+        description=p.string("description") or "",
+        custom_reward=p.reward(),
+        hardware=p.hardware(),
+        rollout=p.choice("rollout", ROLLOUTS) or "vllm",
+        trainer=p.choice("trainer", TRAINERS) or "fsdp2",
+        checkpoints=p.string("checkpoints"),
+        env=p.env(),
+        secrets=p.secrets(),
+        engine=p.engine(),
+    )
+    if recipe.hardware.is_cpu and recipe.rollout != "hf" and "rollout" in raw:
+        errors.append(
+            f"rollout: {recipe.rollout} needs GPUs; with hardware.accelerators=cpu use rollout: hf"
+        )
+    if errors:
+        raise RecipeError(_format(source, errors))
+    if recipe.hardware.is_cpu and "rollout" not in raw:
+        recipe = _replace(recipe, rollout="hf")
+    return recipe
+
+
+def _replace(recipe: Recipe, **changes: Any) -> Recipe:
+    from dataclasses import replace
+
+    return replace(recipe, **changes)
+
+
+def _format(source: str, errors: list[str]) -> str:
+    if len(errors) == 1:
+        return f"recipe {source}: {errors[0]}"
+    return f"recipe {source} has {len(errors)} problems:\n" + "\n".join(f"  - {e}" for e in errors)
+
+
+class _Parser:
+    """Reads one field at a time, collecting every problem instead of stopping at the first."""
+
+    def __init__(self, raw: dict[str, Any], source: str, errors: list[str]) -> None:
+        self.raw, self.source, self.errors = raw, source, errors
+
+    def string(
+        self, key: str, required: bool = False, pattern: re.Pattern | None = None, what: str = ""
+    ) -> str | None:
+        value = self.raw.get(key)
+        if value is None:
+            if required:
+                self.errors.append(f"{key}: required")
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.errors.append(f"{key}: expected text, got {value!r}")
+            return None
+        if pattern and not pattern.match(value):
+            self.errors.append(f"{key}: {value!r} is not {what}")
+            return None
+        return value
+
+    def choice(self, key: str, valid: tuple[str, ...], required: bool = False) -> str | None:
+        value = self.string(key, required=required)
+        if value is None:
+            return None
+        if value not in valid:
+            close = difflib.get_close_matches(value, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            self.errors.append(f"{key}: unknown value {value!r}{hint}; valid: {', '.join(valid)}")
+            return None
+        return value
+
+    def _mapping(self, key: str) -> dict[str, Any]:
+        value = self.raw.get(key) or {}
+        if not isinstance(value, dict):
+            self.errors.append(f"{key}: expected a mapping, got {value!r}")
+            return {}
+        return value
+
+    def _unknown(self, key: str, value: dict[str, Any], known: tuple[str, ...]) -> None:
+        for sub in value:
+            if sub not in known:
+                close = difflib.get_close_matches(str(sub), known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(known)}"
+                self.errors.append(f"{key}.{sub}: unknown field{hint}")
+
+    def _paths(self, key: str, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        self.errors.append(f"{key}: expected a path or a list of paths, got {value!r}")
+        return ()
+
+    def data(self) -> DataSpec:
+        data = self._mapping("data")
+        self._unknown("data", data, ("prepare", "train", "val"))
+        prepare = data.get("prepare")
+        if prepare is not None and prepare not in PREPARATIONS:
+            self.errors.append(
+                f"data.prepare: unknown preparation {prepare!r}; valid: {', '.join(PREPARATIONS)}"
+            )
+        spec = DataSpec(
+            prepare=prepare,
+            train=self._paths("data.train", data.get("train")),
+            val=self._paths("data.val", data.get("val")),
+        )
+        if "data" in self.raw and not spec.prepare and not spec.train:
+            self.errors.append(
+                "data: give data.train (parquet/jsonl files) or data.prepare"
+                f" ({', '.join(PREPARATIONS)})"
+            )
+        if "data" not in self.raw:
+            self.errors.append("data: required (data.train files or data.prepare)")
+        if spec.prepare and (spec.train or spec.val):
+            self.errors.append("data: data.prepare makes the files; do not also give train/val")
+        return spec
+
+    def reward(self) -> tuple[str, str] | None:
+        reward = self._mapping("reward")
+        self._unknown("reward", reward, ("custom",))
+        custom = reward.get("custom")
+        if custom is None:
+            return None
+        if not isinstance(custom, dict) or not isinstance(custom.get("path"), str):
+            self.errors.append(
+                f"reward.custom: expected {{path: file.py, name: function}}, got {custom!r}"
+            )
+            return None
+        self._unknown("reward.custom", custom, ("path", "name"))
+        return custom["path"], str(custom.get("name", "compute_score"))
+
+    def hardware(self) -> HardwareSpec:
+        hw = self._mapping("hardware")
+        self._unknown("hardware", hw, ("accelerators", "nodes"))
+        accelerators = hw.get("accelerators", "auto")
+        nodes = hw.get("nodes")
+        if not isinstance(accelerators, str):
+            self.errors.append(f"hardware.accelerators: expected e.g. H100:8, got {accelerators!r}")
+            accelerators = "auto"
+        elif accelerators != "auto":
+            name, _, count = accelerators.partition(":")
+            if name.lower() == "cpu":
+                if count and (not count.isdigit() or int(count) < 1):
+                    self.errors.append(
+                        f"hardware.accelerators: {accelerators!r}: cpu:N takes N >= 1 workers"
+                    )
+            else:
+                from rlctl.hardware import parse_accelerator_spec
+
+                try:
+                    parse_accelerator_spec(accelerators)
+                except RlctlError as exc:
+                    self.errors.append(f"hardware.accelerators: {exc}")
+        if nodes is not None and nodes != "auto" and (not isinstance(nodes, int) or nodes < 1):
+            self.errors.append(
+                f"hardware.nodes: expected a positive integer or auto, got {nodes!r}"
+            )
+            nodes = None
+        return HardwareSpec(accelerators=accelerators, nodes=None if nodes == "auto" else nodes)
+
+    def env(self) -> dict[str, str]:
+        env = self._mapping("env")
+        out = {}
+        for key, value in env.items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                self.errors.append(f"env.{key}: not a valid environment variable name")
+            elif isinstance(value, dict | list) or value is None:
+                self.errors.append(f"env.{key}: expected a plain value, got {value!r}")
+            elif _looks_secret(key):
+                self.errors.append(
+                    f"env.{key}: looks like a secret; list it under secrets: (by name) so its"
+                    " value is read from your environment at launch and never written down"
+                )
+            else:
+                out[key] = str(value)
+        return out
+
+    def secrets(self) -> tuple[str, ...]:
+        value = self.raw.get("secrets") or []
+        if not isinstance(value, list):
+            self.errors.append(f"secrets: expected a list of names, got {value!r}")
+            return ()
+        names = []
+        for item in value:
+            if not isinstance(item, str) or not _ENV_NAME.match(item):
+                self.errors.append(
+                    f"secrets: {item!r} is not an environment variable name (list names, not values)"
+                )
+            else:
+                names.append(item)
+        return tuple(names)
+
+    def engine(self) -> dict[str, Any]:
+        engine = self._mapping("engine")
+        return _flatten(engine)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{data: {train_batch_size: 8}}`` and ``{data.train_batch_size: 8}`` alike."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
+
+
+def _looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in _SECRET_WORDS)
