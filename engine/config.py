@@ -318,6 +318,7 @@ class TrainerConfig:
     # the last checkpoint; 0: exit without saving. Exit code 75 asks to be requeued.
     preemption_save_steps: int = 1
     max_consecutive_skipped_updates: int = 5  # NaN/inf updates in a row before stopping
+    export_hf_dir: str | None = None  # export the final checkpoint as a Hugging Face folder
     seed: int = 1
 
 
@@ -820,6 +821,11 @@ def _trainer_rules(cfg: EngineConfig) -> list[str]:
         p.append(
             "trainer.max_consecutive_skipped_updates must be >= 1,"
             f" got {t.max_consecutive_skipped_updates}"
+        )
+    if t.export_hf_dir and t.save_freq < 1:
+        p.append(
+            "trainer.export_hf_dir exports the final checkpoint: set trainer.save_freq to a"
+            " positive step count (the last step is always saved then)"
         )
     if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
         p.append("trainer.max_actor_ckpt_to_keep must be >= 1 or null (keep all)")

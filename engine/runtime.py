@@ -139,6 +139,11 @@ def run_training(cfg: EngineConfig) -> None:
     finally:
         reward.close()
         workers.shutdown()
+    if cfg.trainer.export_hf_dir:
+        from engine.export import export_checkpoint
+
+        out = export_checkpoint(cfg.trainer.default_local_dir, cfg.trainer.export_hf_dir)
+        print(f"exported the final policy to {out}", flush=True)
 
 
 def run_dir(cfg: EngineConfig) -> Path:

@@ -1,0 +1,45 @@
+"""How ``rlctl plan`` shows a plan to a person."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+
+def show_plan(prepared) -> None:
+    plan = prepared.plan
+    recipe = prepared.recipe
+    where = (
+        f"{plan.nodes} node(s) × {plan.devices_per_node} {plan.accelerator}"
+        if plan.accelerator
+        else f"this machine's CPU, {plan.devices_per_node} worker(s)"
+    )
+    typer.secho(f"{recipe.name}: {recipe.algorithm} on {recipe.model}", bold=True)
+    typer.echo(f"  where:    {where}")
+    typer.echo(f"  model:    {plan.model.num_params / 1e9:.2f}B parameters ({plan.model.source})")
+    typer.echo(
+        f"  rollout:  {recipe.rollout}, tensor parallel {plan.rollout_tp}, "
+        f"memory fraction {plan.rollout_memory_fraction}"
+    )
+    typer.echo(
+        f"  training: {plan.train_backend}, mini-batch {plan.ppo_mini_batch_size} prompts, "
+        f"micro-batch {plan.micro_batch_size_per_device}/device"
+        + (", params offloaded" if plan.param_offload else "")
+        + (", optimizer offloaded" if plan.optimizer_offload else "")
+    )
+    if plan.image:
+        typer.echo(f"  image:    {plan.image}")
+    memory = plan.to_json().get("memory")
+    if memory:
+        typer.echo("  memory per device (GiB):")
+        for key, value in memory.items():
+            typer.echo(f"    {key:28} {value}")
+    typer.echo("  reasoning:")
+    for line in plan.reasoning:
+        typer.echo(f"    - {line}")
+    typer.echo("  engine keys set by the plan:")
+    typer.echo("    " + json.dumps(plan.engine_overrides(), sort_keys=True))
+    for name, content in prepared.files.items():
+        typer.secho(f"\n--- {name} ---", bold=True)
+        typer.echo(content.rstrip("\n"))

@@ -1,0 +1,123 @@
+"""The quickstart through the real CLI on the local backend: launch, status, logs, stop, list."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def rlctl(tmp_path):
+    env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", "from rlctl.cli import main; main()", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=tmp_path,
+        )
+
+    return run
+
+
+def short_quickstart(tmp_path: Path, steps: int) -> Path:
+    path = tmp_path / f"quick{steps}.yaml"
+    path.write_text(
+        f"extends: {REPO / 'recipes' / 'quickstart.yaml'}\n"
+        f"name: quick{steps}\n"
+        "engine:\n"
+        f"  trainer.total_training_steps: {steps}\n"
+        "  data.train_batch_size: 8\n"
+        "  actor_rollout_ref.actor.ppo_mini_batch_size: 8\n"
+        "  trainer.test_freq: -1\n"
+        "  trainer.val_before_train: false\n"
+    )
+    return path
+
+
+def job_state(rlctl, job_id: str) -> dict:
+    result = rlctl("status", job_id, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)[0]
+
+
+def wait_state(rlctl, job_id: str, states: set[str], timeout: float = 400) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_state(rlctl, job_id)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(1)
+
+
+def test_quickstart_through_the_cli(rlctl, tmp_path):
+    assert rlctl("validate", "quickstart").returncode == 0
+    plan = rlctl("plan", "quickstart")
+    assert plan.returncode == 0, plan.stderr
+    assert "engine.main" in plan.stdout  # the job script is shown
+
+    recipe = short_quickstart(tmp_path, steps=3)
+    launched = rlctl("launch", str(recipe))
+    assert launched.returncode == 0, launched.stderr
+    job_id = launched.stdout.split()[1]
+    assert job_id.startswith("quick3-")
+
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED"})
+    logs = rlctl("logs", job_id)
+    assert done["state"] == "SUCCEEDED", logs.stdout[-3000:]
+    assert "step 3/3 | score" in logs.stdout
+    assert rlctl("logs", job_id, "-f", timeout=30).returncode == 0  # ends: the job ended
+
+    # A second, long run, stopped while it trains: graceful, then recorded CANCELLED.
+    long_run = short_quickstart(tmp_path, steps=500)
+    second = rlctl("launch", str(long_run)).stdout.split()[1]
+    deadline = time.monotonic() + 300
+    while "step 1/500" not in rlctl("logs", second).stdout:
+        assert time.monotonic() < deadline, rlctl("logs", second).stdout[-2000:]
+        time.sleep(1)
+    stopped = rlctl("stop", second, "--grace", "60")
+    assert stopped.returncode == 0, stopped.stderr
+    assert job_state(rlctl, second)["state"] == "CANCELLED"
+    handle_sid = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from rlctl.jobs import JobStore; import json, sys; "
+                f"print(json.dumps(JobStore().get('{second}').handle))",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "RLCTL_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)},
+        ).stdout
+    )["sid"]
+    from rlctl.backends.local import _session_pids
+
+    assert _session_pids(handle_sid) == []  # nothing of the job survives, Ray included
+
+    listed = rlctl("list", "--json")
+    states = {j["id"]: j["state"] for j in json.loads(listed.stdout)}
+    assert states == {job_id: "SUCCEEDED", second: "CANCELLED"}
+
+
+def test_bad_recipe_is_refused_before_anything_is_recorded(rlctl, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"extends: {REPO / 'recipes' / 'quickstart.yaml'}\nengine:\n  data.train_batch_sise: 8\n"
+    )
+    result = rlctl("launch", str(bad))
+    assert result.returncode == 2
+    assert "data.train_batch_sise" in result.stderr and "Traceback" not in result.stderr
+    assert json.loads(rlctl("list", "--json").stdout) == []
