@@ -172,8 +172,7 @@ def test_algorithm_runs(name, ray_cluster, tiny_model_dir, synthetic_data, tmp_p
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean"):
             assert math.isfinite(record[key]), (key, record)
         assert record["actor/skipped_updates"] == 0
-        # Two mini-batches per step: the second one sees an updated policy.
-        assert record["actor/lr"] == pytest.approx(1e-3)
+        assert record["actor/lr"] == pytest.approx(2e-3)  # constant schedule, as configured
     last = records[-1]
     if cfg.use_critic:
         assert math.isfinite(last["critic/vf_loss"]) and "critic/values/mean" in last
