@@ -56,14 +56,65 @@ def bundled_recipes() -> list[Recipe]:
 def validate(ref: str) -> Recipe:
     """Load and check a recipe, including its engine config (no side effects)."""
     recipe = load_recipe(find_recipe(ref))
-    prepare(recipe, backend="local", job_id="validate")
+    prepare(recipe, backend="local", job_id="job-id")
     return recipe
 
 
 def plan_recipe(recipe: Recipe) -> Any:
-    from rlctl.plan import make_plan, plan_request
+    from rlctl.plan import make_plan
 
     return make_plan(plan_request(recipe))
+
+
+def plan_request(recipe: Recipe) -> Any:
+    """What the planner needs to know about a recipe: model, hardware, batch and lengths."""
+    from engine.config import EngineConfig
+    from rlctl.hardware import parse_accelerator_spec
+    from rlctl.plan import PlanRequest
+
+    keys = recipe.engine_overrides()
+    defaults = EngineConfig()
+
+    def value(key: str) -> Any:
+        if key in keys:
+            return keys[key]
+        node: Any = defaults
+        for part in key.split("."):
+            node = getattr(node, part)
+        return node
+
+    hw = recipe.hardware
+    if hw.is_cpu:
+        accelerator, per_node, devices = None, hw.cpu_workers, hw.cpu_workers
+    elif hw.accelerators == "auto":
+        accelerator, per_node, devices = "H100", 8, None
+    else:
+        acc, per_node = parse_accelerator_spec(hw.accelerators)
+        accelerator = acc.name
+        devices = per_node * hw.nodes if hw.nodes else None
+    estimator = value("algorithm.adv_estimator")
+    critic = value("critic.enable")
+    return PlanRequest(
+        model=recipe.model,
+        accelerator=accelerator,
+        num_devices=devices,
+        max_devices_per_node=per_node,
+        algorithm_needs_critic=estimator == "gae" if critic is None else bool(critic),
+        algorithm_needs_reference=bool(
+            value("actor_rollout_ref.actor.use_kl_loss") or value("algorithm.use_kl_in_reward")
+        ),
+        rollout_backend=recipe.rollout,
+        train_backend=recipe.trainer,
+        train_batch_size=int(value("data.train_batch_size")),
+        rollout_n=int(value("actor_rollout_ref.rollout.n")),
+        max_prompt_length=int(value("data.max_prompt_length")),
+        max_response_length=int(value("data.max_response_length")),
+        ppo_mini_batch_size=recipe.engine.get("actor_rollout_ref.actor.ppo_mini_batch_size"),
+        micro_batch_size_per_device=recipe.engine.get(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+        ),
+        overrides=dict(recipe.engine),
+    )
 
 
 def prepare(recipe: Recipe, backend: str, job_id: str) -> Prepared:

@@ -18,21 +18,25 @@ HOME_ENV = "RLCTL_HOME"
 _JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
-def rlctl_home() -> Path:
-    """The rlctl state directory: ``$RLCTL_HOME`` or ``~/.rlctl``, created 0700 if missing."""
+def rlctl_home(create: bool = True) -> Path:
+    """The rlctl state directory: ``$RLCTL_HOME`` or ``~/.rlctl``, created 0700 if missing
+    (unless ``create`` is false: ``rlctl plan`` only computes paths)."""
     env = os.environ.get(HOME_ENV)
     home = Path(env).expanduser() if env else Path.home() / ".rlctl"
-    _make_private_dir(home)
+    if create:
+        _make_private_dir(home)
     return home
 
 
-def job_dir(job_id: str) -> Path:
-    """The directory for one job's logs and rendered files, created 0700 if missing."""
+def job_dir(job_id: str, create: bool = True) -> Path:
+    """The directory for one job's logs and rendered files, created 0700 if missing
+    (unless ``create`` is false)."""
     if not _JOB_ID_RE.match(job_id) or ".." in job_id:
         raise ValueError(f"not a job id: {job_id!r}")
-    path = rlctl_home() / "jobs" / job_id
-    _make_private_dir(path.parent)
-    _make_private_dir(path)
+    path = rlctl_home(create) / "jobs" / job_id
+    if create:
+        _make_private_dir(path.parent)
+        _make_private_dir(path)
     return path
 
 

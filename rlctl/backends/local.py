@@ -37,7 +37,7 @@ class LocalBackend:
     name = "local"
 
     def paths(self, job_id: str) -> JobPaths:
-        return JobPaths(root=str(job_dir(job_id)))
+        return JobPaths(root=str(job_dir(job_id, create=False)))  # submit creates it
 
     def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
         script = render(

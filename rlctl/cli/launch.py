@@ -47,7 +47,7 @@ def plan(
     from rlctl.recipe import load_recipe
 
     recipe_obj = load_recipe(api.find_recipe(recipe))
-    prepared = api.prepare(recipe_obj, backend=backend, job_id="JOB_ID")
+    prepared = api.prepare(recipe_obj, backend=backend, job_id="job-id")
     if as_json:
         typer.echo(json.dumps({"plan": prepared.plan.to_json(), "files": prepared.files}, indent=1))
         return

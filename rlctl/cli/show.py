@@ -17,7 +17,9 @@ def show_plan(prepared) -> None:
     )
     typer.secho(f"{recipe.name}: {recipe.algorithm} on {recipe.model}", bold=True)
     typer.echo(f"  where:    {where}")
-    typer.echo(f"  model:    {plan.model.num_params / 1e9:.2f}B parameters ({plan.model.source})")
+    params = plan.model.num_params
+    size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.2f}M"
+    typer.echo(f"  model:    {size} parameters ({plan.model.source})")
     typer.echo(
         f"  rollout:  {recipe.rollout}, tensor parallel {plan.rollout_tp}, "
         f"memory fraction {plan.rollout_memory_fraction}"

@@ -40,6 +40,7 @@ def short_quickstart(tmp_path: Path, steps: int) -> Path:
         f"  trainer.total_training_steps: {steps}\n"
         "  data.train_batch_size: 8\n"
         "  actor_rollout_ref.actor.ppo_mini_batch_size: 8\n"
+        "  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: 32\n"
         "  trainer.test_freq: -1\n"
         "  trainer.val_before_train: false\n"
     )

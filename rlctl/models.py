@@ -1,0 +1,549 @@
+"""Model shapes: what the planner needs to know about a model, without loading it.
+
+``model_shape(model)`` answers from, in order:
+
+1. a local folder (or a ``config.json`` file) — the Hugging Face config is read;
+2. the built-in table below — the published ``config.json`` fields of common models;
+3. the Hugging Face Hub — only when ``huggingface_hub`` is importable and
+   ``HF_HUB_OFFLINE`` is not set: ``config.json`` alone is fetched (short timeout).
+
+The table holds config fields, not parameter counts: every count is computed from the
+shape by one formula (``_count``), the same for a local config, a table row and a hub
+config, and ``tests/rlctl/test_models.py`` checks that formula against ``transformers``
+models built on the meta device (exact) and the table against published sizes.
+
+Parameter count of a decoder-only transformer, by module (RMSNorm weights only; no
+biases unless the architecture has them):
+
+- embeddings ``V·h``; a final norm ``h``; ``lm_head`` ``V·h`` unless tied to the embeddings
+- per layer, attention with grouped-query heads (``q = heads·head_dim``,
+  ``kv = kv_heads·head_dim``): ``h·q + 2·h·kv + q·h`` weights, ``+ q + 2·kv`` with q/k/v
+  biases (Qwen2), ``+ 2·head_dim`` with per-head q/k norms (Qwen3);
+  multi-head latent attention (DeepSeek-V3) has its own low-rank projections (``_mla``)
+- per layer, a gated MLP ``3·h·I``; a mixture-of-experts layer has ``E`` such experts of
+  width ``I_moe``, a router ``h·E``, and shared experts if any
+- per layer, two norms ``2·h`` (four for Gemma-2/3)
+
+Imports nothing heavy (no torch, transformers or engine); ``huggingface_hub`` lazily.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+
+class UnknownModelError(RlctlError):
+    """A model that is neither a local folder, nor in the table, nor reachable on the hub."""
+
+    def __init__(self, message: str, hint: str | None = None, suggestions: tuple[str, ...] = ()):
+        super().__init__(message, hint)
+        self.suggestions = suggestions
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_params: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # dense MLP width (0 when every layer is a mixture of experts)
+    vocab_size: int
+    tie_word_embeddings: bool
+    num_experts: int = 0  # MoE: routed experts per MoE layer
+    experts_per_token: int = 0
+    active_params: int | None = None  # MoE: parameters one token passes through
+    source: str = ""  # "config.json at <path>" | "built-in table (<id>)" | "hub metadata (<id>)"
+    # Details the memory model needs beyond the headline shape:
+    moe_intermediate_size: int = 0  # MoE: width of one expert (and of each shared expert)
+    shared_expert_size: int = 0  # MoE: total width of the always-on shared expert(s)
+    kv_latent_dim: int = 0  # MLA: cached width per token per layer; 0 = separate K and V heads
+    q_dim: int = 0  # query projection width (heads × query head width)
+    kv_dim: int = 0  # key + value projection widths together, per token per layer
+    largest_layer_params: int = 0  # the biggest decoder layer: the unit FSDP gathers
+    root_params: int = 0  # outside the decoder layers: embeddings, final norm, lm_head
+    model_type: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def compute_params(self) -> int:
+        """Parameters that do arithmetic for one token (all of them for a dense model)."""
+        return self.active_params if self.active_params is not None else self.num_params
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def mlp_width_per_token(self) -> int:
+        """Width of the MLP one token activates: the dense I, or k experts + shared ones."""
+        if self.is_moe:
+            return self.experts_per_token * self.moe_intermediate_size + self.shared_expert_size
+        return self.intermediate_size
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """KV-cache bytes one token takes over all layers, unsharded.
+
+        Standard attention caches K and V per KV head: ``2 · layers · kv_heads ·
+        head_dim · bytes``. MLA caches one compressed latent per layer (``kv_latent_dim``
+        = kv_lora_rank + rope dim), which is why DeepSeek-V3's cache is small.
+        """
+        if self.kv_latent_dim:
+            return self.num_layers * self.kv_latent_dim * dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+# ---------------------------------------------------------------------------
+# the built-in table: published config.json fields (Hugging Face model repos)
+
+_QWEN25 = dict(model_type="qwen2", vocab_size=152064, tie_word_embeddings=False)
+_QWEN25_SMALL = dict(model_type="qwen2", vocab_size=151936, tie_word_embeddings=True)
+_QWEN3 = dict(model_type="qwen3", vocab_size=151936, head_dim=128)
+_LLAMA3 = dict(model_type="llama", vocab_size=128256)
+
+# fmt: off
+_TABLE: dict[str, dict[str, Any]] = {
+    # the engine's tiny quickstart model (engine/models/tiny.py defaults), built where the job runs
+    "rlctl:tiny": dict(
+        model_type="qwen2", vocab_size=2048, tie_word_embeddings=True, hidden_size=128,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
+    ),
+    # Qwen2.5 (qwen2 architecture: q/k/v biases); 0.5B–3B tie lm_head to the embeddings
+    "Qwen/Qwen2.5-0.5B": dict(
+        _QWEN25_SMALL, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, intermediate_size=4864,
+    ),
+    "Qwen/Qwen2.5-1.5B": dict(
+        _QWEN25_SMALL, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, intermediate_size=8960,
+    ),
+    "Qwen/Qwen2.5-3B": dict(
+        _QWEN25_SMALL, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+        num_key_value_heads=2, intermediate_size=11008,
+    ),
+    "Qwen/Qwen2.5-7B": dict(
+        _QWEN25, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, intermediate_size=18944,
+    ),
+    "Qwen/Qwen2.5-14B": dict(
+        _QWEN25, hidden_size=5120, num_hidden_layers=48, num_attention_heads=40,
+        num_key_value_heads=8, intermediate_size=13824,
+    ),
+    "Qwen/Qwen2.5-32B": dict(
+        _QWEN25, hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,
+        num_key_value_heads=8, intermediate_size=27648,
+    ),
+    "Qwen/Qwen2.5-72B": dict(
+        _QWEN25, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, intermediate_size=29568,
+    ),
+    # Qwen2-7B: the shape of Qwen2.5-7B (verl's GSM8K GRPO examples use it)
+    "Qwen/Qwen2-7B": dict(
+        _QWEN25, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, intermediate_size=18944,
+    ),
+    # Qwen3 (no q/k/v biases; per-head q/k RMSNorm; head_dim 128 throughout)
+    "Qwen/Qwen3-0.6B": dict(
+        _QWEN3, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, intermediate_size=3072, tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-1.7B": dict(
+        _QWEN3, hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, intermediate_size=6144, tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-4B": dict(
+        _QWEN3, hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=9728, tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-8B": dict(
+        _QWEN3, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=12288, tie_word_embeddings=False,
+    ),
+    "Qwen/Qwen3-14B": dict(
+        _QWEN3, hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
+        num_key_value_heads=8, intermediate_size=17408, tie_word_embeddings=False,
+    ),
+    "Qwen/Qwen3-32B": dict(
+        _QWEN3, hidden_size=5120, num_hidden_layers=64, num_attention_heads=64,
+        num_key_value_heads=8, intermediate_size=25600, tie_word_embeddings=False,
+    ),
+    "Qwen/Qwen3-30B-A3B": dict(
+        _QWEN3, model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+        decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
+    ),
+    "Qwen/Qwen3-235B-A22B": dict(
+        _QWEN3, model_type="qwen3_moe", hidden_size=4096, num_hidden_layers=94,
+        num_attention_heads=64, num_key_value_heads=4, intermediate_size=12288,
+        moe_intermediate_size=1536, num_experts=128, num_experts_per_tok=8,
+        decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
+    ),
+    # Llama 3.1 / 3.2 (3.2's 1B and 3B tie lm_head)
+    "meta-llama/Llama-3.1-8B": dict(
+        _LLAMA3, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=14336, tie_word_embeddings=False,
+    ),
+    "meta-llama/Llama-3.1-70B": dict(
+        _LLAMA3, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, intermediate_size=28672, tie_word_embeddings=False,
+    ),
+    "meta-llama/Llama-3.1-405B": dict(
+        _LLAMA3, hidden_size=16384, num_hidden_layers=126, num_attention_heads=128,
+        num_key_value_heads=8, intermediate_size=53248, tie_word_embeddings=False,
+    ),
+    "meta-llama/Llama-3.2-1B": dict(
+        _LLAMA3, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, intermediate_size=8192, tie_word_embeddings=True,
+    ),
+    "meta-llama/Llama-3.2-3B": dict(
+        _LLAMA3, hidden_size=3072, num_hidden_layers=28, num_attention_heads=24,
+        num_key_value_heads=8, head_dim=128, intermediate_size=8192, tie_word_embeddings=True,
+    ),
+    # DeepSeek-V3 (R1 shares the architecture): MLA attention, 3 dense layers then MoE
+    # (256 routed experts, 8 per token, 1 shared); the multi-token-prediction module of
+    # the checkpoint (num_nextn_predict_layers) is not part of the 671B.
+    "deepseek-ai/DeepSeek-V3": dict(
+        model_type="deepseek_v3", vocab_size=129280, hidden_size=7168,
+        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+        intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256,
+        n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
+        moe_layer_freq=1, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, tie_word_embeddings=False,
+    ),
+    # Mistral 7B: v0.1 and v0.2 have a 32000-token vocabulary, v0.3 32768
+    "mistralai/Mistral-7B-v0.1": dict(
+        model_type="mistral", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        tie_word_embeddings=False,
+    ),
+    "mistralai/Mistral-7B-v0.3": dict(
+        model_type="mistral", vocab_size=32768, hidden_size=4096, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+        tie_word_embeddings=False,
+    ),
+    # Gemma-2 9B: head_dim 256 (queries are wider than the residual), four norms a layer
+    "google/gemma-2-9b": dict(
+        model_type="gemma2", vocab_size=256000, hidden_size=3584, num_hidden_layers=42,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=256, intermediate_size=14336,
+        tie_word_embeddings=True,
+    ),
+}
+# fmt: on
+
+# Other names for table rows (after _table_key normalisation: lower case, no org,
+# no -instruct/-chat/-it/-base).
+_ALIASES: dict[str, str] = {
+    "deepseek-r1": "deepseek-ai/DeepSeek-V3",
+    "deepseek-r1-0528": "deepseek-ai/DeepSeek-V3",
+    "deepseek-v3-0324": "deepseek-ai/DeepSeek-V3",
+    "mistral-7b": "mistralai/Mistral-7B-v0.3",
+    "mistral-7b-v0.2": "mistralai/Mistral-7B-v0.1",
+    "qwen3-235b-a22b-2507": "Qwen/Qwen3-235B-A22B",
+    "qwen3-30b-a3b-2507": "Qwen/Qwen3-30B-A3B",
+}
+
+_SUFFIXES = ("-instruct", "-chat", "-it", "-base")
+
+
+def _table_key(name: str) -> str:
+    """'Qwen/Qwen2.5-7B-Instruct' -> 'qwen2.5-7b'; 'Meta-Llama-3.1-8B-Instruct' -> 'llama-3.1-8b'."""
+    key = name.strip().rstrip("/").split("/")[-1].casefold()
+    for suffix in _SUFFIXES:
+        key = key.replace(suffix, "")
+    if key.startswith("meta-llama-"):
+        key = key[len("meta-") :]
+    return key
+
+
+_TABLE_INDEX: dict[str, str] = {_table_key(k): k for k in _TABLE}
+_TABLE_INDEX.update(_ALIASES)
+
+
+def known_models() -> tuple[str, ...]:
+    """The built-in table's model ids."""
+    return tuple(_TABLE)
+
+
+def table_config(model_id: str) -> dict[str, Any]:
+    """The table's config fields for ``model_id`` (a copy)."""
+    return dict(_TABLE[model_id])
+
+
+# ---------------------------------------------------------------------------
+# resolution
+
+
+def model_shape(model: str) -> ModelShape:
+    """The shape of ``model``: a local folder or config.json, a known name, or a hub id."""
+    text = str(model).strip()
+    if not text:
+        raise UnknownModelError("empty model name", hint="give a Hugging Face id or a local folder")
+    path = Path(text).expanduser()
+    if path.is_dir() or path.name == "config.json" or _looks_like_path(text):
+        config_file = path / "config.json" if path.is_dir() or not path.suffix else path
+        if not config_file.is_file():
+            raise UnknownModelError(
+                f"model {text!r} looks like a local path but {str(config_file)!r} does not exist",
+                hint="point at a Hugging Face model folder (one with config.json)",
+            )
+        config = _read_json(config_file)
+        return shape_from_config(config, name=text, source=f"config.json at {config_file}")
+
+    table_id = _TABLE_INDEX.get(_table_key(text))
+    if table_id is not None:
+        return shape_from_config(_TABLE[table_id], name=text, source=f"built-in table ({table_id})")
+
+    config = _hub_config(text)
+    if config is not None:
+        return shape_from_config(config, name=text, source=f"hub metadata ({text})")
+
+    suggestions = tuple(
+        _TABLE_INDEX[k]
+        for k in difflib.get_close_matches(_table_key(text), list(_TABLE_INDEX), n=3, cutoff=0.6)
+    )
+    did_you_mean = f" Did you mean {' or '.join(suggestions)}?" if suggestions else ""
+    raise UnknownModelError(
+        f"unknown model {text!r}: not a local folder, not in the built-in table, and its"
+        f" config could not be fetched from the Hugging Face Hub.{did_you_mean}",
+        hint=(
+            "give a local folder with config.json (e.g. a downloaded checkpoint), or one of: "
+            + ", ".join(known_models())
+        ),
+        suggestions=suggestions,
+    )
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith(("/", "./", "../", "~"))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UnknownModelError(
+            f"cannot read {str(path)!r}: {exc}", hint="is it a Hugging Face config.json?"
+        ) from None
+    if not isinstance(data, dict):
+        raise UnknownModelError(f"{str(path)!r} is not a JSON object")
+    return data
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+HUB_TIMEOUT_S = 5.0
+
+
+def _hub_offline() -> bool:
+    value = os.environ.get("HF_HUB_OFFLINE", "")
+    return value.strip().casefold() not in ("", "0", "false", "no", "off")
+
+
+def _hub_config(model_id: str) -> dict[str, Any] | None:
+    """config.json from the hub, or None when offline, not installed, or not found."""
+    if _hub_offline() or not _HUB_ID.match(model_id):
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        return None
+    try:
+        path = hf_hub_download(model_id, "config.json", etag_timeout=HUB_TIMEOUT_S)
+    except Exception:  # any network, auth or not-found failure means "not resolvable"
+        return None
+    try:
+        return _read_json(Path(path))
+    except UnknownModelError:
+        return None
+
+
+# ---------------------------------------------------------------------------
+# from config fields to a shape
+
+
+def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            return value
+    return default
+
+
+def shape_from_config(config: Mapping[str, Any], name: str, source: str) -> ModelShape:
+    """A ``ModelShape`` from Hugging Face config fields (a config.json or a table row)."""
+    cfg: Mapping[str, Any] = config
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), Mapping):
+        cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get("tie_word_embeddings")}
+    h = _get(cfg, "hidden_size", "n_embd", "d_model")
+    layers = _get(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _get(cfg, "num_attention_heads", "n_head")
+    vocab = _get(cfg, "vocab_size")
+    missing = [
+        k
+        for k, v in (
+            ("hidden_size", h),
+            ("num_hidden_layers", layers),
+            ("num_attention_heads", heads),
+            ("vocab_size", vocab),
+        )
+        if v is None
+    ]
+    if missing:
+        raise UnknownModelError(
+            f"{source}: config lacks {', '.join(missing)}; cannot size model {name!r}",
+            hint="is this a decoder-only language model's config.json?",
+        )
+    counts = _count(cfg)
+    return ModelShape(
+        name=name,
+        num_params=counts["total"],
+        hidden_size=int(h),
+        num_layers=int(layers),
+        num_attention_heads=int(heads),
+        num_kv_heads=counts["kv_heads"],
+        head_dim=counts["head_dim"],
+        intermediate_size=counts["intermediate"],
+        vocab_size=int(vocab),
+        tie_word_embeddings=counts["tied"],
+        num_experts=counts["experts"],
+        experts_per_token=counts["experts_per_token"],
+        active_params=counts["active"] if counts["experts"] else None,
+        source=source,
+        moe_intermediate_size=counts["moe_intermediate"],
+        shared_expert_size=counts["shared_width"],
+        kv_latent_dim=counts["kv_latent"],
+        q_dim=counts["q_dim"],
+        kv_dim=counts["kv_dim"],
+        largest_layer_params=counts["largest_layer"],
+        root_params=counts["root"],
+        model_type=str(cfg.get("model_type", "")),
+    )
+
+
+def _tied(cfg: Mapping[str, Any]) -> bool:
+    value = cfg.get("tie_word_embeddings")
+    if value is not None:
+        return bool(value)
+    # Each architecture's own config class default (PretrainedConfig's True is overridden
+    # by Llama, Qwen, Mistral and DeepSeek configs; Gemma keeps it).
+    return str(cfg.get("model_type", "")).startswith("gemma")
+
+
+def _mla(cfg: Mapping[str, Any], h: int, heads: int) -> tuple[int, int, int, int]:
+    """Multi-head latent attention: (params, q width, k+v width, cached latent width)."""
+    q_lora = cfg.get("q_lora_rank")
+    kv_lora = int(cfg["kv_lora_rank"])
+    nope = int(cfg["qk_nope_head_dim"])
+    rope = int(cfg["qk_rope_head_dim"])
+    v_dim = int(cfg["v_head_dim"])
+    q_head = nope + rope
+    # with a low-rank query: q_a, its norm, q_b; without: one projection
+    q_params = h * q_lora + q_lora + q_lora * heads * q_head if q_lora else h * heads * q_head
+    kv_params = h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+    o_params = heads * v_dim * h
+    return q_params + kv_params + o_params, heads * q_head, heads * (q_head + v_dim), kv_lora + rope
+
+
+def _count(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter count the planner uses, from config fields (see the module doc)."""
+    model_type = str(cfg.get("model_type", ""))
+    h = int(_get(cfg, "hidden_size", "n_embd", "d_model"))
+    layers = int(_get(cfg, "num_hidden_layers", "n_layer", "num_layers"))
+    heads = int(_get(cfg, "num_attention_heads", "n_head"))
+    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads))
+    head_dim = int(_get(cfg, "head_dim", default=h // heads))
+    vocab = int(cfg["vocab_size"])
+    tied = _tied(cfg)
+
+    # attention, per layer
+    kv_latent = 0
+    if cfg.get("kv_lora_rank"):
+        attn, q_dim, kv_dim, kv_latent = _mla(cfg, h, heads)
+        head_dim = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
+    else:
+        q_dim, kv_one = heads * head_dim, kv_heads * head_dim
+        kv_dim = 2 * kv_one
+        attn = h * q_dim + 2 * h * kv_one + q_dim * h
+        qkv_bias = model_type in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias"))
+        if qkv_bias:
+            attn += q_dim + 2 * kv_one
+        if bool(cfg.get("attention_bias")) and model_type not in ("qwen2", "qwen2_moe"):
+            attn += h  # o_proj bias (Llama-style attention_bias covers all four)
+        if model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
+            attn += 2 * head_dim  # per-head q_norm and k_norm
+
+    norms = (4 if model_type.startswith("gemma") and model_type != "gemma" else 2) * h
+
+    # MLPs, per layer
+    intermediate = int(_get(cfg, "intermediate_size", "n_inner", default=4 * h))
+    mlp_bias = bool(cfg.get("mlp_bias"))
+    dense_mlp = 3 * h * intermediate + ((2 * intermediate + h) if mlp_bias else 0)
+
+    experts = int(_get(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0))
+    k = int(_get(cfg, "num_experts_per_tok", "moe_topk", default=0)) if experts else 0
+    moe_inter = int(_get(cfg, "moe_intermediate_size", default=intermediate)) if experts else 0
+    one_expert = 3 * h * moe_inter
+    moe_mlp = experts * one_expert + h * experts  # experts + router
+    shared_width = 0
+    if experts and cfg.get("n_shared_experts"):  # DeepSeek: one MLP of width n_shared · I_moe
+        shared_width = int(cfg["n_shared_experts"]) * moe_inter
+        moe_mlp += 3 * h * shared_width
+    elif experts and cfg.get("shared_expert_intermediate_size"):
+        shared_width = int(cfg["shared_expert_intermediate_size"])
+        moe_mlp += 3 * h * shared_width + h  # Qwen2-MoE: a shared expert and its sigmoid gate
+
+    moe_layers = [_is_moe_layer(cfg, model_type, i) for i in range(layers)] if experts else []
+    n_moe = sum(moe_layers)
+    n_dense = layers - n_moe
+    dense_layer = attn + dense_mlp + norms
+    moe_layer = attn + moe_mlp + norms
+
+    root = vocab * h + h + (0 if tied else vocab * h)
+    total = root + n_dense * dense_layer + n_moe * moe_layer
+    active = total - n_moe * (experts - k) * one_expert
+    largest = max(dense_layer if n_dense else 0, moe_layer if n_moe else 0)
+    return {
+        "total": total,
+        "active": active,
+        "root": root,
+        "largest_layer": largest,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate": intermediate if n_dense else 0,
+        "tied": tied,
+        "experts": experts,
+        "experts_per_token": k,
+        "moe_intermediate": moe_inter,
+        "shared_width": shared_width,
+        "kv_latent": kv_latent,
+        "q_dim": q_dim,
+        "kv_dim": kv_dim,
+    }
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], model_type: str, i: int) -> bool:
+    if "first_k_dense_replace" in cfg or model_type.startswith("deepseek"):
+        first = int(cfg.get("first_k_dense_replace") or 0)
+        freq = int(cfg.get("moe_layer_freq") or 1)
+        return i >= first and i % freq == 0
+    if i in (cfg.get("mlp_only_layers") or []):
+        return False
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return (i + 1) % step == 0

@@ -1,0 +1,674 @@
+"""rlctl.plan: the memory formulas on a hand-computed case, the batch rules in the
+engine's words, every kind of infeasible plan, published runs, and the engine keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.config import config_keys, load_config
+from engine.errors import ConfigError
+from rlctl.errors import RlctlError
+from rlctl.plan import (
+    GIB,
+    InfeasiblePlanError,
+    MemoryEstimate,
+    Plan,
+    PlanRequest,
+    make_plan,
+)
+
+ARR = "actor_rollout_ref"
+
+
+def engine_config_for(plan: Plan, **extra):
+    """Load the engine's config with the plan's overrides (and what every run needs)."""
+    estimator = (
+        "gae" if plan.use_critic else ("grpo" if plan.rollout_n > 1 else "reinforce_plus_plus")
+    )
+    values = {
+        "actor_rollout_ref.model.path": "some/model",
+        "data.train_files": "train.parquet",
+        "algorithm.adv_estimator": estimator,
+        f"{ARR}.actor.use_kl_loss": plan.use_reference,
+        **plan.engine_overrides(),
+        **extra,
+    }
+    lines = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in values.items()]
+    return load_config(lines)
+
+
+def engine_problems(**overrides) -> list[str]:
+    values = {
+        "actor_rollout_ref.model.path": "some/model",
+        "data.train_files": "train.parquet",
+        "algorithm.adv_estimator": "grpo",
+        **overrides,
+    }
+    try:
+        load_config([f"{k}={v}" for k, v in values.items()])
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+# ---------------------------------------------------------------------------
+# the memory model on a hand-computed case: Llama-3.2-1B on one H100
+
+
+def test_memory_terms_by_hand_llama_1b_on_one_h100():
+    # Llama-3.2-1B: h 2048, 16 layers, 32 heads × 64, 8 KV heads, MLP 8192,
+    # vocab 128256, tied lm_head. N = 1,235,814,400.
+    n = 1_235_814_400
+    root = 128256 * 2048 + 2048  # embeddings (tied head) + final norm
+    layer = (2048 * 2048 + 2 * 2048 * 512 + 2048 * 2048) + 3 * 2048 * 8192 + 2 * 2048
+    assert (root, layer) == (262_670_336, 60_821_504)
+
+    plan = make_plan(
+        PlanRequest(
+            "meta-llama/Llama-3.2-1B",
+            "H100",
+            1,
+            train_batch_size=64,
+            rollout_n=4,
+            max_prompt_length=512,
+            max_response_length=512,
+            micro_batch_size_per_device=2,
+        )
+    )
+    mem = plan.memory
+    # FSDP over 1 device: fp32 weights 4 B, fp32 grads 4 B, Adam 8 B per parameter
+    assert mem.train_weights_gib == pytest.approx(4 * n / GIB, abs=1e-3)
+    assert mem.train_grads_gib == pytest.approx(4 * n / GIB, abs=1e-3)
+    assert mem.train_optimizer_gib == pytest.approx(8 * n / GIB, abs=1e-3)
+    # gathered: root unit and its gradient (4 B), two layers + grads (10 B)
+    assert mem.train_gathered_gib == pytest.approx((4 * root + 10 * layer) / GIB, abs=1e-3)
+    # activations, 2 samples × 1024 tokens = 2048 tokens:
+    tokens = 2048
+    kept = tokens * 2048 * 16 * 2  # checkpointed layer inputs, bf16
+    per_token_layer = 2 * (4 * 2048 + 2 * 2048 + 2 * 512 + 4 * 8192)  # 92,160 B
+    logits = tokens * 128256 * 10  # bf16 logits + fp32 copy + fp32 softmax
+    assert logits > 2 * tokens * per_token_layer  # the logits dominate: say so
+    assert mem.train_logits_gib == pytest.approx(logits / GIB, abs=1e-3)
+    assert mem.train_activations_gib == pytest.approx((kept + logits) / GIB, abs=1e-3)
+    assert any("the largest term" in line for line in plan.reasoning)
+    # budget: 80 GiB × (1 − 8 %) − 1 GiB
+    assert mem.budget_gib == pytest.approx(72.6)
+    # rollout: weights + Adam stay (12 B/param = 13.81 GiB); the fraction is what is left
+    # of the budget, rounded down to 0.05: (72.6 − 13.81) / 80 = 0.7349 → 0.70
+    assert mem.rollout_resident_gib == pytest.approx(12 * n / GIB, abs=1e-3)
+    assert plan.rollout_memory_fraction == pytest.approx(0.70)
+    assert mem.rollout_pool_gib == pytest.approx(56.0)
+    assert plan.rollout_tp == 1
+    assert mem.rollout_weights_gib == pytest.approx(2 * n / GIB, abs=1e-3)
+    assert mem.rollout_kv_cache_gib == pytest.approx(56.0 - 2 * n / GIB - 2.0, abs=1e-3)
+    # the sums
+    held = (4 + 4 + 8) * n
+    assert mem.train_peak_gib == pytest.approx(
+        (held + 4 * root + 10 * layer + kept + logits) / GIB, abs=5e-3
+    )
+    assert mem.rollout_peak_gib == pytest.approx(12 * n / GIB + 56.0, abs=5e-3)
+    assert mem.fits()
+    # the mini-batch: 64 / 4 = 16 prompts × 4 samples = 64 per device; micro 2 divides
+    assert (plan.ppo_mini_batch_size, plan.micro_batch_size_per_device) == (16, 2)
+    assert plan.max_token_len_per_device == 2 * 1024
+    assert not plan.use_dynamic_bsz
+
+
+def test_without_checkpointing_every_layer_keeps_its_activations():
+    plan = make_plan(
+        PlanRequest(
+            "meta-llama/Llama-3.2-1B",
+            "H100",
+            1,
+            train_batch_size=64,
+            rollout_n=4,
+            max_prompt_length=512,
+            max_response_length=512,
+            micro_batch_size_per_device=2,
+            overrides={f"{ARR}.model.enable_gradient_checkpointing": False},
+        )
+    )
+    tokens, per_token_layer = 2048, 2 * (4 * 2048 + 2 * 2048 + 2 * 512 + 4 * 8192)
+    logits = tokens * 128256 * 10
+    expected = 16 * tokens * per_token_layer + max(logits, tokens * per_token_layer)
+    assert not plan.gradient_checkpointing
+    assert plan.memory.train_activations_gib == pytest.approx(expected / GIB, abs=1e-3)
+    assert plan.engine_overrides()[f"{ARR}.model.enable_gradient_checkpointing"] is False
+
+
+def test_reference_and_critic_add_their_state():
+    base = dict(train_batch_size=64, rollout_n=4, max_prompt_length=512, max_response_length=512)
+    alone = make_plan(PlanRequest("meta-llama/Llama-3.2-1B", "H100", 1, **base)).memory
+    ref = make_plan(
+        PlanRequest("meta-llama/Llama-3.2-1B", "H100", 1, algorithm_needs_reference=True, **base)
+    ).memory
+    critic = make_plan(
+        PlanRequest("meta-llama/Llama-3.2-1B", "H100", 1, algorithm_needs_critic=True, **base)
+    ).memory
+    n = 1_235_814_400
+    nc = n + 2048 + 1  # the value head (2048 → 1, with bias) on the same tied body
+    assert ref.train_weights_gib - alone.train_weights_gib == pytest.approx(4 * n / GIB, abs=2e-3)
+    assert ref.train_optimizer_gib == alone.train_optimizer_gib  # the reference is frozen
+    assert critic.train_weights_gib - alone.train_weights_gib == pytest.approx(
+        4 * nc / GIB, abs=2e-3
+    )
+    assert critic.train_optimizer_gib - alone.train_optimizer_gib == pytest.approx(
+        8 * nc / GIB, abs=2e-3
+    )
+    # one model's gradients at a time
+    assert critic.train_grads_gib == pytest.approx(4 * nc / GIB, abs=2e-3)
+
+
+def test_sharding_divides_the_state_but_not_the_activations():
+    kw = dict(train_batch_size=64, rollout_n=8, micro_batch_size_per_device=1)
+    one = make_plan(PlanRequest("Qwen/Qwen2.5-1.5B", "H100", 1, **kw)).memory
+    eight = make_plan(PlanRequest("Qwen/Qwen2.5-1.5B", "H100", 8, **kw)).memory
+    for term in ("train_weights_gib", "train_grads_gib", "train_optimizer_gib"):
+        assert getattr(eight, term) == pytest.approx(getattr(one, term) / 8, abs=2e-3)
+    assert eight.train_gathered_gib == one.train_gathered_gib
+    assert eight.train_activations_gib == one.train_activations_gib
+
+
+def test_offload_moves_state_to_the_host_and_says_how_much():
+    plan = make_plan(
+        PlanRequest(
+            "Qwen/Qwen2.5-7B",
+            "H100",
+            8,
+            overrides={f"{ARR}.actor.fsdp_config.optimizer_offload": True},
+        )
+    )
+    assert plan.optimizer_offload and not plan.param_offload
+    assert plan.memory.train_optimizer_gib == 0
+    adam = 8 * plan.model.num_params / 8 / GIB
+    assert plan.memory.train_step_extra_gib == pytest.approx(adam, abs=2e-3)
+    assert plan.memory.host_gib_per_node == pytest.approx(8 * adam, abs=1e-2)
+    assert any(line.startswith("host RAM") for line in plan.reasoning)
+
+
+# ---------------------------------------------------------------------------
+# batch sizes: the engine's rules, in the engine's words
+
+
+@pytest.mark.parametrize(
+    "model,acc,train_batch,n",
+    [
+        ("Qwen/Qwen2.5-0.5B", "H100", 256, 8),
+        ("Qwen/Qwen2.5-7B", "H100", 1024, 5),
+        ("Qwen/Qwen2.5-7B", "A100-80GB", 96, 6),
+        ("Qwen/Qwen3-8B", "H200", 120, 16),
+        ("Qwen/Qwen2.5-32B", "H100", 512, 16),
+        ("meta-llama/Llama-3.1-70B", "MI300X", 128, 8),
+    ],
+)
+def test_chosen_batch_sizes_follow_the_engine_rules(model, acc, train_batch, n):
+    plan = make_plan(PlanRequest(model, acc, None, train_batch_size=train_batch, rollout_n=n))
+    mini, micro, d = plan.ppo_mini_batch_size, plan.micro_batch_size_per_device, plan.num_devices
+    assert train_batch % mini == 0
+    assert (mini * n) % d == 0
+    assert ((mini * n) // d) % micro == 0
+    assert plan.memory.fits()
+    engine_config_for(plan)  # the engine's own validation passes
+
+
+def _engine_batch_message(**overrides) -> str:
+    (problem,) = [p for p in engine_problems(**overrides) if "ppo_" in p]
+    return problem
+
+
+def test_mini_batch_not_dividing_the_train_batch_in_engine_words():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8, ppo_mini_batch_size=48))
+    expected = _engine_batch_message(
+        **{
+            f"{ARR}.actor.ppo_mini_batch_size": 48,
+            f"{ARR}.rollout.n": 8,
+            "data.train_batch_size": 256,
+        }
+    )
+    assert expected in str(info.value)
+    assert "use a divisor such as 16, 32, 64" in str(info.value)
+
+
+def test_mini_batch_samples_not_splitting_over_devices_in_engine_words():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8, ppo_mini_batch_size=1, rollout_n=4))
+    expected = _engine_batch_message(
+        **{
+            f"{ARR}.actor.ppo_mini_batch_size": 1,
+            f"{ARR}.rollout.n": 4,
+            "data.train_batch_size": 256,
+            "trainer.n_gpus_per_node": 8,
+        }
+    )
+    assert expected in str(info.value)
+    assert "needs ~2 × H100 on 1 node" in info.value.hint
+
+
+def test_micro_batch_not_dividing_per_device_samples_in_engine_words():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8, micro_batch_size_per_device=3))
+    expected = _engine_batch_message(
+        **{
+            f"{ARR}.actor.ppo_mini_batch_size": 64,
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 3,
+            f"{ARR}.rollout.n": 8,
+            "data.train_batch_size": 256,
+            "trainer.n_gpus_per_node": 8,
+        }
+    )
+    assert expected in str(info.value)
+    assert "unpin ppo_micro_batch_size_per_gpu" in info.value.hint
+
+
+def test_auto_search_skips_layouts_the_pinned_mini_batch_cannot_split_over():
+    # 96 prompts × 3 = 288 samples per mini-batch: 1, 2, 4, 8, 16, 32 devices divide it
+    plan = make_plan(
+        PlanRequest(
+            "Qwen/Qwen2.5-7B",
+            "H100",
+            None,
+            train_batch_size=96,
+            rollout_n=3,
+            ppo_mini_batch_size=96,
+        )
+    )
+    assert 288 % plan.num_devices == 0
+
+
+# ---------------------------------------------------------------------------
+# pinned overrides are respected and checked
+
+
+def test_pinned_keys_are_respected():
+    plan = make_plan(
+        PlanRequest(
+            "Qwen/Qwen2.5-7B",
+            "H100",
+            None,
+            overrides={
+                "trainer": {"nnodes": 2, "n_gpus_per_node": 8},  # nested form
+                f"{ARR}.rollout.tensor_model_parallel_size": 2,
+                f"{ARR}.rollout.gpu_memory_utilization": "0.5",  # strings are coerced
+                f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 4,
+                "data.train_batch_size": 512,
+            },
+        )
+    )
+    assert (plan.nodes, plan.devices_per_node) == (2, 8)
+    assert plan.rollout_tp == 2
+    assert plan.rollout_memory_fraction == 0.5
+    assert plan.micro_batch_size_per_device == 4
+    assert plan.train_batch_size == 512
+    assert any("data.train_batch_size=512 pinned by the recipe" in line for line in plan.reasoning)
+
+
+def test_pinned_memory_fraction_too_high_is_refused():
+    with pytest.raises(InfeasiblePlanError, match=r"at most 0\.7"):
+        make_plan(
+            PlanRequest(
+                "Qwen/Qwen2.5-7B",
+                "H100",
+                8,
+                overrides={
+                    f"{ARR}.rollout.gpu_memory_utilization": 0.9,
+                    f"{ARR}.actor.fsdp_config.param_offload": False,
+                    f"{ARR}.actor.fsdp_config.optimizer_offload": False,
+                },
+            )
+        )
+
+
+def test_pinned_micro_batch_too_big_is_refused_with_what_fits():
+    with pytest.raises(InfeasiblePlanError, match=r"at most \d+ fits"):
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8, micro_batch_size_per_device=64))
+
+
+def test_bad_override_values_are_refused():
+    with pytest.raises(InfeasiblePlanError, match="expected int"):
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8, overrides={"trainer.nnodes": "two"}))
+    with pytest.raises(InfeasiblePlanError, match=r"in \(0, 1\]"):
+        make_plan(
+            PlanRequest(
+                "Qwen/Qwen2.5-7B", "H100", 8, overrides={f"{ARR}.rollout.gpu_memory_utilization": 2}
+            )
+        )
+
+
+# ---------------------------------------------------------------------------
+# every kind of infeasible plan says why and what would fit
+
+
+def test_too_small_a_fixed_layout_names_what_would_fit():
+    no_offload = {
+        f"{ARR}.actor.fsdp_config.param_offload": False,
+        f"{ARR}.actor.fsdp_config.optimizer_offload": False,
+    }
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-72B", "H100", 8, overrides=no_offload))
+    assert "Qwen/Qwen2.5-72B does not fit on 8 × H100 on 1 node" in str(info.value)
+    assert "budget 72.6 GiB" in str(info.value)
+    assert "needs ~4 nodes × H100:8" in info.value.hint
+    assert isinstance(info.value, RlctlError)
+
+
+def test_a_fixed_small_layout_falls_back_to_offload_within_host_ram():
+    plan = make_plan(PlanRequest("Qwen/Qwen2.5-72B", "H100", 8))
+    assert plan.param_offload and plan.optimizer_offload
+    assert plan.memory.train_weights_gib == plan.memory.train_optimizer_gib == 0
+    assert 0 < plan.memory.host_gib_per_node <= 0.8 * 1024
+    assert any("optimizer steps on the CPU (slow)" in line for line in plan.reasoning)
+    # 405B would need ~6 TiB of host RAM per node: refused, not planned
+    with pytest.raises(InfeasiblePlanError, match="host RAM"):
+        make_plan(PlanRequest("meta-llama/Llama-3.1-405B", "H100", 8))
+
+
+def test_nothing_fits_at_the_largest_size_suggests_megatron():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("meta-llama/Llama-3.1-405B", "L4", None))
+    assert "does not fit on up to 64 nodes of L4" in str(info.value)
+    assert "set train_backend=megatron" in info.value.hint
+
+
+def test_one_sample_too_long_for_any_layout():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-32B", "L40S", None, max_response_length=60000))
+    assert "61024-token sample" in str(info.value)
+    assert "shorten the sequences" in info.value.hint
+
+
+def test_rollout_tp_must_divide_the_heads():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(
+            PlanRequest(
+                "Qwen/Qwen2.5-0.5B",
+                "H100",
+                None,
+                overrides={f"{ARR}.rollout.tensor_model_parallel_size": 4},
+            )
+        )
+    assert "must divide the model's 14 attention heads" in str(info.value)
+    assert info.value.hint.endswith("1, 2")
+
+
+def test_weights_needing_a_tp_the_heads_forbid(tmp_path):
+    # 14 heads (TP 1 or 2 only) and ~30B parameters: 2-way TP cannot hold the weights
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            dict(
+                model_type="qwen2",
+                hidden_size=3584,
+                intermediate_size=18944,
+                num_hidden_layers=120,
+                num_attention_heads=14,
+                num_key_value_heads=2,
+                vocab_size=32000,
+            )
+        )
+    )
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest(str(tmp_path), "L4", None))
+    assert "must divide the model's 14 attention heads" in str(info.value)
+
+
+def test_unsupported_rollout_backend_on_rocm():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "MI250X", None, rollout_backend="sglang"))
+    assert "'sglang' does not run on MI250X" in str(info.value)
+    assert "set rollout=vllm" in info.value.hint
+
+
+def test_megatron_where_unsupported():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "Ascend910B", None, train_backend="megatron"))
+    assert "'megatron' does not run on Ascend910B" in str(info.value)
+    assert "set train_backend=fsdp2" in info.value.hint
+    with pytest.raises(InfeasiblePlanError, match="megatron needs GPUs"):
+        make_plan(PlanRequest("Qwen/Qwen2.5-0.5B", None, None, train_backend="megatron"))
+
+
+def test_device_counts_that_do_not_split_into_nodes():
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 12))
+    assert "12 devices do not split into nodes of 8" in str(info.value)
+    assert "use 8 or 16 devices" in info.value.hint
+
+
+def test_unknown_names_are_user_errors():
+    with pytest.raises(RlctlError):
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H1000", None))
+    with pytest.raises(RlctlError, match="unknown model"):
+        make_plan(PlanRequest("nobody/nothing-1B", "H100", None))
+    with pytest.raises(InfeasiblePlanError, match="unknown rollout backend"):
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", None, rollout_backend="trtllm"))
+
+
+# ---------------------------------------------------------------------------
+# published runs: the planner lands within 0.5×–2× of the devices used, and fits
+
+
+PUBLISHED_RUNS = {
+    # verl quickstart (docs/start/quickstart.rst): PPO on GSM8K, one GPU
+    "verl quickstart PPO Qwen2.5-0.5B": dict(
+        published_devices=1,
+        request=dict(model="Qwen/Qwen2.5-0.5B-Instruct", accelerator="H100",
+                     algorithm_needs_critic=True, train_batch_size=256, rollout_n=1,
+                     max_prompt_length=512, max_response_length=256,
+                     ppo_mini_batch_size=64),
+    ),
+    # verl examples/grpo_trainer/run_qwen2-7b_seq_balance.sh: GRPO on GSM8K, 8 GPUs
+    "verl GRPO Qwen2-7B GSM8K": dict(
+        published_devices=8,
+        request=dict(model="Qwen/Qwen2-7B-Instruct", accelerator="H100",
+                     algorithm_needs_reference=True, train_batch_size=1024, rollout_n=5,
+                     max_prompt_length=512, max_response_length=1024,
+                     ppo_mini_batch_size=256),
+    ),
+    # verl examples/ppo_trainer/run_qwen2-7b_seq_balance.sh: PPO with a 7B critic, 8 GPUs
+    "verl PPO Qwen2-7B seq-balance": dict(
+        published_devices=8,
+        request=dict(model="Qwen/Qwen2-7B-Instruct", accelerator="H100",
+                     algorithm_needs_critic=True, algorithm_needs_reference=True,
+                     train_batch_size=4096, rollout_n=1, max_prompt_length=4096,
+                     max_response_length=4096, ppo_mini_batch_size=512),
+    ),
+    # verl examples/ppo_trainer/run_qwen2.5-32b.sh: PPO, 4 nodes × 8 GPUs
+    "verl PPO Qwen2.5-32B": dict(
+        published_devices=32,
+        request=dict(model="Qwen/Qwen2.5-32B-Instruct", accelerator="H100",
+                     algorithm_needs_critic=True, algorithm_needs_reference=True,
+                     train_batch_size=1024, rollout_n=1, max_prompt_length=1024,
+                     max_response_length=1024, ppo_mini_batch_size=256),
+    ),
+    # DAPO paper / verl recipe/dapo/run_dapo_qwen2.5_32b.sh: 16 nodes × 8 H800 (80 GB)
+    "DAPO Qwen2.5-32B": dict(
+        published_devices=128,
+        request=dict(model="Qwen/Qwen2.5-32B", accelerator="H100", train_batch_size=512,
+                     rollout_n=16, max_prompt_length=2048, max_response_length=20480,
+                     ppo_mini_batch_size=32),
+        rollout_tp=4,
+    ),
+    # verl examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh: 32 nodes × 8 H100
+    "verl GRPO DeepSeek-V3 671B Megatron": dict(
+        published_devices=256,
+        request=dict(model="deepseek-ai/DeepSeek-V3", accelerator="H100",
+                     train_backend="megatron", algorithm_needs_reference=True,
+                     train_batch_size=512, rollout_n=4, max_prompt_length=2048,
+                     max_response_length=4096, ppo_mini_batch_size=128),
+        rollout_tp=32,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_RUNS))
+def test_published_runs(name):
+    run = PUBLISHED_RUNS[name]
+    plan = make_plan(PlanRequest(num_devices=None, **run["request"]))
+    ratio = plan.num_devices / run["published_devices"]
+    assert 0.5 <= ratio <= 2.0, (name, plan.num_devices, plan.reasoning)
+    assert plan.memory.fits()
+    budget = plan.memory.budget_gib
+    assert plan.memory.train_peak_gib <= budget + 0.01
+    assert plan.memory.rollout_peak_gib <= budget + 0.01
+    if "rollout_tp" in run:
+        assert plan.rollout_tp == run["rollout_tp"]
+    if plan.train_backend != "megatron":
+        engine_config_for(plan)
+
+
+def test_published_run_at_its_published_size_fits():
+    """The planner accepts each published layout as given (fixed device count)."""
+    for name, run in PUBLISHED_RUNS.items():
+        plan = make_plan(PlanRequest(num_devices=run["published_devices"], **run["request"]))
+        assert plan.num_devices == run["published_devices"], name
+        assert plan.memory.fits(), name
+
+
+def test_a_longer_step_target_needs_fewer_devices():
+    dapo = PUBLISHED_RUNS["DAPO Qwen2.5-32B"]["request"]
+    fast = make_plan(PlanRequest(num_devices=None, **dapo))
+    slow = make_plan(PlanRequest(num_devices=None, target_step_minutes=600, **dapo))
+    assert slow.num_devices < fast.num_devices
+    assert slow.memory.fits()
+
+
+# ---------------------------------------------------------------------------
+# rollout details
+
+
+def test_rollout_tp_grows_with_the_weights_and_stays_in_a_node():
+    small = make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8))
+    big = make_plan(PlanRequest("Qwen/Qwen2.5-72B", "H100", None))
+    assert small.rollout_tp == 1
+    assert big.rollout_tp in (4, 8)
+    assert big.memory.rollout_weights_gib <= 0.5 * big.memory.rollout_pool_gib
+    assert 64 % big.rollout_tp == 0 and 8 % big.rollout_tp == 0
+
+
+def test_pcie_only_accelerators_note_tensor_parallel_cost():
+    plan = make_plan(PlanRequest("Qwen/Qwen2.5-32B", "L40S", None))
+    if plan.rollout_tp > 1:
+        assert any("runs over PCIe" in line for line in plan.reasoning)
+
+
+def test_hf_rollout_on_gpu():
+    plan = make_plan(PlanRequest("Qwen/Qwen2.5-1.5B", "H100", None, rollout_backend="hf"))
+    assert plan.rollout_tp == 1 and plan.rollout_memory_fraction == 0.0
+    assert plan.hf_rollout_micro_batch_size >= 1
+    overrides = plan.engine_overrides()
+    assert f"{ARR}.rollout.gpu_memory_utilization" not in overrides
+    assert overrides[f"{ARR}.rollout.micro_batch_size"] == plan.hf_rollout_micro_batch_size
+    engine_config_for(plan)
+
+
+def test_long_sequences_use_dynamic_batch_size():
+    plan = make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", None, max_response_length=16384))
+    assert plan.use_dynamic_bsz
+    assert plan.max_token_len_per_device >= 1024 + 16384
+    assert plan.max_token_len_per_device % 1024 == 0
+
+
+# ---------------------------------------------------------------------------
+# CPU (the local quickstart)
+
+
+def test_cpu_plan_for_the_quickstart():
+    plan = make_plan(
+        PlanRequest(
+            "Qwen/Qwen2.5-0.5B",
+            None,
+            None,
+            train_batch_size=32,
+            rollout_n=8,
+            max_prompt_length=64,
+            max_response_length=8,
+        )
+    )
+    assert (plan.nodes, plan.devices_per_node, plan.accelerator) == (1, 2, None)
+    assert plan.rollout_backend == "hf" and plan.rollout_tp == 1
+    assert plan.image is None and plan.memory.budget_gib is None and plan.memory.fits()
+    assert any("vllm needs a GPU" in line for line in plan.reasoning)
+    assert not any(line.startswith("warning") for line in plan.reasoning)
+    overrides = plan.engine_overrides()
+    assert overrides["trainer.device"] == "cpu"
+    assert overrides[f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype"] == "float32"
+    assert f"{ARR}.rollout.gpu_memory_utilization" not in overrides
+    # fp32 everywhere: 4 B weights, and the activations in fp32
+    assert plan.memory.train_weights_gib == pytest.approx(
+        4 * plan.model.num_params / 2 / GIB, abs=1e-3
+    )
+    engine_config_for(plan)
+
+
+def test_cpu_warns_above_a_billion_parameters():
+    plan = make_plan(PlanRequest("Qwen/Qwen2.5-1.5B", None, 2))
+    assert any(line.startswith("warning") and "1.54B" in line for line in plan.reasoning)
+
+
+# ---------------------------------------------------------------------------
+# output: engine keys, JSON, no heavy imports
+
+
+@pytest.mark.parametrize(
+    "request_kwargs",
+    [
+        dict(model="Qwen/Qwen2.5-7B", accelerator="H100", num_devices=None),
+        dict(model="Qwen/Qwen2.5-7B", accelerator="H100", num_devices=None,
+             algorithm_needs_critic=True, algorithm_needs_reference=True, rollout_n=1),
+        dict(model="Qwen/Qwen2.5-72B", accelerator="A100-80GB", num_devices=None),
+        dict(model="Qwen/Qwen3-30B-A3B", accelerator="MI300X", num_devices=None),
+        dict(model="Qwen/Qwen2.5-0.5B", accelerator=None, num_devices=None),
+        dict(model="deepseek-ai/DeepSeek-V3", accelerator="H200", num_devices=None,
+             train_backend="megatron", train_batch_size=128, rollout_n=8),
+    ],
+)  # fmt: skip
+def test_engine_overrides_are_engine_keys_and_round_trip(request_kwargs):
+    plan = make_plan(PlanRequest(**request_kwargs))
+    keys = set(config_keys())
+    overrides = plan.engine_overrides()
+    assert set(overrides) <= keys, set(overrides) - keys
+    for key in (
+        "trainer.nnodes",
+        "trainer.n_gpus_per_node",
+        f"{ARR}.rollout.tensor_model_parallel_size",
+        f"{ARR}.actor.ppo_mini_batch_size",
+        f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
+        f"{ARR}.actor.strategy",
+    ):
+        assert key in overrides
+    if plan.train_backend != "megatron":
+        assert f"{ARR}.actor.fsdp_config.param_offload" in overrides
+        cfg = engine_config_for(plan)
+        assert cfg.world_size == plan.num_devices
+        assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == plan.ppo_mini_batch_size
+    assert plan.memory.fits()
+
+    data = json.loads(json.dumps(plan.to_json()))
+    assert Plan.from_json(data) == plan
+    assert data["engine_overrides"] == overrides
+    assert data["memory"]["train_peak_gib"] == plan.memory.train_peak_gib
+    assert MemoryEstimate.from_json(data["memory"]) == plan.memory
+
+
+def test_every_decision_is_explained():
+    plan = make_plan(PlanRequest("Qwen/Qwen2.5-32B", "H100", None))
+    text = "\n".join(plan.reasoning)
+    for word in ("model:", "budget:", "step compute:", "devices:", "training (", "activations",
+                 "offload:", "batch:", "gpu_memory_utilization", "rollout TP", "KV cache",
+                 "image:"):  # fmt: skip
+        assert word in text, word
+
+
+def test_planning_imports_neither_torch_nor_ray():
+    code = (
+        "import sys; from rlctl.plan import PlanRequest, make_plan; "
+        "make_plan(PlanRequest('Qwen/Qwen2.5-7B', 'H100', None)); "
+        "make_plan(PlanRequest('Qwen/Qwen2.5-0.5B', None, None)); "
+        "bad = [m for m in ('torch', 'ray', 'engine', 'transformers') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
