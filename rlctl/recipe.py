@@ -39,22 +39,55 @@ TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quick
 PREPARATIONS = ("gsm8k", "math", "synthetic")
 ROLLOUTS = ("vllm", "sglang", "hf")
 TRAINERS = ("fsdp", "fsdp2", "megatron")
-_FIELDS = (
-    "name",
-    "description",
-    "extends",
-    "algorithm",
-    "model",
-    "data",
-    "reward",
-    "hardware",
-    "rollout",
-    "trainer",
-    "checkpoints",
-    "env",
-    "secrets",
-    "engine",
-)
+# The schema's fields, with what each takes: the parser checks against these, and
+# ``docs/recipes.md`` is generated from them (rlctl/recipe_docs.py).
+FIELD_DOCS: dict[str, tuple[str, str]] = {
+    "name": (
+        "text (letters, digits, . _ -)",
+        "the run's name; job ids and the experiment name start with it",
+    ),
+    "description": ("text", "one line, shown by `rlctl recipes`"),
+    "extends": (
+        "path",
+        "a recipe this one refines (relative to this file); mappings merge, the child wins",
+    ),
+    "algorithm": ("preset name", "an algorithm preset (below); its engine keys apply first"),
+    "model": (
+        "HF id, folder, or rlctl:tiny",
+        "the policy to train (`rlctl:tiny` is built where the job runs)",
+    ),
+    "data": (
+        "mapping",
+        "`prepare:` one of the preparations below, or `train:`/`val:` files (parquet/jsonl) as seen where the job runs",
+    ),
+    "reward": (
+        "mapping",
+        "`custom: {path, name}` for your own scoring function; built-in rules by data_source otherwise",
+    ),
+    "hardware": (
+        "mapping",
+        "`accelerators:` NAME:COUNT per node (catalog below), `cpu:N` or `auto`; `nodes:` a count or `auto`",
+    ),
+    "rollout": ("vllm, sglang or hf", "the generation backend (hf on CPU)"),
+    "trainer": ("fsdp, fsdp2 or megatron", "the training backend"),
+    "checkpoints": (
+        "path or bucket URL",
+        "where checkpoints go (s3://, gs://, or a path); default: the job's run directory",
+    ),
+    "env": (
+        "mapping",
+        "plain environment settings for the job (secret-looking names are refused: use `secrets`)",
+    ),
+    "secrets": (
+        "list of names",
+        "environment variables whose values are read from your environment at launch, passed to the job, and never written down",
+    ),
+    "engine": (
+        "mapping",
+        "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan",
+    ),
+}
+_FIELDS = tuple(FIELD_DOCS)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

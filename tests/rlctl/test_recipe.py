@@ -243,3 +243,11 @@ def test_multiline_yaml_is_read_as_written(tmp_path):
         )
     )
     assert load_recipe(path).env == {"GREETING": "hello world"}
+
+
+def test_the_recipe_reference_is_generated_from_the_schema():
+    from rlctl.recipe_docs import generate
+
+    assert Path("docs/recipes.md").read_text() == generate(), (
+        "docs/recipes.md is stale: run python -m rlctl.recipe_docs > docs/recipes.md"
+    )

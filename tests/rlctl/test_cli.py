@@ -1,0 +1,79 @@
+"""The CLI's contract: fast start (no heavy imports), one error boundary, help with examples."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "ray", "sky", "transformers", "vllm")
+
+
+def run_cli(args: list[str], home, extra_code: str = "") -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        "from rlctl.cli import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        f"    heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "    print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RLCTL_HOME": str(home)},
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["status"], ["list"], ["--version"], ["launch", "--help"]]
+)
+def test_no_heavy_imports(args, tmp_path):
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY=\n" in result.stderr or result.stderr.rstrip().endswith("HEAVY=")
+
+
+def test_help_shows_examples(tmp_path):
+    result = run_cli(["plan", "--help"], tmp_path)
+    assert "rlctl plan recipes/dapo_qwen32b.yaml" in result.stdout
+
+
+def test_user_errors_print_the_fix_without_a_traceback(tmp_path):
+    result = run_cli(["status", "nope"], tmp_path)
+    assert result.returncode == 2
+    assert "no job matches 'nope'" in result.stderr
+    assert "fix: `rlctl list` shows your jobs" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = run_cli(["plan", "no_such_recipe"], tmp_path)
+    assert missing.returncode == 2 and "bundled one: " in missing.stderr
+
+
+def test_debug_variable_shows_the_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", "from rlctl.cli import main; main()", "status", "nope"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RLCTL_HOME": str(tmp_path), "RLCTL_DEBUG": "1"},
+    )
+    assert "Traceback" in result.stderr
+
+
+def test_plan_json_is_machine_readable(tmp_path):
+    result = run_cli(["plan", "quickstart", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["plan"]["devices_per_node"] == 2 and data["plan"]["accelerator"] is None
+    assert "run.sh" in data["files"] and "engine.yaml" in data["files"]
+    assert not (tmp_path / "jobs").exists()  # plan has no side effects
+
+
+def test_recipes_lists_the_bundled_ones(tmp_path):
+    result = run_cli(["recipes"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("quickstart", "dapo-qwen32b", "grpo-qwen7b-ascend"):
+        assert name in result.stdout
