@@ -35,7 +35,7 @@ from engine.metrics import (
 )
 from engine.reward.manager import RewardManager
 from engine.reward.types import ScoreRequest, ScoreResult
-from engine.tracking import Tracker
+from engine.tracking import Tracker, progress
 from engine.types import (
     ActorBatch,
     CriticBatch,
@@ -143,7 +143,10 @@ class Trainer:
         while self.step < self.total_steps:
             self.step += 1
             metrics = self.train_step()
-            self.check_updates(metrics)
+            problem = self.update_problem(metrics)
+            if problem:
+                self.tracker.log(self.step, metrics)  # the failing step is on record
+                raise EngineError(problem)
             test_freq = self.cfg.trainer.test_freq
             if self.val_dataset is not None and (
                 self.step == self.total_steps or (test_freq > 0 and self.step % test_freq == 0)
@@ -181,18 +184,19 @@ class Trainer:
         self.checkpoints.last_saved_step = state.step
         print(f"resumed from {path} at step {state.step}", flush=True)
 
-    def check_updates(self, metrics: dict[str, float]) -> None:
-        """Stop when the actor keeps producing non-finite gradients (its updates are
-        skipped and counted, so one bad batch does not end a run)."""
+    def update_problem(self, metrics: dict[str, float]) -> str | None:
+        """Why the run must stop: the actor keeps producing non-finite gradients (its
+        updates are skipped and counted, so one bad batch does not end a run)."""
         in_a_row = metrics.get("actor/consecutive_skipped_updates", 0.0)
         limit = self.cfg.trainer.max_consecutive_skipped_updates
-        if in_a_row >= limit:
-            raise EngineError(
-                f"{int(in_a_row)} actor updates in a row had a NaN/inf loss or gradient norm"
-                f" (trainer.max_consecutive_skipped_updates={limit}); the last good"
-                " checkpoint is intact. Lower the learning rate, check the reward for NaN,"
-                " or enable gradient clipping (actor_rollout_ref.actor.grad_clip)"
-            )
+        if in_a_row < limit:
+            return None
+        return (
+            f"{int(in_a_row)} actor updates in a row had a NaN/inf loss or gradient norm"
+            f" (trainer.max_consecutive_skipped_updates={limit}); the last good checkpoint"
+            " is intact. Check the reward for NaN, lower the learning rate, or clip"
+            " gradients harder (actor_rollout_ref.actor.grad_clip)"
+        )
 
     def request_stop(self) -> None:
         """Called from the SIGTERM handler: finish this step, then stop."""
@@ -386,33 +390,41 @@ class Trainer:
 
     def validate(self) -> dict[str, float]:
         """Generate on the validation set with the validation sampling settings, score,
-        and report per data source (mean@n, best/worst@k, pass@k, maj@k)."""
+        and report per data source (mean@n, best/worst@k, pass@k, maj@k).
+
+        Prompts go in chunks of ``data.val_batch_size`` (all at once when null)."""
         assert self.val_dataset is not None
         timer = StageTimer()
         n = self.val_sampling.n
-        prompts = [self.val_dataset[i] for i in range(len(self.val_dataset))]
-        # Every rank must generate: pad the prompt list so the samples split evenly
-        # (the extra prompts' samples are dropped before the metrics).
+        total = len(self.val_dataset)
+        chunk = self.cfg.data.val_batch_size or total
+        samples: list[ValidationSample] = []
+        with timer("val"), progress(total, "validation") as bar:
+            for start in range(0, total, chunk):
+                prompts = [self.val_dataset[i] for i in range(start, min(start + chunk, total))]
+                rollout = self.generate(self.pad_for_ranks(prompts, n), self.val_sampling, timer)
+                samples += [
+                    ValidationSample(
+                        data_source=rollout.meta.data_source[i],
+                        prompt_index=start + i // n,
+                        score=float(rollout.scores_B[i]),
+                        acc=float(rollout.acc_B[i]),
+                        pred=rollout.preds[i],
+                    )
+                    for i in range(len(prompts) * n)  # the padding's samples dropped
+                ]
+                bar.update(len(prompts))
+        metrics = validation_metrics(samples, seed=self.cfg.trainer.seed)
+        return metrics | {"timing_s/val": timer.seconds["val"]}
+
+    def pad_for_ranks(self, prompts: list[PromptSample], n: int) -> list[PromptSample]:
+        """Repeat prompts at the end until the samples split evenly over the ranks:
+        every rank must generate."""
         world = self.cfg.world_size
         extra = 0
         while (len(prompts) + extra) * n % world:
             extra += 1
-        padded = prompts + [prompts[i % len(prompts)] for i in range(extra)]
-        with timer("val"):
-            rollout = self.generate(padded, self.val_sampling, timer)
-        keep = len(prompts) * n
-        samples = [
-            ValidationSample(
-                data_source=rollout.meta.data_source[i],
-                prompt_index=i // n,
-                score=float(rollout.scores_B[i]),
-                acc=float(rollout.acc_B[i]),
-                pred=rollout.preds[i],
-            )
-            for i in range(keep)
-        ]
-        metrics = validation_metrics(samples, seed=self.cfg.trainer.seed)
-        return metrics | {"timing_s/val": timer.seconds["val"]}
+        return prompts + [prompts[i % len(prompts)] for i in range(extra)]
 
 
 # -- group helpers (the n samples of a prompt are adjacent) -----------------

@@ -18,13 +18,13 @@ REPO = Path(__file__).parents[2]
 def rlctl(tmp_path):
     env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
 
-    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(*args: str, timeout: float = 120, extra_env=None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-c", "from rlctl.cli import main; main()", *args],
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=env,
+            env={**env, **(extra_env or {})},
             cwd=tmp_path,
         )
 
@@ -122,3 +122,38 @@ def test_bad_recipe_is_refused_before_anything_is_recorded(rlctl, tmp_path):
     assert result.returncode == 2
     assert "data.train_batch_sise" in result.stderr and "Traceback" not in result.stderr
     assert json.loads(rlctl("list", "--json").stdout) == []
+
+
+def test_secrets_reach_the_job_and_nothing_else(rlctl, tmp_path):
+    """A secret named in the recipe is read from the launching environment, reaches the
+    job's processes (the reward function sees it), and is written nowhere."""
+    sentinel = "sk-test-5ecr3t-value"
+    reward = tmp_path / "secret_reward.py"
+    reward.write_text(
+        "import os\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        f"    return 1.0 if os.environ.get('RLCTL_TEST_TOKEN') == {sentinel!r} else 0.0\n"
+    )
+    recipe = short_quickstart(tmp_path, steps=1)
+    recipe.write_text(
+        recipe.read_text() + f"secrets: [RLCTL_TEST_TOKEN]\nreward:\n  custom: {{path: {reward}}}\n"
+    )
+    missing = rlctl("launch", str(recipe))
+    assert missing.returncode == 2 and "RLCTL_TEST_TOKEN" in missing.stderr
+    assert json.loads(rlctl("list", "--json").stdout) == []  # nothing recorded
+
+    launched = rlctl("launch", str(recipe), extra_env={"RLCTL_TEST_TOKEN": sentinel})
+    assert launched.returncode == 0, launched.stderr
+    job_id = launched.stdout.split()[1]
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED"})
+    assert done["state"] == "SUCCEEDED", rlctl("logs", job_id).stdout[-3000:]
+
+    home = tmp_path / "home"
+    metrics = [
+        json.loads(line)
+        for line in (home / "jobs" / job_id / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert metrics[-1]["critic/score/mean"] == 1.0  # the job saw the secret
+    for path in home.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50_000_000:
+            assert sentinel.encode() not in path.read_bytes(), f"secret written to {path}"

@@ -190,3 +190,30 @@ def test_dead_worker_stops_the_run_with_its_rank(tiny_model_dir, synthetic_data,
     assert proc.returncode == 1, output[-3000:]
     assert "worker rank 1 failed" in output
     assert (run_dir / "global_step_2" / "COMPLETE").exists()  # the last good checkpoint
+
+
+def test_nan_updates_are_skipped_then_stop_the_run(tiny_model_dir, synthetic_data, tmp_path):
+    """A reward that turns NaN poisons the loss: each such update is skipped (the weights
+    stay finite) and counted, and N in a row stop the run with the likely causes."""
+    train, _ = synthetic_data
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float('nan')\n"
+    )
+    run_dir = tmp_path / "run"
+    result = run(
+        engine_args(
+            tiny_model_dir,
+            train,
+            run_dir,
+            f"custom_reward_function.path={reward}",
+            "trainer.max_consecutive_skipped_updates=2",
+            "trainer.total_training_steps=10",
+        )
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "2 actor updates in a row had a NaN/inf loss or gradient norm" in result.stderr
+    steps = by_step(run_dir)
+    assert steps[1]["actor/skipped_updates"] >= 1
+    assert not (run_dir / "global_step_2").exists()  # nothing saved from a poisoned run
