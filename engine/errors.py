@@ -1,5 +1,14 @@
 """Engine exceptions: user errors carry the fix in their message."""
 
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+EXIT_USER_ERROR = 2
+
 
 class EngineError(Exception):
     """An error the user can fix; the message says what to change."""
@@ -16,3 +25,17 @@ class ConfigError(EngineError):
             lines = "\n".join(f"  - {p}" for p in self.problems)
             message = f"invalid engine config ({len(self.problems)} problems):\n{lines}"
         super().__init__(message)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """The error boundary of the engine's commands (``engine.main``, ``engine.export``,
+    ``engine.data.prepare``): an ``EngineError`` prints its message and exits with its
+    code (2 unless it says otherwise); the traceback only with ENGINE_DEBUG=1."""
+    try:
+        yield
+    except EngineError as exc:
+        if os.environ.get("ENGINE_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))

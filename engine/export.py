@@ -44,14 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint import COMPLETE, step_dir
-from engine.errors import EngineError
+from engine.errors import EngineError, user_errors
 
 log = logging.getLogger(__name__)
 
 ROLES = ("actor", "critic")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 MAX_SHARD_SIZE = "5GB"
-EXIT_USER_ERROR = 2
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 # Written by the model's own save_pretrained, never copied from the checkpoint's hf/.
 _MODEL_FILES = ("config.json", "generation_config.json")
@@ -467,7 +466,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+    with user_errors():
         if args.push_to_hub:
             _check_online()  # before the export, not after it
         ckpt = resolve_checkpoint(args.ckpt)
@@ -478,11 +477,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.push_to_hub:
             url = push_to_hub(out, args.push_to_hub, private=args.private)
             print(f"pushed {out} to {url}")
-    except EngineError as exc:
-        if os.environ.get("ENGINE_DEBUG"):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
 
 
 if __name__ == "__main__":

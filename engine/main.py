@@ -5,20 +5,18 @@
     python -m engine.main --print-config ...     # the resolved config, then exit
     python -m engine.main --check ...            # validate only (no torch, no ray)
 
-Configuration errors print every problem with its fix and exit with code 2.
+Configuration errors print every problem with its fix and exit with code 2
+(``engine.errors.user_errors``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 from engine.config import EngineConfig, load_config, to_yaml
-from engine.errors import ConfigError, EngineError
-
-EXIT_USER_ERROR = 2
+from engine.errors import user_errors
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -40,7 +38,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+    with user_errors():
         cfg = load_config(args.overrides, config_file=args.config)
         if args.print_config:
             print(to_yaml(cfg), end="")
@@ -49,11 +47,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(summary(cfg))
             return
         run(cfg)
-    except (ConfigError, EngineError) as exc:
-        if os.environ.get("ENGINE_DEBUG"):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))
 
 
 def summary(cfg: EngineConfig) -> str:

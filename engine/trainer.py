@@ -21,7 +21,7 @@ import torch
 from engine.algo.advantage import AdvantageInputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
-from engine.config import EngineConfig, to_yaml
+from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
 from engine.controller.dispatch import concat, split
 from engine.controller.worker_group import WorkerGroup
 from engine.data.dataset import PromptSample, RLDataset
@@ -111,24 +111,9 @@ class Trainer:
         self.resume_from = resume_from
         self.stop_requested = False
         rollout = cfg.actor_rollout_ref.rollout
-        self.sampling = SamplingParams(
-            n=rollout.n,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            do_sample=rollout.do_sample,
-            max_new_tokens=cfg.data.max_response_length,
-            ignore_eos=rollout.ignore_eos,
-        )
-        val = rollout.val_kwargs
-        self.val_sampling = SamplingParams(
-            n=val.n,
-            temperature=val.temperature,
-            top_p=val.top_p,
-            top_k=val.top_k,
-            do_sample=val.do_sample,
-            max_new_tokens=cfg.data.max_response_length,
-        )
+        max_new = cfg.data.max_response_length
+        self.sampling = sampling_params(rollout, max_new, ignore_eos=rollout.ignore_eos)
+        self.val_sampling = sampling_params(rollout.val_kwargs, max_new)
         self._batches = iter(self.train_loader)
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
@@ -425,6 +410,21 @@ class Trainer:
         while (len(prompts) + extra) * n % world:
             extra += 1
         return prompts + [prompts[i % len(prompts)] for i in range(extra)]
+
+
+def sampling_params(
+    settings: RolloutConfig | SamplingConfig, max_new_tokens: int, ignore_eos: bool = False
+) -> SamplingParams:
+    """Training (``rollout.*``) or validation (``rollout.val_kwargs.*``) sampling."""
+    return SamplingParams(
+        n=settings.n,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        do_sample=settings.do_sample,
+        max_new_tokens=max_new_tokens,
+        ignore_eos=ignore_eos,
+    )
 
 
 # -- group helpers (the n samples of a prompt are adjacent) -----------------

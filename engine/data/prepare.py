@@ -22,8 +22,8 @@ from typing import Any
 
 from engine.data.dataset import SUPPORTED_EXTENSIONS, DataError, read_columns, require_columns
 from engine.data.sources import Source, sources
+from engine.errors import EXIT_USER_ERROR, user_errors
 
-EXIT_USER_ERROR = 2
 HUB_TIMEOUT_S = 5.0
 SPLITS = ("train", "val")
 _TRUTHY = ("1", "true", "yes", "on")
@@ -225,8 +225,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.local_dir is not None and args.dataset == "synthetic":
         print("error: --local-dir does not apply to the synthetic dataset", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
-    try:
+        sys.exit(EXIT_USER_ERROR)  # a usage error, as argparse's own
+    with user_errors():
         prepare(
             args.dataset,
             args.out,
@@ -235,11 +235,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             val_size=args.val_size,
             seed=args.seed,
         )
-    except DataError as exc:
-        if os.environ.get("ENGINE_DEBUG"):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
 
 
 if __name__ == "__main__":
