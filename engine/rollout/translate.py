@@ -1,0 +1,208 @@
+"""Our rollout settings in each inference engine's terms, and their outputs back in ours.
+
+Pure functions (no vLLM or SGLang import), so that every translation is tested on
+any machine. The backends (engine.rollout.vllm, engine.rollout.sglang) call them.
+
+Semantics kept identical to the HF backend, so the algorithms see the same batch
+whichever backend generated it:
+
+- one request row per sample: ``GenerationRequest`` is already expanded (the n copies
+  are adjacent), so each engine request asks for exactly one completion;
+- greedy when ``do_sample`` is false (temperature 0, no top-p/top-k);
+- ``top_k = -1`` means off; each engine has its own spelling of off;
+- generation stops at any EOS id (the tokenizer's and the generation config's), and the
+  response keeps the first EOS and nothing after it (``trim_response``); ``finished``
+  is true exactly when the response ends with EOS;
+- log-probs, when asked, are those of the sampled tokens, cut like the tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.config import RolloutConfig
+from engine.errors import EngineError
+from engine.rollout.base import trim_response
+from engine.types import SamplingParams
+
+BACKENDS = ("vllm", "sglang")
+
+
+def sampling_params_for(
+    params: SamplingParams,
+    backend: str,
+    *,
+    eos_token_ids: set[int],
+    logprobs: bool = False,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams(**kw)`` or SGLang's ``sampling_params``
+    dict, for one completion per request row."""
+    if params.do_sample:
+        temperature, top_p, top_k = params.temperature, params.top_p, params.top_k
+    else:
+        temperature, top_p, top_k = 0.0, 1.0, -1
+    stop_ids = [] if params.ignore_eos else sorted(eos_token_ids)
+    if backend == "vllm":
+        kw: dict[str, Any] = {
+            "n": 1,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k if top_k > 0 else 0,  # vLLM: 0 (or -1) considers all tokens
+            "max_tokens": params.max_new_tokens,
+            "ignore_eos": params.ignore_eos,
+            "stop_token_ids": stop_ids,
+            "detokenize": False,  # token ids in and out; text is never needed
+            "skip_special_tokens": False,
+        }
+        if logprobs:
+            kw["logprobs"] = 0  # the sampled token's log-prob only
+        if seed is not None:
+            kw["seed"] = seed
+        return kw
+    if backend == "sglang":
+        kw = {
+            "n": 1,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k if top_k > 0 else -1,  # SGLang: -1 is off
+            "max_new_tokens": params.max_new_tokens,
+            "ignore_eos": params.ignore_eos,
+            "stop_token_ids": stop_ids,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,  # keep the stop token in the output ids
+        }
+        if seed is not None:
+            kw["sampling_seed"] = seed
+        return kw
+    raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+def engine_args_for(
+    cfg: RolloutConfig,
+    model_path: str,
+    tp: int,
+    *,
+    backend: str,
+    max_model_len: int,
+    seed: int = 0,
+    trust_remote_code: bool = False,
+    load_format: str = "auto",
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM(**kw)`` or ``sglang.Engine(**kw)`` built inside a
+    colocated worker (one engine per tensor-parallel group, within a node).
+
+    ``load_format="dummy"`` skips reading the checkpoint: the weights then come from
+    the actor's first ``sync_weights``, before any generation.
+    """
+    if tp < 1:
+        raise EngineError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size must be >= 1, got {tp}"
+        )
+    if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
+        raise EngineError(
+            "actor_rollout_ref.rollout.gpu_memory_utilization must be in (0, 1],"
+            f" got {cfg.gpu_memory_utilization}"
+        )
+    if backend == "vllm":
+        return {
+            "model": model_path,
+            "tokenizer": model_path,
+            "tensor_parallel_size": tp,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "enforce_eager": cfg.enforce_eager,
+            "dtype": cfg.dtype,
+            "max_model_len": max_model_len,
+            # vLLM V1 always chunks prefill; the budget must still hold one full sequence
+            # for models whose prefill cannot be chunked.
+            "max_num_batched_tokens": max(cfg.max_num_batched_tokens, max_model_len),
+            "seed": seed,
+            "enable_sleep_mode": cfg.free_cache_engine,
+            # Colocated SPMD: the engine runs inside this (already distributed) process
+            # and its tensor-parallel peers, not in processes of its own.
+            "distributed_executor_backend": "external_launcher",
+            "enable_prefix_caching": True,
+            # Ray pins one device per worker, so TP peers cannot map each other's memory
+            # (custom all-reduce needs CUDA IPC between visible devices): use NCCL.
+            "disable_custom_all_reduce": True,
+            "trust_remote_code": trust_remote_code,
+            "load_format": load_format,
+            "skip_tokenizer_init": False,
+        }
+    if backend == "sglang":
+        return {
+            "model_path": model_path,
+            "tp_size": tp,
+            "mem_fraction_static": cfg.gpu_memory_utilization,
+            "disable_cuda_graph": cfg.enforce_eager,
+            "dtype": cfg.dtype,
+            "context_length": max_model_len,
+            "chunked_prefill_size": cfg.max_num_batched_tokens,
+            "max_prefill_tokens": max(cfg.max_num_batched_tokens, max_model_len),
+            "random_seed": seed,
+            "enable_memory_saver": cfg.free_cache_engine,
+            "skip_tokenizer_init": True,  # token ids in and out
+            "trust_remote_code": trust_remote_code,
+            "load_format": load_format,
+            "log_level": "error",
+        }
+    raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+# Fragments of the engines' messages when the KV cache (or the weights) do not fit.
+_KV_CACHE_MESSAGES = (
+    "kv cache",
+    "cache blocks",
+    "mem-fraction-static",
+    "mem_fraction_static",
+    "not enough memory",
+    "out of memory",
+)
+
+KV_CACHE_HINT = (
+    "the {backend} rollout engine could not fit its KV cache ({detail}). Give it more memory"
+    " or need less: raise actor_rollout_ref.rollout.gpu_memory_utilization (now {util}),"
+    " lower actor_rollout_ref.rollout.max_num_batched_tokens (now {batched}) or"
+    " data.max_response_length (the model length is {max_model_len} tokens), or raise"
+    " actor_rollout_ref.rollout.tensor_model_parallel_size (now {tp}) to split the weights"
+    " over more devices"
+)
+
+
+def is_kv_cache_error(error: BaseException) -> bool:
+    text = str(error).lower()
+    return any(fragment in text for fragment in _KV_CACHE_MESSAGES)
+
+
+def kv_cache_error(
+    backend: str, error: BaseException, cfg: RolloutConfig, tp: int, max_model_len: int
+) -> EngineError:
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return EngineError(
+        KV_CACHE_HINT.format(
+            backend=backend,
+            detail=detail,
+            util=cfg.gpu_memory_utilization,
+            batched=cfg.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            tp=tp,
+        )
+    )
+
+
+def finish_row(
+    token_ids: list[int],
+    logprobs: list[float] | None,
+    eos_token_ids: set[int],
+    ignore_eos: bool,
+) -> tuple[list[int], list[float] | None, bool]:
+    """One engine completion in the HF backend's terms: cut after the first EOS (kept),
+    log-probs cut alike; finished when it ends with EOS."""
+    tokens, finished = trim_response(list(token_ids), eos_token_ids, ignore_eos)
+    if logprobs is not None:
+        if len(logprobs) < len(tokens):
+            raise RuntimeError(
+                f"the engine returned {len(logprobs)} log-probs for {len(tokens)} tokens"
+            )
+        logprobs = list(logprobs[: len(tokens)])
+    return tokens, logprobs, finished

@@ -1,0 +1,593 @@
+"""vLLM and SGLang rollout: translation of our settings, output semantics, version checks.
+
+The pure parts run everywhere. The backends' glue (sleep/wake bookkeeping, bucketed
+weight pushes, EOS and log-prob cutting) runs against small stand-ins for the
+engines' Python APIs. The conformance tests at the bottom run the real engines end to
+end against the HF backend and are skipped unless the library and a GPU are present.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+from typing import ClassVar
+
+import pytest
+import torch
+
+from engine.config import RolloutConfig
+from engine.errors import EngineError
+from engine.rollout.base import trim_response
+from engine.rollout.tp import TPLayout, gather_group_rows, merge_rows, tp_layout
+from engine.rollout.translate import (
+    engine_args_for,
+    finish_row,
+    is_kv_cache_error,
+    kv_cache_error,
+    sampling_params_for,
+)
+from engine.rollout.versions import (
+    SUPPORTED,
+    BackendVersionError,
+    check_version,
+    in_range,
+    version_tuple,
+)
+from engine.types import GenerationRequest, SamplingParams, TokenBatch
+
+EOS = {2, 5}
+
+# ---------------------------------------------------------------------------
+# sampling parameters
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_greedy_when_not_sampling(backend):
+    kw = sampling_params_for(
+        SamplingParams(do_sample=False, temperature=0.7, top_p=0.5, top_k=20, max_new_tokens=9),
+        backend,
+        eos_token_ids=EOS,
+    )
+    assert kw["temperature"] == 0.0
+    assert kw["top_p"] == 1.0
+    assert kw["n"] == 1  # requests arrive expanded: one row per sample
+    assert kw["stop_token_ids"] == [2, 5]
+    assert kw["ignore_eos"] is False
+    max_key = "max_tokens" if backend == "vllm" else "max_new_tokens"
+    assert kw[max_key] == 9
+
+
+def test_vllm_sampling_translation():
+    kw = sampling_params_for(
+        SamplingParams(n=4, temperature=0.8, top_p=0.9, top_k=-1, max_new_tokens=32),
+        "vllm",
+        eos_token_ids=EOS,
+        logprobs=True,
+    )
+    assert kw == {
+        "n": 1,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 0,  # off
+        "max_tokens": 32,
+        "ignore_eos": False,
+        "stop_token_ids": [2, 5],
+        "detokenize": False,
+        "skip_special_tokens": False,
+        "logprobs": 0,
+    }
+    assert sampling_params_for(SamplingParams(top_k=50), "vllm", eos_token_ids=EOS)["top_k"] == 50
+
+
+def test_sglang_sampling_translation():
+    kw = sampling_params_for(
+        SamplingParams(temperature=1.0, top_k=-1, ignore_eos=True, max_new_tokens=7),
+        "sglang",
+        eos_token_ids=EOS,
+    )
+    assert kw["top_k"] == -1
+    assert kw["ignore_eos"] is True
+    assert kw["stop_token_ids"] == []  # ignore_eos: nothing stops early
+    assert kw["no_stop_trim"] is True
+    assert sampling_params_for(SamplingParams(top_k=0), "sglang", eos_token_ids=EOS)["top_k"] == -1
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="vllm, sglang"):
+        sampling_params_for(SamplingParams(), "trt", eos_token_ids=EOS)
+    with pytest.raises(ValueError):
+        engine_args_for(RolloutConfig(), "/m", 1, backend="trt", max_model_len=10)
+
+
+# ---------------------------------------------------------------------------
+# engine arguments
+
+
+def test_vllm_engine_args_come_from_the_rollout_config():
+    cfg = RolloutConfig(
+        name="vllm",
+        gpu_memory_utilization=0.6,
+        tensor_model_parallel_size=2,
+        enforce_eager=True,
+        dtype="float16",
+        max_num_batched_tokens=4096,
+        free_cache_engine=True,
+    )
+    kw = engine_args_for(cfg, "/models/qwen", 2, backend="vllm", max_model_len=3072, seed=7)
+    assert kw["model"] == "/models/qwen"
+    assert kw["tensor_parallel_size"] == 2
+    assert kw["gpu_memory_utilization"] == 0.6
+    assert kw["enforce_eager"] is True
+    assert kw["dtype"] == "float16"
+    assert kw["max_model_len"] == 3072
+    assert kw["max_num_batched_tokens"] == 4096
+    assert kw["seed"] == 7
+    assert kw["enable_sleep_mode"] is True
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    # The batch budget always holds one whole sequence.
+    kw = engine_args_for(cfg, "/m", 2, backend="vllm", max_model_len=10000)
+    assert kw["max_num_batched_tokens"] == 10000
+
+
+def test_sglang_engine_args_come_from_the_rollout_config():
+    cfg = RolloutConfig(
+        name="sglang", gpu_memory_utilization=0.4, enforce_eager=False, free_cache_engine=False
+    )
+    kw = engine_args_for(cfg, "/m", 4, backend="sglang", max_model_len=2048, seed=3)
+    assert kw["model_path"] == "/m"
+    assert kw["tp_size"] == 4
+    assert kw["mem_fraction_static"] == 0.4
+    assert kw["disable_cuda_graph"] is False
+    assert kw["context_length"] == 2048
+    assert kw["chunked_prefill_size"] == 8192
+    assert kw["random_seed"] == 3
+    assert kw["enable_memory_saver"] is False
+    assert kw["skip_tokenizer_init"] is True
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, -0.1])
+def test_memory_fraction_is_checked(bad):
+    with pytest.raises(EngineError, match="gpu_memory_utilization"):
+        engine_args_for(
+            RolloutConfig(gpu_memory_utilization=bad), "/m", 1, backend="vllm", max_model_len=8
+        )
+
+
+def test_kv_cache_error_names_the_keys_to_change():
+    vllm_msg = ValueError(
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"
+        " when initializing the engine."
+    )
+    sglang_msg = RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
+    assert is_kv_cache_error(vllm_msg)
+    assert is_kv_cache_error(sglang_msg)
+    assert not is_kv_cache_error(ValueError("unknown architecture Foo"))
+    cfg = RolloutConfig(gpu_memory_utilization=0.3, tensor_model_parallel_size=1)
+    message = str(kv_cache_error("vllm", vllm_msg, cfg, 1, 4096))
+    for key in (
+        "gpu_memory_utilization",
+        "max_num_batched_tokens",
+        "max_response_length",
+        "tensor_model_parallel_size",
+        "0.3",
+        "4096",
+    ):
+        assert key in message
+
+
+# ---------------------------------------------------------------------------
+# output semantics: identical to the HF backend's trim_response
+
+
+@pytest.mark.parametrize(
+    "ids,ignore",
+    [([7, 8, 2, 9, 2], False), ([7, 8, 9], False), ([5], False), ([7, 2, 8], True), ([], False)],
+)
+def test_finish_row_matches_trim_response(ids, ignore):
+    lps = [-0.1 * (i + 1) for i in range(len(ids))]
+    tokens, got_lps, done = finish_row(ids, lps, EOS, ignore)
+    assert (tokens, done) == trim_response(ids, EOS, ignore)
+    assert got_lps == lps[: len(tokens)]
+    assert finish_row(ids, None, EOS, ignore)[1] is None
+
+
+def test_finish_row_rejects_missing_logprobs():
+    with pytest.raises(RuntimeError, match="log-probs"):
+        finish_row([7, 8], [-0.1], EOS, False)
+
+
+def test_sglang_output_parsing():
+    from engine.rollout.sglang import parse_output
+
+    out = {
+        "output_ids": [11, 12, 5, 13],
+        "meta_info": {
+            "output_token_logprobs": [
+                (-0.5, 11, None),
+                (-0.25, 12, None),
+                (-1.0, 5, None),
+                (-2.0, 13, None),
+            ],
+            "finish_reason": {"type": "stop", "matched": 5},
+        },
+    }
+    assert parse_output(out, EOS, False, True) == ([11, 12, 5], [-0.5, -0.25, -1.0], True)
+    assert parse_output(out, EOS, False, False) == ([11, 12, 5], None, True)
+
+
+# ---------------------------------------------------------------------------
+# tensor-parallel groups
+
+
+def test_tp_layout_groups_consecutive_ranks():
+    layout = TPLayout(rank=5, world_size=8, tp=2)
+    assert layout.group_ranks == [4, 5]
+    assert layout.tp_rank == 1
+    assert layout.all_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_tp_layout_checks_divisibility():
+    assert tp_layout(1).tp == 1  # no process group: a single rank
+    with pytest.raises(EngineError, match="must divide"):
+        tp_layout(3)
+    with pytest.raises(EngineError, match="within a node"):
+        tp_layout(16, local_world_size=8)
+
+
+def test_merge_rows_and_single_rank_gather():
+    rows, slices = merge_rows([[[1], [2]], [[3]], []])
+    assert rows == [[1], [2], [3]]
+    assert slices == [slice(0, 2), slice(2, 3), slice(3, 3)]
+    rows, mine = gather_group_rows([[1, 2]], TPLayout(0, 1, 1), None)
+    assert rows == [[1, 2]] and mine == slice(0, 1)
+
+
+# ---------------------------------------------------------------------------
+# versions
+
+
+def test_version_parsing():
+    assert version_tuple("0.11.0") == (0, 11, 0)
+    assert version_tuple("0.11.0rc1+cu128") == (0, 11, 0)
+    assert version_tuple("0.5.3.post1") == (0, 5, 3)
+    assert in_range("0.10.2", SUPPORTED["vllm"])
+    assert in_range("0.11.1", SUPPORTED["vllm"])
+    assert not in_range("0.12.0", SUPPORTED["vllm"])
+    assert not in_range("0.9.2", SUPPORTED["vllm"])
+    for spec in SUPPORTED.values():
+        assert in_range(spec.pinned, spec), spec
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "megatron"])
+def test_missing_backend_names_the_extra(backend, monkeypatch):
+    import engine.rollout.versions as versions
+
+    monkeypatch.setattr(versions, "installed_version", lambda name: None)
+    extra = SUPPORTED[backend].extra
+    with pytest.raises(BackendVersionError, match=rf"pip install 'rlctl\[{extra}\]'"):
+        check_version(backend)
+
+
+def _tp_gather_on_rank(rank: int, port: int, out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    try:
+        from engine.rollout.tp import new_tp_group
+
+        layout = tp_layout(2, local_world_size=4)
+        group = new_tp_group(layout)
+        rows = [[rank, i] for i in range(rank + 1)]  # ranks hold different counts
+        merged, mine = gather_group_rows(rows, layout, group)
+        torch.save(
+            {"merged": merged, "mine": (mine.start, mine.stop), "rows": rows},
+            f"{out_dir}/{rank}.pt",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_tp_group_gathers_its_members_rows(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_tp_gather_on_rank, args=(port, str(tmp_path)), nprocs=4, join=True)
+    results = [torch.load(tmp_path / f"{r}.pt") for r in range(4)]
+    assert results[0]["merged"] == results[1]["merged"] == [[0, 0], [1, 0], [1, 1]]
+    assert results[2]["merged"] == [[2, 0], [2, 1], [2, 2], [3, 0], [3, 1], [3, 2], [3, 3]]
+    for r in results:
+        assert r["merged"][slice(*r["mine"])] == r["rows"]
+
+
+def test_mismatched_version_is_reported_with_the_range():
+    with pytest.warns(UserWarning, match=r"vllm 0\.9\.2 is installed.*vllm>=0\.10,<0\.12"):
+        check_version("vllm", installed="0.9.2")
+    with pytest.raises(BackendVersionError, match=r"sglang>=0\.5,<0\.6"):
+        check_version("sglang", installed="0.6.1", strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_version("sglang", installed="0.5.3") == "0.5.3"
+
+
+# ---------------------------------------------------------------------------
+# the backends' glue, against stand-ins for the engines' APIs
+
+
+class FakeCompletion:
+    def __init__(self, token_ids, logprobs):
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+
+
+class FakeLLM:
+    """vLLM's ``LLM`` surface that the backend uses; returns scripted completions."""
+
+    instances: ClassVar[list[FakeLLM]] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list[tuple] = []
+        self.loaded: list[list[str]] = []
+        FakeLLM.instances.append(self)
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append(("generate", len(prompts)))
+        outs = []
+        for prompt in prompts:
+            ids = [*prompt["prompt_token_ids"][-1:], 2, 9]  # echo, EOS, junk after it
+            lps = [{t: types.SimpleNamespace(logprob=-float(t))} for t in ids]
+            outs.append(types.SimpleNamespace(outputs=[FakeCompletion(ids, lps)]))
+        return outs
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags or ())))
+
+    def collective_rpc(self, fn, args=()):
+        model = types.SimpleNamespace(
+            load_weights=lambda weights: self.loaded.append([n for n, _ in weights])
+        )
+        worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
+        return [fn(worker, *args)]
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM = FakeLLM
+    module.SamplingParams = lambda **kw: kw
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    import engine.rollout.vllm as backend
+
+    monkeypatch.setattr(backend, "check_version", lambda name: "0.11.0")
+    FakeLLM.instances.clear()
+    return backend
+
+
+def test_vllm_backend_glue(fake_vllm):
+    cfg = RolloutConfig(name="vllm", calculate_log_probs=True, free_cache_engine=True)
+    rollout = fake_vllm.VLLMRollout(cfg, "/m", eos_token_ids={2}, max_model_len=64)
+    llm = FakeLLM.instances[0]
+    assert llm.kwargs["gpu_memory_utilization"] == cfg.gpu_memory_utilization
+    assert llm.calls == [("sleep", 1)]  # built, then asleep while the actor trains
+
+    rollout.wake()
+    out = rollout.generate(GenerationRequest([[4, 7], [3]], SamplingParams(max_new_tokens=4)))
+    rollout.sleep()
+    assert out.response_ids == [[7, 2], [3, 2]]  # the junk after EOS is cut
+    assert out.finished == [True, True]
+    assert out.logprobs == [[-7.0, -2.0], [-3.0, -2.0]]
+
+    weights = [(f"w{i}", torch.zeros(100)) for i in range(5)]  # 400 bytes each
+    rollout.bucket_bytes = 800
+    rollout.sync_weights(iter(weights))
+    assert llm.loaded == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    assert llm.calls[-2:] == [("wake_up", ("weights",)), ("reset_prefix_cache",)]
+    rollout.wake()  # only the KV cache is still asleep
+    assert llm.calls[-1] == ("wake_up", ("kv_cache",))
+
+
+class FakeSGLangEngine:
+    instances: ClassVar[list[FakeSGLangEngine]] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.calls: list[tuple] = []
+        FakeSGLangEngine.instances.append(self)
+
+    def generate(self, input_ids, sampling_params, return_logprob=False):
+        self.calls.append(("generate", len(input_ids), return_logprob))
+        return [
+            {
+                "output_ids": [row[-1], 9, 9],
+                "meta_info": {
+                    "output_token_logprobs": [
+                        (-1.0, row[-1], None),
+                        (-0.5, 9, None),
+                        (-0.5, 9, None),
+                    ]
+                },
+            }
+            for row in input_ids
+        ]
+
+    def update_weights_from_tensor(self, named_tensors, flush_cache=True):
+        self.calls.append(("update", [n for n, _ in named_tensors], flush_cache))
+
+    def release_memory_occupation(self, tags=None):
+        self.calls.append(("release", tuple(tags)))
+
+    def resume_memory_occupation(self, tags=None):
+        self.calls.append(("resume", tuple(tags)))
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch):
+    module = types.ModuleType("sglang")
+    module.Engine = FakeSGLangEngine
+    monkeypatch.setitem(sys.modules, "sglang", module)
+    import engine.rollout.sglang as backend
+
+    monkeypatch.setattr(backend, "check_version", lambda name: "0.5.3")
+    FakeSGLangEngine.instances.clear()
+    return backend
+
+
+def test_sglang_backend_glue(fake_sglang):
+    cfg = RolloutConfig(name="sglang", calculate_log_probs=True)
+    rollout = fake_sglang.SGLangRollout(cfg, "/m", eos_token_ids={2}, max_model_len=64)
+    engine = FakeSGLangEngine.instances[0]
+    assert engine.kwargs["mem_fraction_static"] == cfg.gpu_memory_utilization
+    assert engine.calls == [("release", ("kv_cache", "weights"))]
+
+    weights = [(f"w{i}", torch.zeros(100)) for i in range(3)]
+    rollout.bucket_bytes = 800
+    rollout.sync_weights(weights)
+    assert engine.calls[1:] == [
+        ("resume", ("weights",)),
+        ("update", ["w0", "w1"], False),
+        ("update", ["w2"], True),  # the cache is flushed once, after the last bucket
+    ]
+    rollout.wake()
+    assert engine.calls[-1] == ("resume", ("kv_cache",))
+    out = rollout.generate(
+        GenerationRequest([[4, 2]], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    )
+    assert out.response_ids == [[2, 9, 9]]  # ignore_eos: nothing cut
+    assert out.finished == [False]
+    assert out.logprobs == [[-1.0, -0.5, -0.5]]
+
+
+def test_rocm_sleep_mode_caveat_is_reported(fake_vllm):
+    cfg = RolloutConfig(name="vllm", free_cache_engine=True)
+    with pytest.warns(UserWarning, match="gpu_memory_utilization"):
+        fake_vllm.check_platform("0.11.0", cfg, hip=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fake_vllm.check_platform("0.11.0", RolloutConfig(free_cache_engine=False), hip=True)
+        fake_vllm.check_platform("0.11.0", cfg, hip=False)
+
+
+def test_engine_cannot_fit_is_explained(fake_vllm, monkeypatch):
+    def refuse(**kwargs):
+        raise ValueError("No available memory for the cache blocks.")
+
+    monkeypatch.setattr(sys.modules["vllm"], "LLM", refuse)
+    with pytest.raises(EngineError, match="gpu_memory_utilization"):
+        fake_vllm.VLLMRollout(RolloutConfig(name="vllm"), "/m", eos_token_ids={2}, max_model_len=64)
+
+
+# ---------------------------------------------------------------------------
+# conformance with the real engines (GPU machines with the extra installed)
+
+
+def _needs(library: str):
+    pytest.importorskip(
+        library, reason=f"{library} is not installed (pip install 'rlctl[{library}]')"
+    )
+    if not torch.cuda.is_available():
+        pytest.skip(f"{library} conformance needs a CUDA/ROCm device")
+
+
+@pytest.fixture
+def single_process_dist(monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }.items():
+        monkeypatch.setenv(key, value)
+
+
+def _hf_reference(model_dir, prompts, sampling):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.rollout.hf import HFRollout
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rollout = HFRollout(model, tokenizer, torch.device("cuda"))
+    return model, tokenizer, rollout, rollout.generate(GenerationRequest(prompts, sampling))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("library", ["vllm", "sglang"])
+def test_conformance_with_hf_greedy(library, tiny_model_dir, single_process_dist):
+    """Greedy tokens, EOS handling and log-probs agree with the HF backend (fp32)."""
+    _needs(library)
+    prompts = [[1, 40, 41, 42], [1, 50, 51], [1, 60]]
+    sampling = SamplingParams(do_sample=False, max_new_tokens=8)
+    model, _, hf, expected = _hf_reference(str(tiny_model_dir), prompts, sampling)
+    cfg = RolloutConfig(
+        name=library,
+        dtype="float32",
+        gpu_memory_utilization=0.3,
+        calculate_log_probs=True,
+        enforce_eager=True,
+    )
+    rollout = _build(library, cfg, str(tiny_model_dir), hf.eos_token_ids)
+    rollout.wake()
+    got = rollout.generate(GenerationRequest(prompts, sampling))
+    assert got.response_ids == expected.response_ids
+    assert got.finished == expected.finished
+    tokens = TokenBatch.from_ragged(prompts, got.response_ids, 0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=tokens.input_ids_BS.cuda(),
+            attention_mask=tokens.attention_mask_BS.cuda(),
+            position_ids=tokens.position_ids_BS.cuda(),
+        ).logits.float()
+    r = tokens.response_length
+    ref = (
+        torch.log_softmax(logits[:, -r - 1 : -1], -1)
+        .gather(-1, tokens.responses_BR.cuda().unsqueeze(-1))
+        .squeeze(-1)
+    )
+    for i, row in enumerate(got.logprobs):
+        assert torch.allclose(torch.tensor(row), ref[i, : len(row)].cpu(), atol=1e-3)
+
+    # New weights: the engine generates what the HF model with those weights generates.
+    from engine.rollout.weights import full_tensors
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    rollout.sleep()
+    rollout.sync_weights(full_tensors(model, dtype=torch.float32, name_map=None))
+    rollout.wake()
+    after = rollout.generate(GenerationRequest(prompts, sampling))
+    assert after.response_ids == hf.generate(GenerationRequest(prompts, sampling)).response_ids
+
+
+def _build(library, cfg, model_dir, eos):
+    if library == "vllm":
+        from engine.rollout.vllm import VLLMRollout
+
+        return VLLMRollout(cfg, model_dir, eos_token_ids=eos, max_model_len=256)
+    from engine.rollout.sglang import SGLangRollout
+
+    return SGLangRollout(cfg, model_dir, eos_token_ids=eos, max_model_len=256)

@@ -1,0 +1,300 @@
+"""HF ↔ Megatron-core weight layouts: hand-checked shapes and orders, round trips, and
+tensor-parallel slices. A forward through a real Megatron-core GPTModel runs only when
+megatron-core is importable (it is not installed in this repository's environment)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.train.megatron_convert import (
+    AttentionShape,
+    fuse_gate_up,
+    fuse_qkv,
+    gpt_model_kwargs,
+    hf_to_megatron,
+    megatron_to_hf,
+    merge_from_tp,
+    split_for_tp,
+    split_gate_up,
+    split_qkv,
+    transformer_config_kwargs,
+)
+
+SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=3)  # 2 query heads per group
+HIDDEN = 12
+
+
+def _rows(n_heads: int, tag: float) -> torch.Tensor:
+    """Rows whose value says which head and row they are: tag + head + row/10."""
+    return torch.tensor(
+        [[tag + h + r / 10] * HIDDEN for h in range(n_heads) for r in range(SHAPE.head_dim)]
+    )
+
+
+def test_qkv_is_grouped_by_query_group_by_hand():
+    q, k, v = _rows(4, 100.0), _rows(2, 200.0), _rows(2, 300.0)
+    qkv = fuse_qkv(q, k, v, SHAPE)
+    assert qkv.shape == ((4 + 2 * 2) * 3, HIDDEN)
+    first_col = qkv[:, 0].tolist()
+    expected = [
+        # group 0: query heads 0 and 1, key head 0, value head 0
+        *[100.0, 100.1, 100.2, 101.0, 101.1, 101.2, 200.0, 200.1, 200.2, 300.0, 300.1, 300.2],
+        # group 1: query heads 2 and 3, key head 1, value head 1
+        *[102.0, 102.1, 102.2, 103.0, 103.1, 103.2, 201.0, 201.1, 201.2, 301.0, 301.1, 301.2],
+    ]
+    assert first_col == pytest.approx(expected)
+    back = split_qkv(qkv, SHAPE)
+    for original, got in zip((q, k, v), back, strict=True):
+        assert torch.equal(original, got)
+
+
+def test_qkv_bias_round_trip_and_mha():
+    q, k, v = torch.randn(12), torch.randn(6), torch.randn(6)
+    assert [
+        torch.equal(a, b)
+        for a, b in zip((q, k, v), split_qkv(fuse_qkv(q, k, v, SHAPE), SHAPE), strict=True)
+    ] == [True] * 3
+    mha = AttentionShape(4, 4, 3)  # no GQA: q, k, v of one head per group
+    q, k, v = torch.randn(12, 5), torch.randn(12, 5), torch.randn(12, 5)
+    fused = fuse_qkv(q, k, v, mha)
+    assert torch.equal(fused[:9], torch.cat([q[:3], k[:3], v[:3]]))
+    with pytest.raises(ValueError):
+        AttentionShape(5, 2, 3)
+    with pytest.raises(ValueError, match="rows"):
+        split_qkv(torch.zeros(7, 2), SHAPE)
+
+
+def test_gate_up():
+    gate, up = torch.randn(8, 4), torch.randn(8, 4)
+    fc1 = fuse_gate_up(gate, up)
+    assert fc1.shape == (16, 4)
+    assert torch.equal(fc1[:8], gate) and torch.equal(fc1[8:], up)
+    g, u = split_gate_up(fc1)
+    assert torch.equal(g, gate) and torch.equal(u, up)
+
+
+def _qwen_config(model_type="qwen2", tie=True, layers=2, hidden=HIDDEN, head_dim=3):
+    from transformers import Qwen2Config, Qwen3Config
+
+    cls = Qwen2Config if model_type == "qwen2" else Qwen3Config
+    return cls(
+        vocab_size=64,
+        hidden_size=hidden,
+        intermediate_size=20,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        tie_word_embeddings=tie,
+        max_position_embeddings=128,
+    )
+
+
+@pytest.mark.parametrize(
+    "model_type,tie,fused_norms",
+    [("qwen2", True, True), ("qwen2", False, False), ("qwen3", False, True)],
+)
+def test_whole_model_round_trip(model_type, tie, fused_norms):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = _qwen_config(model_type, tie)
+    model = AutoModelForCausalLM.from_config(cfg)
+    hf_state = {k: v.clone() for k, v in model.state_dict().items()}
+    shape = AttentionShape.of(cfg)
+    assert shape == SHAPE
+    mc = hf_to_megatron(hf_state, shape, tie_word_embeddings=tie, fused_norms=fused_norms)
+
+    qkv = mc["decoder.layers.0.self_attention.linear_qkv.weight"]
+    assert qkv.shape == ((4 + 2 * 2) * 3, HIDDEN)
+    assert mc["decoder.layers.1.mlp.linear_fc1.weight"].shape == (2 * 20, HIDDEN)
+    assert mc["decoder.layers.1.mlp.linear_fc2.weight"].shape == (HIDDEN, 20)
+    assert ("decoder.layers.0.self_attention.linear_qkv.bias" in mc) == (model_type == "qwen2")
+    assert ("decoder.layers.0.self_attention.q_layernorm.weight" in mc) == (model_type == "qwen3")
+    assert ("output_layer.weight" in mc) == (not tie)
+    norm = (
+        "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"
+        if fused_norms
+        else "decoder.layers.0.input_layernorm.weight"
+    )
+    assert torch.equal(mc[norm], hf_state["model.layers.0.input_layernorm.weight"])
+
+    back = megatron_to_hf(mc, shape, fused_norms=fused_norms)
+    expected = {k: v for k, v in hf_state.items() if not (tie and k == "lm_head.weight")}
+    assert set(back) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_unknown_names_fail_loudly():
+    with pytest.raises(KeyError, match="vision"):
+        hf_to_megatron({"model.vision.weight": torch.zeros(1)}, SHAPE, tie_word_embeddings=True)
+    with pytest.raises(KeyError, match="q/k/v incomplete"):
+        hf_to_megatron(
+            {"model.layers.0.self_attn.q_proj.weight": torch.zeros(12, HIDDEN)},
+            SHAPE,
+            tie_word_embeddings=True,
+        )
+
+
+def test_tensor_parallel_slices():
+    tp = 2
+    qkv = fuse_qkv(_rows(4, 100.0), _rows(2, 200.0), _rows(2, 300.0), SHAPE)
+    name = "decoder.layers.0.self_attention.linear_qkv.weight"
+    slices = split_for_tp(name, qkv, tp)
+    # Each rank holds whole query groups: rank 1 has query heads 2-3 and kv head 1.
+    assert slices[1][:, 0].tolist()[:7] == pytest.approx(
+        [102.0, 102.1, 102.2, 103.0, 103.1, 103.2, 201.0]
+    )
+    assert torch.equal(merge_from_tp(name, slices), qkv)
+
+    gate, up = torch.randn(8, 4), torch.randn(8, 4)
+    fc1_name = "decoder.layers.0.mlp.linear_fc1.weight"
+    fc1_slices = split_for_tp(fc1_name, fuse_gate_up(gate, up), tp)
+    assert torch.equal(fc1_slices[0], torch.cat([gate[:4], up[:4]]))  # [gate_r; up_r]
+    assert torch.equal(merge_from_tp(fc1_name, fc1_slices), fuse_gate_up(gate, up))
+
+    proj = torch.randn(HIDDEN, 12)
+    proj_name = "decoder.layers.0.self_attention.linear_proj.weight"
+    assert split_for_tp(proj_name, proj, tp)[0].shape == (HIDDEN, 6)  # row parallel
+    norm = torch.randn(HIDDEN)
+    norm_name = "decoder.final_layernorm.weight"
+    assert all(torch.equal(s, norm) for s in split_for_tp(norm_name, norm, tp))
+    with pytest.raises(ValueError, match="divisible"):
+        split_for_tp(proj_name, torch.randn(4, 5), 2)
+
+
+def test_config_translation():
+    kw = transformer_config_kwargs(_qwen_config("qwen2"))
+    assert kw["num_layers"] == 2
+    assert kw["num_attention_heads"] == 4 and kw["num_query_groups"] == 2
+    assert kw["kv_channels"] == 3
+    assert kw["ffn_hidden_size"] == 20
+    assert kw["add_qkv_bias"] is True and kw["qk_layernorm"] is False
+    assert kw["gated_linear_unit"] is True and kw["normalization"] == "RMSNorm"
+    kw3 = transformer_config_kwargs(_qwen_config("qwen3"))
+    assert kw3["add_qkv_bias"] is False and kw3["qk_layernorm"] is True
+    gpt = gpt_model_kwargs(_qwen_config("qwen2", tie=True))
+    assert gpt["share_embeddings_and_output_weights"] is True
+    assert gpt["vocab_size"] == 64 and gpt["position_embedding_type"] == "rope"
+
+    class Other:
+        model_type = "gpt2"
+
+    with pytest.raises(ValueError, match="gpt2"):
+        transformer_config_kwargs(Other())
+
+
+# ---------------------------------------------------------------------------
+# a real Megatron-core GPTModel at TP=1 on CPU (gloo), when megatron-core is importable
+
+
+def _megatron_forward_backward(rank: int, port: int, out_path: str) -> None:
+    import contextlib
+    import os
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        from megatron.core import parallel_state
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+        from megatron.core.transformer import TransformerConfig
+
+        parallel_state.initialize_model_parallel(1, 1)
+        # CPU shims: Megatron-core moves RoPE frequencies to the current CUDA device and
+        # forks a CUDA RNG stream around attention dropout; neither exists on CPU.
+        torch.cuda.current_device = lambda: "cpu"
+        get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+
+        cfg = _qwen_config("qwen2", tie=True, hidden=32, head_dim=8)  # RoPE needs an even dim
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_config(cfg).eval()
+        kw = transformer_config_kwargs(cfg)
+        kw.pop("activation")
+        config = TransformerConfig(
+            **kw,
+            activation_func=F.silu,
+            use_cpu_initialization=True,
+            params_dtype=torch.float32,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            persist_layer_norm=False,
+            gradient_accumulation_fusion=False,
+        )
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            **gpt_model_kwargs(cfg),
+        ).eval()
+        shape = AttentionShape.of(cfg)
+        state = hf_to_megatron(hf.state_dict(), shape, tie_word_embeddings=True, fused_norms=False)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not m.endswith("_extra_state")]
+
+        ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(1))
+        positions = torch.arange(10).expand(2, 10)
+        causal = torch.triu(torch.ones(10, 10), diagonal=1).bool()[None, None]  # True: masked
+        ref = hf(input_ids=ids).logits
+        out = model(input_ids=ids, position_ids=positions, attention_mask=causal)
+        ref.float().logsumexp(-1).sum().backward()
+        out.float().logsumexp(-1).sum().backward()
+        hf_grads = {n: p.grad for n, p in hf.named_parameters() if p.grad is not None}
+        mc_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        expected_grads = hf_to_megatron(
+            hf_grads, shape, tie_word_embeddings=True, fused_norms=False
+        )
+        grad_err = max(
+            (mc_grads[n] - g).abs().max().item() for n, g in expected_grads.items() if n in mc_grads
+        )
+        exported = megatron_to_hf(
+            {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")},
+            shape,
+            fused_norms=False,
+        )
+        export_ok = all(
+            torch.equal(exported[k], v) for k, v in hf.state_dict().items() if k != "lm_head.weight"
+        )
+        torch.save(
+            {
+                "missing": missing,
+                "unexpected": list(unexpected),
+                "logit_err": (out - ref).abs().max().item(),
+                "grad_err": grad_err,
+                "grads_compared": len(set(expected_grads) & set(mc_grads)),
+                "export_ok": export_ok,
+            },
+            out_path,
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_megatron_core_forward_backward_matches_hf(tmp_path):
+    pytest.importorskip(
+        "megatron.core", reason="megatron-core is not installed (pip install 'rlctl[megatron]')"
+    )
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "result.pt"
+    mp.spawn(_megatron_forward_backward, args=(port, str(out)), nprocs=1, join=True)
+    result = torch.load(out)
+    assert result["missing"] == [] and result["unexpected"] == []
+    assert result["logit_err"] < 1e-5
+    assert result["grads_compared"] > 10
+    assert result["grad_err"] < 1e-5
+    assert result["export_ok"]
