@@ -117,20 +117,26 @@ def plan_request(recipe: Recipe) -> Any:
     )
 
 
-def prepare(recipe: Recipe, backend: str, job_id: str) -> Prepared:
+def prepare(recipe: Recipe, backend: str, job_id: str, **backend_options: Any) -> Prepared:
     plan = plan_recipe(recipe)
-    impl = get_backend(backend)
+    impl = get_backend(backend, **backend_options)
     spec = build_spec(recipe, plan.engine_overrides(), impl.paths(job_id))
     return Prepared(recipe, plan, spec, impl.render(job_id, spec))
 
 
-def launch(ref: str, backend: str = "local", store: JobStore | None = None) -> Job:
+def launch(
+    ref: str, backend: str = "local", store: JobStore | None = None, **backend_options: Any
+) -> Job:
     """Validate, plan, record, submit. Bad input fails before anything is recorded."""
     store = store or JobStore()
     recipe = load_recipe(find_recipe(ref))
-    impl = get_backend(backend)
+    impl = get_backend(backend, **backend_options)
     secrets = _secret_values(recipe)
-    prepared = prepare(recipe, backend, job_id="pending")  # every check, before any record
+    # every check before any record: the recipe, the plan, the backend's own (e.g. an
+    # enabled cloud)
+    prepared = prepare(recipe, backend, job_id="pending", **backend_options)
+    if hasattr(impl, "preflight"):
+        impl.preflight()
 
     job = store.create(
         name=recipe.name,

@@ -8,11 +8,16 @@ from rlctl.errors import RlctlError
 BACKENDS = ("local", "slurm", "skypilot")
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, **options) -> Backend:
+    """The backend called ``name``; ``options`` are its own (e.g. SkyPilot's cloud)."""
     if name == "local":
         from rlctl.backends.local import LocalBackend
 
         return LocalBackend()
+    if name == "skypilot":
+        from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
+
+        return SkyPilotBackend(SkyPilotOptions(**options))
     if name in BACKENDS:
         raise RlctlError(
             f"the {name} backend is not available in this version of rlctl",

@@ -1,0 +1,639 @@
+"""The SkyPilot backend: any cloud or Kubernetes, as a managed job or on a cluster.
+
+rlctl builds the task and checks what SkyPilot's parser does not (accelerator names,
+which cloud offers which accelerator); SkyPilot provisions, runs and recovers it.
+
+    recipe + plan ──► task config (a dict; ``render`` dumps it as ``task.yaml``)
+        resources   accelerators NAME:COUNT with ordered fallbacks, infra, spot, disk,
+                    ports, image_id docker:<the accelerator's image>, job_recovery
+        num_nodes, envs (plain), secrets (names only: values go in secrets_overrides)
+        file_mounts the checkpoint bucket at /checkpoints (the engine resumes from it)
+        setup       templates/skypilot/setup.sh.j2: the recipe's setup steps, every node
+        run         templates/skypilot/run.sh.j2: Ray on port 6379 across the nodes
+                    (templates/ray/ray_cluster.sh inlined), the engine on rank 0
+
+Two modes: a managed job (the default; ``sky.jobs.launch``, recovered after a
+preemption and restarted up to ``max_restarts_on_errors`` times after a failure), or a
+cluster (``cluster=NAME``: ``sky.launch``, with autostop or down). The SDK is imported
+lazily: ``rlctl plan`` renders and validates without it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from secrets import token_hex
+from typing import Any
+
+import yaml
+
+from rlctl import __version__
+from rlctl.backends.base import Observed
+from rlctl.errors import RlctlError
+from rlctl.hardware import Accelerator, get_accelerator, parse_accelerator_spec
+from rlctl.jobs import Job, JobState
+from rlctl.render import TEMPLATES, render
+from rlctl.spec import JobPaths, JobSpec
+
+INSTALL_HINT = "pip install 'rlctl[skypilot]'"
+RAY_PORT = 6379  # SkyPilot's own Ray listens on 6380
+CHECKPOINT_MOUNT = "/checkpoints"
+REMOTE_ROOT = "/tmp/rlctl"  # where each job's files live on the nodes
+JOIN_TIMEOUT_S = 900  # nodes of a multi-node cluster come up minutes apart on some clouds
+DEFAULT_DISK_GB = 512  # image (~20 GB), model weights, HF cache, local checkpoint staging
+BUCKET_SCHEMES = ("s3", "gs", "r2")
+RECOVERY_STRATEGIES = ("FAILOVER", "EAGER_NEXT_REGION")
+_HEREDOC = "RLCTL_ENGINE_YAML_END"
+RAY_TOKEN = "RAY_AUTH_TOKEN"  # Ray's token authentication (templates/ray/ray_cluster.sh)
+
+# ---------------------------------------------------------------------------------
+# Which clouds offer which accelerator (the names of rlctl's hardware table), kept
+# conservative: a cloud is listed for an accelerator only where SkyPilot 0.14.1's own
+# catalog code names that accelerator for that cloud (files under sky/catalog/):
+#   gcp     gcp_catalog.py _ACC_INSTANCE_TYPE_DICTS: A100 (a2-highgpu), A100-80GB
+#           (a2-ultragpu), L4 (g2), H100 (a3-highgpu), H200 (a3-ultragpu), B200 (a4)
+#   aws     data_fetchers/fetch_aws.py: A100-80GB (p4de), H200 (p5e/p5en), L4 (g6);
+#           H100 (p5), A100 (p4d), L40S (g6e) come from the EC2 API as NVIDIA names them
+#   azure   data_fetchers/fetch_azure.py family map: A100, A100-80GB, H100
+#   lambda  data_fetchers/fetch_lambda_cloud.py: A100, A100-80GB, H100, B200
+#   runpod  data_fetchers/fetch_runpod.py: A100-80GB, B200, H100, L4, L40S, MI300X
+#           (its H200 is named H200-SXM there, so rlctl's "H200" is not listed)
+#   nebius  H100, H200 (names from Nebius's API; the two its GPU clusters are sold with)
+# Your own clusters (kubernetes, slurm, ssh) have whatever their nodes have: NVIDIA and
+# AMD GPUs are accepted (SkyPilot schedules nvidia.com/gpu and amd.com/gpu); no
+# SkyPilot infra schedules Ascend NPUs: use --backend slurm for those.
+CLOUD_ACCELERATORS: dict[str, frozenset[str]] = {
+    "gcp": frozenset({"A100-40GB", "A100-80GB", "L4", "H100", "H200", "B200"}),
+    "aws": frozenset({"A100-40GB", "A100-80GB", "L4", "L40S", "H100", "H200"}),
+    "azure": frozenset({"A100-40GB", "A100-80GB", "H100"}),
+    "lambda": frozenset({"A100-40GB", "A100-80GB", "H100", "B200"}),
+    "runpod": frozenset({"A100-80GB", "B200", "H100", "L4", "L40S", "MI300X"}),
+    "nebius": frozenset({"H100", "H200"}),
+}
+OWN_CLUSTERS = ("kubernetes", "slurm", "ssh")  # any NVIDIA or AMD accelerator
+_OWN_VENDORS = ("nvidia", "amd")
+CLOUD_ALIASES = {"k8s": "kubernetes", "google": "gcp", "amazon": "aws"}
+# Clouds SkyPilot 0.14 knows but rlctl has no accelerator table for: passed through
+# (SkyPilot's optimizer decides), with the accelerator checked against SkyPilot's
+# catalog flag only.
+OTHER_CLOUDS = (
+    "cudo", "do", "fluidstack", "hyperbolic", "ibm", "mithril", "oci", "paperspace",
+    "primeintellect", "scp", "seeweb", "shadeform", "vast", "verda", "vsphere", "yotta",
+)  # fmt: skip
+
+# Ordered fallbacks: a plan sized for the first accelerator also fits the next ones
+# (same vendor and software, no less memory, no less compute, fast links kept).
+# B200 is left out: it needs CUDA 12.8 builds (sm_100) the image may not carry.
+FALLBACKS: dict[str, tuple[str, ...]] = {
+    "H100": ("H200",),
+    "A100-80GB": ("H100", "H200"),
+    "A100-40GB": ("A100-80GB", "H100", "H200"),
+    "L4": ("L40S",),
+}
+
+
+@dataclass(frozen=True)
+class SkyPilotOptions:
+    """Where and how the task runs (the CLI's --cloud, --cluster, --spot ...)."""
+
+    cloud: str | None = None  # "gcp", "gcp/us-central1", "k8s/my-context"; None: any enabled
+    cluster: str | None = None  # a cluster name: cluster mode; None: a managed job
+    use_spot: bool = False
+    disk_size_gb: int = DEFAULT_DISK_GB
+    ports: tuple[int, ...] = ()
+    fallbacks: bool = True  # ordered fallback accelerators where the plan allows
+    recovery: str = "FAILOVER"  # managed jobs: FAILOVER | EAGER_NEXT_REGION
+    max_restarts_on_errors: int = 1  # managed jobs: restarts after a non-preemption failure
+    idle_minutes_to_autostop: int | None = None  # cluster mode
+    down: bool = False  # cluster mode: tear the cluster down when idle (or right after)
+    remote_root: str = REMOTE_ROOT
+
+    def __post_init__(self) -> None:
+        if self.recovery not in RECOVERY_STRATEGIES:
+            raise RlctlError(
+                f"unknown recovery strategy {self.recovery!r}",
+                hint=f"valid: {', '.join(RECOVERY_STRATEGIES)}",
+            )
+        if self.disk_size_gb < 50:
+            raise RlctlError(
+                f"disk size {self.disk_size_gb} GB is too small for the image and a model",
+                hint="give at least 50 GB",
+            )
+        if self.max_restarts_on_errors < 0:
+            raise RlctlError("max_restarts_on_errors must be 0 or more")
+        if self.cluster is not None and not _CLUSTER_NAME.fullmatch(self.cluster):
+            raise RlctlError(
+                f"cluster name {self.cluster!r} is not valid for SkyPilot",
+                hint="lower-case letters, digits and '-', starting with a letter",
+            )
+        if (self.idle_minutes_to_autostop is not None or self.down) and self.cluster is None:
+            raise RlctlError(
+                "autostop and down apply to a cluster",
+                hint="give --cluster NAME, or leave them out: a managed job cleans up itself",
+            )
+
+
+_CLUSTER_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class Infra:
+    cloud: str | None  # canonical SkyPilot name, or None: any enabled cloud
+    location: str  # "region" or "region/zone" (or a Kubernetes context), may be ""
+
+    @property
+    def value(self) -> str | None:
+        if self.cloud is None:
+            return None
+        return f"{self.cloud}/{self.location}" if self.location else self.cloud
+
+
+def parse_infra(text: str | None) -> Infra:
+    """``gcp``, ``gcp/us-central1``, ``aws/us-east-1/us-east-1a``, ``k8s``, ``k8s/ctx``."""
+    if text is None or not text.strip():
+        return Infra(None, "")
+    cloud, _, location = text.strip().partition("/")
+    cloud = CLOUD_ALIASES.get(cloud.casefold(), cloud.casefold())
+    known = (*CLOUD_ACCELERATORS, *OWN_CLUSTERS, *OTHER_CLOUDS)
+    if cloud not in known:
+        import difflib
+
+        close = difflib.get_close_matches(cloud, known, n=1)
+        did = f" (did you mean {close[0]!r}?)" if close else ""
+        raise RlctlError(
+            f"unknown cloud {cloud!r}{did}",
+            hint=f"give one of: {', '.join(sorted(known))}; optionally /region[/zone]",
+        )
+    return Infra(cloud, location.strip("/"))
+
+
+def check_offered(acc: Accelerator, infra: Infra) -> None:
+    """Refuse an accelerator the chosen cloud (or every cloud) does not offer."""
+    if acc.vendor == "ascend":
+        raise RlctlError(
+            f"{acc.name} cannot run through SkyPilot: no SkyPilot cloud or Kubernetes"
+            " integration schedules Ascend NPUs",
+            hint="use --backend slurm on an Ascend cluster",
+        )
+    cloud = infra.cloud
+    if cloud in OWN_CLUSTERS:
+        if acc.vendor not in _OWN_VENDORS:
+            raise RlctlError(f"{acc.name} cannot be scheduled on {cloud}")
+        return
+    if cloud in CLOUD_ACCELERATORS:
+        if acc.name not in CLOUD_ACCELERATORS[cloud]:
+            offered = sorted(c for c, names in CLOUD_ACCELERATORS.items() if acc.name in names)
+            where = f"clouds that offer it: {', '.join(offered)}" if offered else ""
+            raise RlctlError(
+                f"{cloud} does not offer {acc.name} (in SkyPilot's catalog)",
+                hint=(where or "no public cloud in rlctl's table offers it")
+                + "; or your own Kubernetes cluster: --cloud k8s",
+            )
+        return
+    if not acc.skypilot_catalogued:
+        raise RlctlError(
+            f"{acc.name} is in no public cloud's SkyPilot catalog",
+            hint="run it on your own cluster: --cloud k8s, or --backend slurm",
+        )
+
+
+def _fallbacks(acc: Accelerator, infra: Infra) -> list[Accelerator]:
+    out = [acc]
+    for name in FALLBACKS.get(acc.name, ()):
+        other = get_accelerator(name)
+        try:
+            check_offered(other, infra)
+        except RlctlError:
+            continue
+        out.append(other)
+    return out
+
+
+# ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the task needs, read from the job spec (the engine config is the truth)."""
+
+    nodes: int
+    devices_per_node: int
+    accelerator: Accelerator | None  # None: a CPU job
+
+
+def layout(spec: JobSpec) -> Layout:
+    trainer = (yaml.safe_load(spec.engine_yaml) or {}).get("trainer", {})
+    nodes, per_node = int(trainer["nnodes"]), int(trainer["n_gpus_per_node"])
+    hw = spec.recipe.hardware
+    if hw.is_cpu:
+        return Layout(nodes, per_node, None)
+    if hw.accelerators == "auto":
+        from rlctl.api import plan_recipe
+
+        name = plan_recipe(spec.recipe).accelerator
+        acc = get_accelerator(name) if name else None
+    else:
+        acc, _ = parse_accelerator_spec(hw.accelerators)
+    return Layout(nodes, per_node, acc)
+
+
+def checkpoint_mount(url: str | None) -> tuple[dict[str, Any], str] | None:
+    """``s3://bucket/a/b`` -> (the file_mounts entry for the bucket, the path under the
+    mount where the engine keeps its checkpoints); None for a local path or no bucket."""
+    if not url or "://" not in url:
+        return None
+    scheme, _, rest = url.partition("://")
+    bucket, _, sub = rest.partition("/")
+    if scheme not in BUCKET_SCHEMES or not bucket:
+        raise RlctlError(
+            f"checkpoints: {url!r} is not a bucket SkyPilot can mount",
+            hint="use s3://BUCKET/path, gs://BUCKET/path or r2://BUCKET/path",
+        )
+    # MOUNT writes each file to the bucket when it is closed, in order: the engine's
+    # "complete" marker lands after the checkpoint's files (MOUNT_CACHED uploads later,
+    # in any order, so a preemption could leave a marker before its shards).
+    entry = {"source": f"{scheme}://{bucket}", "mode": "MOUNT"}
+    path = f"{CHECKPOINT_MOUNT}/{sub.strip('/')}" if sub.strip("/") else CHECKPOINT_MOUNT
+    return entry, path
+
+
+def engine_yaml_for(spec: JobSpec, checkpoint_dir: str | None) -> str:
+    """The engine's config as the nodes see it: checkpoints under the bucket mount."""
+    if checkpoint_dir is None:
+        return spec.engine_yaml
+    cfg = yaml.safe_load(spec.engine_yaml)
+    cfg["trainer"]["default_local_dir"] = checkpoint_dir
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def safe_name(job_id: str) -> str:
+    """A SkyPilot cluster/job name for a job id (lower case, letters, digits, '-')."""
+    name = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"rlctl-{name}"
+    return name[:63].rstrip("-")
+
+
+class SkyPilotBackend:
+    name = "skypilot"
+
+    def __init__(self, options: SkyPilotOptions | None = None) -> None:
+        self.options = options or SkyPilotOptions()
+        self.infra = parse_infra(self.options.cloud)
+
+    # ---- rendering (no SkyPilot needed) ---------------------------------------
+
+    def paths(self, job_id: str) -> JobPaths:
+        return JobPaths(root=f"{self.options.remote_root.rstrip('/')}/{job_id}")
+
+    def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
+        config = self.task_config(job_id, spec)
+        header = (
+            f"# rlctl job {job_id} ({spec.recipe.name}): a SkyPilot task, rendered by rlctl"
+            f" {__version__}.\n# Secrets appear by name only: pass their values with"
+            " `sky launch --secret NAME` (read from your environment).\n"
+        )
+        return {
+            "task.yaml": header + dump_task(config),
+            "setup.sh": config["setup"],
+            "run.sh": config["run"],
+        }
+
+    def task_config(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
+        """The SkyPilot task as a dict (what ``sky.Task.from_yaml_config`` takes)."""
+        lay = layout(spec)
+        opts = self.options
+        mount = checkpoint_mount(spec.recipe.checkpoints)
+        resources: dict[str, Any] = {}
+        if self.infra.value:
+            resources["infra"] = self.infra.value
+        if lay.accelerator is None:
+            resources["cpus"] = f"{max(2, lay.devices_per_node * 2)}+"
+            image = f"rlctl/engine:{__version__}-cuda"  # CUDA torch runs on CPU too
+        else:
+            check_offered(lay.accelerator, self.infra)
+            choices = _fallbacks(lay.accelerator, self.infra) if opts.fallbacks else []
+            if len(choices) > 1:
+                resources["ordered"] = [
+                    {"accelerators": f"{a.skypilot_name}:{lay.devices_per_node}"} for a in choices
+                ]
+            else:
+                resources["accelerators"] = (
+                    f"{lay.accelerator.skypilot_name}:{lay.devices_per_node}"
+                )
+            image = lay.accelerator.default_image
+        resources["use_spot"] = opts.use_spot
+        resources["disk_size"] = opts.disk_size_gb
+        resources["image_id"] = f"docker:{image}"
+        if opts.ports:
+            resources["ports"] = [int(p) for p in opts.ports]
+        if opts.cluster is None:
+            resources["job_recovery"] = {
+                "strategy": opts.recovery,
+                "max_restarts_on_errors": opts.max_restarts_on_errors,
+            }
+        env = dict(lay.accelerator.env) if lay.accelerator else {}
+        env.update(spec.env)
+        config: dict[str, Any] = {
+            "name": safe_name(job_id),
+            "num_nodes": lay.nodes,
+            "resources": resources,
+        }
+        if env:
+            config["envs"] = env
+        # Values never here: rlctl passes them as secrets_overrides at launch. The Ray
+        # token is made per launch (every node needs the same one to join the cluster).
+        config["secrets"] = {name: None for name in (*spec.secrets, RAY_TOKEN)}
+        if mount:
+            config["file_mounts"] = {CHECKPOINT_MOUNT: mount[0]}
+        config["setup"] = self._setup(job_id, spec)
+        config["run"] = self._run(job_id, spec, lay, env, mount[1] if mount else None)
+        return config
+
+    def _setup(self, job_id: str, spec: JobSpec) -> str:
+        return render(
+            "skypilot/setup.sh.j2",
+            job_id=job_id,
+            recipe_name=spec.recipe.name,
+            root=spec.paths.root,
+            setup=list(spec.setup),
+        )
+
+    def _run(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        lay: Layout,
+        env: Mapping[str, str],
+        checkpoint_dir: str | None,
+        engine_command: tuple[str, ...] | None = None,
+        ray_port: int = RAY_PORT,
+        join_timeout_s: int = JOIN_TIMEOUT_S,
+    ) -> str:
+        engine_yaml = engine_yaml_for(spec, checkpoint_dir)
+        if not engine_yaml.endswith("\n"):
+            engine_yaml += "\n"
+        if _HEREDOC in engine_yaml.splitlines():
+            raise RlctlError(f"the engine config contains the line {_HEREDOC!r}")
+        return render(
+            "skypilot/run.sh.j2",
+            job_id=job_id,
+            short_id=re.sub(r"[^a-z0-9]", "", job_id.lower())[-12:] or "job",
+            recipe_name=spec.recipe.name,
+            version=__version__,
+            env=env,
+            root=spec.paths.root,
+            ray_library=ray_library(),
+            ray_port=ray_port,
+            ray_resource=lay.accelerator.ray_resource if lay.accelerator else "",
+            nodes=lay.nodes,
+            devices_per_node=lay.devices_per_node,
+            devices_needed=lay.nodes * lay.devices_per_node,
+            join_timeout_s=join_timeout_s,
+            poll_s=5,
+            engine_config=spec.paths.engine_config,
+            engine_yaml=engine_yaml,
+            heredoc=_HEREDOC,
+            engine_command=engine_command or spec.engine_command,
+        )
+
+    def estimate(self, spec: JobSpec) -> str:
+        """The estimated hourly cost (``rlctl plan``), or "price unavailable"."""
+        from rlctl.cost import describe, hourly_cost
+
+        if self.infra.cloud in OWN_CLUSTERS:
+            return f"no price: {self.infra.cloud} is your own cluster"
+        lay = layout(spec)
+        if lay.accelerator is None:
+            return describe(None)
+        return describe(
+            hourly_cost(
+                lay.accelerator.skypilot_name,
+                lay.devices_per_node,
+                lay.nodes,
+                cloud=self.infra.cloud,
+                region=self.infra.location.split("/")[0] or None,
+                spot=self.options.use_spot,
+            )
+        )
+
+    # ---- talking to SkyPilot --------------------------------------------------
+
+    def task(self, job_id: str, spec: JobSpec, secrets: Mapping[str, str]) -> Any:
+        """The ``sky.Task`` SkyPilot's own parser makes of the config (secret values
+        passed as overrides, never written into the config)."""
+        sky = import_sky()
+        config = self.task_config(job_id, spec)
+        missing = [name for name in spec.secrets if name not in secrets]
+        if missing:
+            raise RlctlError(f"no values for the secrets {', '.join(missing)}")
+        values = {RAY_TOKEN: token_hex(16), **{k: secrets[k] for k in spec.secrets}}
+        try:
+            return sky.Task.from_yaml_config(config, secrets_overrides=list(values.items()))
+        except Exception as exc:  # SkyPilot's schema errors name the field
+            raise RlctlError(
+                f"SkyPilot refused the task: {exc}",
+                hint="this is a bug in rlctl's task for your options: please report it",
+            ) from None
+
+    def preflight(self) -> None:
+        """Fail early, before anything is recorded: SkyPilot installed, and the cloud
+        asked for (or some cloud) enabled. Reads the API server's cached result of the
+        last ``sky check`` (cheap; starts a local API server if none runs, as every
+        SkyPilot call does) instead of probing credentials again."""
+        try:
+            enabled = [str(c).casefold() for c in self._enabled_clouds()]
+        except RlctlError:
+            raise
+        except Exception as exc:
+            raise RlctlError(
+                f"cannot reach the SkyPilot API server: {exc}",
+                hint="start it with `sky api start` (or check `sky api info`)",
+            ) from None
+        if not enabled:
+            raise RlctlError(
+                "no cloud is enabled in SkyPilot",
+                hint="set up credentials and run `sky check` (docs/skypilot.md)",
+            )
+        want = self.infra.cloud
+        if want and want not in enabled:
+            raise RlctlError(
+                f"{want} is not enabled in SkyPilot (enabled: {', '.join(enabled)})",
+                hint=f"set up its credentials and run `sky check {want}`",
+            )
+
+    def _enabled_clouds(self) -> list[str]:
+        import_sky()
+        from sky.client import sdk
+
+        return sdk.get(sdk.enabled_clouds())
+
+    def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
+        sky = import_sky()
+        task = self.task(job.id, spec, secrets)
+        name = safe_name(job.id)
+        opts = self.options
+        if opts.cluster is None:
+            request = sky.jobs.launch(task, name=name)
+            job_ids, _ = sky.stream_and_get(request)
+            job_id = job_ids[0] if isinstance(job_ids, list | tuple) else job_ids
+            return {"mode": "managed", "name": name, "job_id": job_id, "request_id": str(request)}
+        request = sky.launch(
+            task,
+            cluster_name=opts.cluster,
+            idle_minutes_to_autostop=opts.idle_minutes_to_autostop,
+            down=opts.down,
+        )
+        job_id, _ = sky.stream_and_get(request)
+        return {
+            "mode": "cluster",
+            "cluster": opts.cluster,
+            "name": name,
+            "job_id": job_id,
+            "request_id": str(request),
+            "down": opts.down,  # stop tears the cluster down too (read by a later CLI call)
+        }
+
+    def status(self, job: Job) -> Observed:
+        sky = import_sky()
+        handle = job.handle
+        if handle["mode"] == "managed":
+            records = sky.get(
+                sky.jobs.queue(refresh=False, skip_finished=False, job_ids=[handle["job_id"]])
+            )
+            for record in records:
+                if _field(record, "job_id") == handle["job_id"]:
+                    return managed_state(
+                        _value(_field(record, "status")), _field(record, "failure_reason")
+                    )
+            return Observed(JobState.FAILED, "SkyPilot no longer lists the managed job")
+        try:
+            statuses = sky.get(sky.job_status(handle["cluster"], [handle["job_id"]]))
+        except Exception as exc:  # the cluster is gone (down, autostopped with down)
+            return Observed(JobState.FAILED, f"cluster {handle['cluster']}: {exc}")
+        statuses = statuses or {}
+        found = statuses.get(handle["job_id"], statuses.get(str(handle["job_id"])))
+        if found is None:
+            return Observed(JobState.FAILED, f"cluster {handle['cluster']} has no such job")
+        return cluster_state(_value(found))
+
+    def logs(self, job: Job, follow: bool) -> Iterator[str]:
+        """The job's output, line by line. ``preload_content=False`` makes the SDK
+        return the stream as it comes (chunks of text; None once it is complete)."""
+        sky = import_sky()
+        handle = job.handle
+        if handle["mode"] == "managed":
+            chunks = sky.jobs.tail_logs(
+                job_id=handle["job_id"], follow=follow, preload_content=False
+            )
+        else:
+            chunks = sky.tail_logs(
+                handle["cluster"], handle["job_id"], follow, preload_content=False
+            )
+        pending = ""
+        for chunk in chunks:
+            if chunk is None:  # the log is complete
+                break
+            pending += chunk
+            *done, pending = pending.split("\n")
+            yield from done
+        if pending:
+            yield pending
+
+    def stop(self, job: Job, grace_s: float) -> None:
+        sky = import_sky()
+        handle = job.handle
+        if handle["mode"] == "managed":
+            sky.get(sky.jobs.cancel(job_ids=[handle["job_id"]]))
+            return
+        sky.get(sky.cancel(handle["cluster"], job_ids=[handle["job_id"]]))
+        if handle.get("down"):
+            sky.get(sky.down(handle["cluster"]))
+
+
+# ---------------------------------------------------------------------------------
+
+_MANAGED = {
+    "PENDING": (JobState.PENDING, None),
+    "SUBMITTED": (JobState.PENDING, None),
+    "STARTING": (JobState.PROVISIONING, "starting"),
+    "RUNNING": (JobState.RUNNING, None),
+    "RECOVERING": (JobState.RUNNING, "recovering"),
+    "WINDING_DOWN": (JobState.RUNNING, "winding down"),
+    "CANCELLING": (JobState.RUNNING, "cancelling"),
+    "SUCCEEDED": (JobState.SUCCEEDED, None),
+    "CANCELLED": (JobState.CANCELLED, "cancelled in SkyPilot"),
+    "FAILED": (JobState.FAILED, "the job failed"),
+    "FAILED_SETUP": (JobState.FAILED, "the setup section failed"),
+    "FAILED_PRECHECKS": (JobState.FAILED, "SkyPilot's prechecks failed"),
+    "FAILED_NO_RESOURCE": (JobState.FAILED, "no resources to run it (all clouds tried)"),
+    "FAILED_CONTROLLER": (JobState.FAILED, "the jobs controller failed"),
+}
+_CLUSTER = {
+    "INIT": (JobState.PENDING, None),
+    "PENDING": (JobState.PENDING, None),
+    "SETTING_UP": (JobState.PROVISIONING, "setting up"),
+    "RUNNING": (JobState.RUNNING, None),
+    "SUCCEEDED": (JobState.SUCCEEDED, None),
+    "CANCELLED": (JobState.CANCELLED, "cancelled in SkyPilot"),
+    "FAILED": (JobState.FAILED, "the job failed"),
+    "FAILED_SETUP": (JobState.FAILED, "the setup section failed"),
+    "FAILED_DRIVER": (JobState.FAILED, "the job's driver failed"),
+}
+
+
+def managed_state(status: str, failure_reason: str | None = None) -> Observed:
+    state, reason = _MANAGED.get(status, (JobState.RUNNING, f"SkyPilot status {status}"))
+    if state is JobState.FAILED and failure_reason:
+        reason = f"{reason}: {failure_reason}"
+    return Observed(state, reason)
+
+
+def cluster_state(status: str) -> Observed:
+    state, reason = _CLUSTER.get(status, (JobState.RUNNING, f"SkyPilot status {status}"))
+    return Observed(state, reason)
+
+
+def _field(record: Any, name: str) -> Any:
+    return record.get(name) if isinstance(record, Mapping) else getattr(record, name, None)
+
+
+def _value(status: Any) -> str:
+    return str(getattr(status, "value", status))
+
+
+class _TaskDumper(yaml.SafeDumper):
+    """Multi-line strings (setup, run) as literal blocks: the YAML reads like the script."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_TaskDumper.add_representer(str, _str)
+
+
+def dump_task(config: Mapping[str, Any]) -> str:
+    """The task as YAML that ``sky launch`` reads back to the same config."""
+    return yaml.dump(dict(config), Dumper=_TaskDumper, sort_keys=False, width=100)
+
+
+def ray_library() -> str:
+    """The shared Ray bootstrap functions, inlined into the run section (SkyPilot's
+    ``run`` is one string: the nodes have no copy of rlctl's templates)."""
+    path = Path(TEMPLATES) / "ray" / "ray_cluster.sh"
+    return path.read_text()
+
+
+def import_sky() -> Any:
+    try:
+        import sky
+    except ImportError:
+        raise RlctlError(
+            "the SkyPilot backend needs SkyPilot, which is not installed",
+            hint=f"install it: {INSTALL_HINT}",
+        ) from None
+    return sky

@@ -1,0 +1,602 @@
+"""The Slurm backend: an sbatch job that forms a Ray cluster over its allocation.
+
+``templates/slurm/job.sbatch.j2`` does the work on the cluster (one Ray node per Slurm
+node, the engine on the head, Ray stopped at the end, the engine's exit code as the
+job's); this module renders it, stages the job's files in a directory on the cluster's
+shared filesystem, and talks to Slurm: ``sbatch`` to submit, ``squeue`` then ``sacct``
+(then ``sacct -c`` and ``scontrol`` where accounting is off) to observe, ``scancel`` to
+stop. Everything runs on this host, or on a login node over SSH (``ssh`` in the profile,
+or ``--ssh user@host``), files staged there as one tar stream.
+
+A cluster profile (``<RLCTL_HOME>/slurm.yaml``) holds what a site needs; docs/slurm.md
+lists its fields.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import os
+import re
+import shlex
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlctl import __version__
+from rlctl.backends.base import Observed
+from rlctl.errors import RlctlError
+from rlctl.hardware import Accelerator, parse_accelerator_spec
+from rlctl.home import rlctl_home
+from rlctl.jobs import Job, JobState
+from rlctl.render import TEMPLATES, render
+from rlctl.spec import JobPaths, JobSpec
+
+PROFILE_FILE = "slurm.yaml"
+LOG = "job.log"
+DRIVER_LOG = "driver.log"  # the driver's output alone (also in job.log)
+EXIT_CODE = "exit_code"
+STOP_MARKER = "stop-requested"
+PREEMPTED = 75  # the engine's "stopped on SIGTERM, requeue me"
+CONTAINERS = ("pyxis", "apptainer")
+GPU_REQUESTS = ("gres", "gres-untyped", "gpus-per-node")
+TAIL_LINES = 5
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=20")
+
+# A value on an #SBATCH line: one word, nothing a shell or sbatch's parser treats specially
+# beyond what Slurm syntax needs (node ranges, feature expressions, time and memory units).
+_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]*|&!()]+$")
+_SBATCH_LINE = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[^\s'\"`$\\;<>]+| [^\s'\"`$\\;<>]+)?$")
+_PATH = re.compile(r"^[A-Za-z0-9_./~+-]+$")
+_SLURM_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+
+
+# ---------------------------------------------------------------------------
+# the cluster profile
+
+
+@dataclass(frozen=True)
+class SlurmProfile:
+    """A site's settings: ``<RLCTL_HOME>/slurm.yaml``. Every field is optional."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time: str | None = None  # --time, e.g. "24:00:00"
+    mem: str | None = None  # --mem per node, e.g. "0" (all of it) or "200G"
+    cpus_per_task: int | None = None  # CPUs per node (one task per node)
+    exclusive: bool = False
+    requeue: bool = False  # requeue on preemption; the engine resumes from its checkpoint
+    signal_grace_s: int = 120  # with requeue: SIGTERM this long before the time limit
+    gpu_request: str = "gres"  # gres (gpu:h100:8) | gres-untyped (gpu:8) | gpus-per-node
+    ssh: str | None = None  # user@login-node; none: this host runs sbatch
+    job_root: str = "~/rlctl-jobs"  # on the cluster's shared filesystem
+    sbatch: tuple[str, ...] = ()  # extra #SBATCH lines, e.g. "--reservation=rl"
+    prelude: tuple[str, ...] = ()  # shell lines run first on every node (module load, venv)
+    container: str | None = None  # pyxis | apptainer
+    image: str | None = None  # default: the accelerator's rlctl engine image
+    container_mounts: tuple[str, ...] = ()  # besides the job root
+    network_interface: str | None = None  # NCCL/GLOO/HCCL_SOCKET_IFNAME
+    ray_wait_s: int = 600  # how long the nodes and devices may take to join
+    head_ip_command: str = "hostname -I | awk '{print $1}'"
+
+    def __post_init__(self) -> None:
+        for name in ("partition", "account", "qos", "constraint", "time", "mem"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_sbatch_value(name, value)
+        for line in self.sbatch:
+            if not _SBATCH_LINE.match(line):
+                raise RlctlError(
+                    f"slurm profile: sbatch line {line!r} is not one sbatch option",
+                    hint="write each as --option=value (no spaces, quotes or shell characters)",
+                )
+        if self.container is not None and self.container not in CONTAINERS:
+            raise RlctlError(
+                f"slurm profile: container {self.container!r} is not one of {CONTAINERS}"
+            )
+        if self.gpu_request not in GPU_REQUESTS:
+            raise RlctlError(
+                f"slurm profile: gpu_request {self.gpu_request!r} is not one of {GPU_REQUESTS}"
+            )
+        if not _PATH.match(self.job_root):
+            raise RlctlError(
+                f"slurm profile: job_root {self.job_root!r} must be a plain path",
+                hint="letters, digits and . _ / ~ + - only (it lands on #SBATCH lines)",
+            )
+        for line in self.prelude:
+            if "\n" in line:
+                raise RlctlError("slurm profile: a prelude entry holds a newline: one line each")
+        if self.ssh is not None and (self.ssh.startswith("-") or not self.ssh.strip()):
+            raise RlctlError(f"slurm profile: ssh {self.ssh!r} is not a host")
+
+
+def load_profile(path: Path | None = None) -> SlurmProfile:
+    """The profile at ``path`` (default ``<RLCTL_HOME>/slurm.yaml``); defaults if absent."""
+    path = path or rlctl_home(create=False) / PROFILE_FILE
+    if not path.is_file():
+        return SlurmProfile()
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RlctlError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RlctlError(f"{path}: a Slurm profile is a mapping of fields")
+    return profile_from_mapping(raw, source=str(path))
+
+
+def profile_from_mapping(raw: Mapping[str, Any], source: str = "slurm profile") -> SlurmProfile:
+    known = {f.name: f for f in fields(SlurmProfile)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"fields: {', '.join(known)}"
+            raise RlctlError(f"{source}: unknown field {key!r}", hint=hint)
+        kind = str(known[key].type)
+        if value is None:
+            values[key] = None
+        elif kind.startswith("tuple"):
+            items = (
+                [value]
+                if isinstance(value, str)
+                else list(value)
+                if isinstance(value, tuple)
+                else value
+            )
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise RlctlError(f"{source}: {key} must be a list of strings, got {value!r}")
+            values[key] = tuple(items)
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise RlctlError(f"{source}: {key} must be true or false, got {value!r}")
+            values[key] = value
+        elif kind.startswith("int"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise RlctlError(f"{source}: {key} must be a whole number, got {value!r}")
+            values[key] = value
+        else:
+            values[key] = str(value)
+    return SlurmProfile(**values)
+
+
+def _check_sbatch_value(name: str, value: str) -> None:
+    if not _SBATCH_VALUE.match(value):
+        raise RlctlError(
+            f"slurm: {name} {value!r} cannot go on an #SBATCH line",
+            hint="one word of letters, digits and Slurm's own syntax (, : - [ ] & |)",
+        )
+
+
+# ---------------------------------------------------------------------------
+# running commands here or on the login node
+
+
+@dataclass
+class Shell:
+    """Runs argv on this host, or on ``ssh`` (the argv is quoted for the remote shell)."""
+
+    ssh: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if self.ssh is None:
+            return argv
+        return ["ssh", *SSH_OPTIONS, self.ssh, shlex.join(argv)]
+
+    def run(
+        self, argv: list[str], input: bytes | None = None, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        try:
+            result = subprocess.run(
+                self.argv(argv),
+                input=input,
+                capture_output=True,
+                timeout=timeout,
+                env={**os.environ, **self.env} if self.env else None,
+            )
+        except FileNotFoundError as exc:
+            raise RlctlError(
+                f"{exc.filename} not found on this host",
+                hint="install the Slurm client tools here, or submit through a login node"
+                " with --ssh user@host (or ssh: in the Slurm profile)",
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise RlctlError(
+                f"{' '.join(argv[:2])} did not answer in {timeout:.0f} s"
+                + (f" (over ssh to {self.ssh})" if self.ssh else ""),
+                hint="is slurmctld up? `scontrol ping` says",
+            ) from None
+        if check and result.returncode != 0:
+            raise RlctlError(
+                f"{argv[0]} failed (exit {result.returncode}): {_text(result.stderr).strip()}"
+            )
+        return result
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+# ---------------------------------------------------------------------------
+# the backend
+
+
+class SlurmBackend:
+    name = "slurm"
+
+    def __init__(self, profile: SlurmProfile | None = None, **overrides: Any) -> None:
+        """``overrides`` (ssh=, partition=, ...) win over the profile's fields: the CLI's
+        options."""
+        base = profile or load_profile()
+        given = {k: v for k, v in overrides.items() if v is not None}
+        self.profile = profile_from_mapping(
+            {**{f.name: getattr(base, f.name) for f in fields(base)}, **given}
+        )
+        self._remote_home: str | None = None
+
+    # -- paths and rendering --------------------------------------------------------
+
+    def paths(self, job_id: str) -> JobPaths:
+        return JobPaths(root=f"{self._job_root()}/{job_id}")
+
+    def _job_root(self) -> str:
+        root = self.profile.job_root.rstrip("/") or "/"
+        if root == "~" or root.startswith("~/"):
+            root = self._home() + root[1:]
+        if not root.startswith("/"):
+            raise RlctlError(
+                f"slurm: job_root {self.profile.job_root!r} must be absolute or start with ~/"
+            )
+        return root
+
+    def _home(self) -> str:
+        if self.profile.ssh is None:
+            return str(Path.home())
+        if self._remote_home is None:
+            out = Shell(self.profile.ssh).run(["printenv", "HOME"], check=True)
+            self._remote_home = _text(out.stdout).strip()
+            if not _PATH.match(self._remote_home):
+                raise RlctlError(f"slurm: odd home directory on {self.profile.ssh}")
+        return self._remote_home
+
+    def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
+        p = self.profile
+        root = spec.paths.root
+        if not _PATH.match(root):
+            raise RlctlError(f"slurm: job directory {root!r} must be a plain path")
+        trainer = (yaml.safe_load(spec.engine_yaml) or {}).get("trainer", {})
+        per_node = int(trainer.get("n_gpus_per_node", 1))
+        nodes = max(int(trainer.get("nnodes", 1)), spec.recipe.hardware.nodes or 1)
+        acc = _accelerator(spec)
+        cpu = trainer.get("device") == "cpu" or spec.recipe.hardware.is_cpu
+        cpus = p.cpus_per_task or (
+            max(2, per_node * int(trainer.get("cpus_per_worker", 1))) if cpu else 8 * per_node
+        )
+        options = [
+            f"--job-name={job_id}",
+            f"--nodes={nodes}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={cpus}",
+            f"--output={root}/{LOG}",
+            "--open-mode=append",  # a requeued job appends to the same log
+        ]
+        if not cpu:
+            options.append(_device_request(p.gpu_request, acc, per_node))
+        for name in ("partition", "account", "qos", "constraint", "time", "mem"):
+            value = getattr(p, name)
+            if value is not None:
+                options.append(f"--{name}={value}")
+        if p.exclusive:
+            options.append("--exclusive")
+        if p.requeue:
+            options += ["--requeue", f"--signal=B:TERM@{p.signal_grace_s}"]
+        else:
+            options.append("--no-requeue")
+        hardware_env = dict(acc.env) if acc else {}
+        if p.network_interface:
+            for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+                hardware_env[var] = p.network_interface
+            if acc and acc.vendor == "ascend":
+                hardware_env["HCCL_SOCKET_IFNAME"] = p.network_interface
+        image = p.image or (acc.default_image if acc else None)
+        if p.container and not image:
+            raise RlctlError(
+                "slurm: a container runtime is set but no image",
+                hint="set image: in the Slurm profile",
+            )
+        script = render(
+            "slurm/job.sbatch.j2",
+            job_id=job_id,
+            recipe_name=spec.recipe.name,
+            version=__version__,
+            sbatch_options=options,
+            extra_sbatch=list(p.sbatch),
+            root=root,
+            prelude=list(p.prelude),
+            hardware_name=acc.name if acc else "CPU",
+            hardware_env=hardware_env,
+            env=spec.env,
+            nodes=nodes,
+            ray_resource="CPU" if cpu else (acc.ray_resource if acc else "GPU"),
+            devices_per_node=0 if cpu else per_node,
+            ray_wait_s=p.ray_wait_s,
+            requeue=p.requeue,
+            container=p.container,
+            image=image,
+            mounts=",".join((f"{root}:{root}", *p.container_mounts)),
+            apptainer_flags=_apptainer_flags(acc),
+            head_ip_command=p.head_ip_command,
+            setup=list(spec.setup),
+            engine_command=spec.engine_command,
+        )
+        library = (TEMPLATES / "ray" / "ray_cluster.sh").read_text()
+        return {"job.sbatch": script, "ray_cluster.sh": library, "engine.yaml": spec.engine_yaml}
+
+    # -- submit -------------------------------------------------------------------
+
+    def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
+        root = spec.paths.root
+        files = self.render(job.id, spec)
+        shell = Shell(self.profile.ssh)
+        self._stage(shell, root, files)
+        sbatch = ["sbatch", "--parsable", f"--chdir={root}", f"{root}/job.sbatch"]
+        if shell.ssh is None:
+            result = Shell(None, env=dict(secrets)).run(sbatch)
+        else:
+            result = shell.run(_with_secrets(sbatch), input=_secret_lines(secrets))
+        if result.returncode != 0:
+            message = _text(result.stderr).strip() or _text(result.stdout).strip()
+            raise RlctlError(
+                f"Slurm refused the job: {message}",
+                hint="check partition/account/qos in the Slurm profile or options"
+                " (`sinfo -s` lists partitions)",
+            )
+        slurm_id = _text(result.stdout).strip().split(";")[0]
+        if not _SLURM_ID.match(slurm_id):
+            raise RlctlError(f"sbatch answered {slurm_id!r}, not a job id")
+        return {
+            "slurm_job_id": slurm_id,
+            "root": root,
+            "log": f"{root}/{LOG}",
+            "ssh": shell.ssh,
+        }
+
+    def _stage(self, shell: Shell, root: str, files: Mapping[str, str]) -> None:
+        if shell.ssh is None:
+            path = Path(root)
+            path.mkdir(parents=True, exist_ok=True)
+            for name, content in files.items():
+                (path / name).write_text(content)
+            (path / "job.sbatch").chmod(0o755)
+            return
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name, content in files.items():
+                data = content.encode()
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                info.mode = 0o755 if name == "job.sbatch" else 0o644
+                info.mtime = int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        script = 'mkdir -p "$1" && tar -x -C "$1"'
+        shell.run(["sh", "-c", script, "rlctl-stage", root], input=buffer.getvalue(), check=True)
+
+    # -- observe ----------------------------------------------------------------
+
+    def status(self, job: Job) -> Observed:
+        shell = Shell(job.handle.get("ssh"))
+        slurm_id = job.handle["slurm_job_id"]
+        queued = shell.run(["squeue", "-h", "-j", slurm_id, "-o", "%T|%r"])
+        line = _text(queued.stdout).strip()
+        if queued.returncode == 0 and line:
+            state, _, reason = line.splitlines()[0].partition("|")
+            return _queued(state, reason)
+        final = self._final_state(shell, slurm_id)
+        if final is None:
+            code = self._read(shell, f"{job.handle['root']}/{EXIT_CODE}").strip()
+            if code.lstrip("-").isdigit():
+                final = ("COMPLETED" if code == "0" else "FAILED", int(code))
+            else:
+                return Observed(
+                    JobState.FAILED,
+                    f"Slurm no longer knows job {slurm_id} and it left no exit code",
+                )
+        state, code = final
+        return self._finished(shell, job, state, code)
+
+    def _final_state(self, shell: Shell, slurm_id: str) -> tuple[str, int | None] | None:
+        """(Slurm state, exit code) of an ended job: sacct, sacct -c, then scontrol."""
+        for argv in (
+            ["sacct", "-n", "-P", "-X", "-j", slurm_id, "-o", "State,ExitCode"],
+            ["sacct", "-c", "-n", "-P", "-j", slurm_id, "-o", "JobID,State,ExitCode"],
+        ):
+            result = shell.run(argv)
+            if result.returncode != 0:
+                continue
+            for row in _text(result.stdout).splitlines():
+                cols = row.strip().split("|")
+                if len(cols) == 3 and cols[0] != slurm_id:
+                    continue  # sacct -c lists every job in the file
+                cols = cols[-2:]
+                if len(cols) == 2 and cols[0]:
+                    return cols[0].split()[0], _exit_code(cols[1])
+        shown = shell.run(["scontrol", "show", "job", "-o", slurm_id])
+        if shown.returncode == 0:
+            text = _text(shown.stdout)
+            state = re.search(r"\bJobState=(\S+)", text)
+            code = re.search(r"\bExitCode=(\S+)", text)
+            if state:
+                return state.group(1), _exit_code(code.group(1) if code else "")
+        return None
+
+    def _finished(self, shell: Shell, job: Job, state: str, code: int | None) -> Observed:
+        if state == "COMPLETED" and code in (0, None):
+            return Observed(JobState.SUCCEEDED, "exit code 0", 0)
+        if state.startswith("CANCELLED"):
+            return Observed(JobState.CANCELLED, "cancelled in Slurm (scancel)", code)
+        # The engine's own output (driver.log) says why; the job log ends with Slurm's
+        # teardown lines. A job that failed before the driver started has only the latter.
+        tail = self._tail(shell, f"{job.handle['root']}/{DRIVER_LOG}")
+        if tail == "empty log":
+            tail = self._tail(shell, job.handle["log"])
+        why = {
+            "TIMEOUT": "hit its time limit",
+            "PREEMPTED": "preempted",
+            "NODE_FAIL": "a node failed",
+            "OUT_OF_MEMORY": "ran out of memory",
+            "BOOT_FAIL": "a node failed to boot",
+            "DEADLINE": "missed its deadline",
+        }.get(state, f"exit code {code}")
+        if code == PREEMPTED:
+            why = "stopped on SIGTERM (exit code 75)"
+        return Observed(JobState.FAILED, f"Slurm {state}: {why}: {tail}", code)
+
+    def _read(self, shell: Shell, path: str) -> str:
+        if shell.ssh is None:
+            try:
+                return Path(path).read_text(errors="replace")
+            except OSError:
+                return ""
+        return _text(shell.run(["cat", path]).stdout)
+
+    def _tail(self, shell: Shell, log: str) -> str:
+        if shell.ssh is None:
+            text = self._read(shell, log)
+        else:
+            text = _text(shell.run(["tail", "-n", "50", log]).stdout)
+        lines = [line for line in text.splitlines() if line.strip()]
+        return " | ".join(lines[-TAIL_LINES:]) if lines else "empty log"
+
+    def logs(self, job: Job, follow: bool) -> Iterator[str]:
+        shell = Shell(job.handle.get("ssh"))
+        log = job.handle["log"]
+        if shell.ssh is None:
+            from rlctl.backends.local import follow_file
+
+            yield from follow_file(Path(log), follow, lambda: self.status(job).state.terminal)
+            return
+        if not follow:
+            yield from _text(shell.run(["cat", log], timeout=300).stdout).splitlines()
+            return
+        # tail -F on the login node until the job leaves the queue, then a last read.
+        script = (
+            'tail -n +1 -F "$1" 2>/dev/null & t=$!; '
+            'while [ -n "$(squeue -h -j "$2" -o %i 2>/dev/null)" ]; do sleep 3; done; '
+            'sleep 2; kill "$t"'
+        )
+        argv = shell.argv(["sh", "-c", script, "rlctl-logs", log, job.handle["slurm_job_id"]])
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, errors="replace") as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                yield line.rstrip("\n")
+
+    # -- stop -------------------------------------------------------------------
+
+    def stop(self, job: Job, grace_s: float) -> None:
+        """Graceful first: the stop marker makes the batch script SIGTERM the engine (which
+        saves and exits; no requeue follows), then ``scancel`` after ``grace_s``."""
+        shell = Shell(job.handle.get("ssh"))
+        slurm_id = job.handle["slurm_job_id"]
+        marker = f"{job.handle['root']}/{STOP_MARKER}"
+        if shell.ssh is None:
+            Path(marker).touch()
+        else:
+            shell.run(["touch", marker])
+        state = _text(shell.run(["squeue", "-h", "-j", slurm_id, "-o", "%T"]).stdout).strip()
+        if state == "RUNNING" and grace_s > 0:  # the batch script sees the marker
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                queued = shell.run(["squeue", "-h", "-j", slurm_id, "-o", "%i"])
+                if not _text(queued.stdout).strip():
+                    return
+                time.sleep(1)
+        if state:
+            result = shell.run(["scancel", slurm_id])
+            if result.returncode != 0:
+                raise RlctlError(f"scancel {slurm_id} failed: {_text(result.stderr).strip()}")
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+_QUEUED = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PROVISIONING,
+    "REQUEUED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+}
+
+
+def _queued(state: str, reason: str) -> Observed:
+    mapped = _QUEUED.get(state, JobState.RUNNING)
+    if mapped == JobState.PENDING:
+        return Observed(mapped, f"queued: {reason}" if reason and reason != "None" else "queued")
+    if state != "RUNNING":
+        return Observed(mapped, state.lower())
+    return Observed(mapped)
+
+
+def _exit_code(text: str) -> int | None:
+    """``"3:0"`` -> 3; ``"0:15"`` (killed by signal 15) -> 143."""
+    code, _, signal = text.strip().partition(":")
+    if not code.isdigit():
+        return None
+    if int(code) == 0 and signal.isdigit() and int(signal) > 0:
+        return 128 + int(signal)
+    return int(code)
+
+
+def _accelerator(spec: JobSpec) -> Accelerator | None:
+    hw = spec.recipe.hardware
+    if hw.is_cpu or hw.accelerators == "auto":
+        return None
+    return parse_accelerator_spec(hw.accelerators)[0]
+
+
+def _device_request(kind: str, acc: Accelerator | None, per_node: int) -> str:
+    if kind == "gpus-per-node":
+        return f"--gpus-per-node={per_node}"
+    if kind == "gres-untyped" or acc is None:
+        return f"--gres={acc.slurm_gres_name if acc else 'gpu'}:{per_node}"
+    return f"--gres={acc.gres(per_node)}"
+
+
+def _apptainer_flags(acc: Accelerator | None) -> list[str]:
+    if acc is None:
+        return []
+    return {"nvidia": ["--nv"], "amd": ["--rocm"]}.get(acc.vendor, [])
+
+
+def _secret_lines(secrets: Mapping[str, str]) -> bytes:
+    """NAME=<hex of the value>, one a line: read by ``_with_secrets``' remote shell."""
+    return "".join(f"{k}={v.encode().hex()}\n" for k, v in secrets.items()).encode()
+
+
+def _with_secrets(argv: list[str]) -> list[str]:
+    """argv, run after exporting the secrets read from stdin (values never on a command
+    line or in a file)."""
+    script = (
+        'while IFS== read -r k v; do [ -n "$k" ] || continue; '
+        'export "$k=$(printf \'%b\' "$(printf %s "$v" | sed \'s/../\\\\x&/g\')")"; '
+        'done; exec "$@"'
+    )
+    return ["bash", "-c", script, "rlctl-submit", *argv]
