@@ -6,6 +6,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# SkyPilot reports usage to a public host by default: tests reach no network.
+os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
 
 @pytest.fixture(scope="session")

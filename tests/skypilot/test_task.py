@@ -412,7 +412,9 @@ def test_launch_through_the_api_stores_no_secret(fake_sky, monkeypatch, tmp_path
     from rlctl.jobs import JobStore
 
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
-    monkeypatch.setattr(rlctl.api, "get_backend", lambda name: backend)
+    monkeypatch.setattr(rlctl.api, "get_backend", lambda name, **options: backend)
+    # preflight has its own test against a real API server (test_preflight_server.py)
+    monkeypatch.setattr(backend, "preflight", lambda: None)
     monkeypatch.setenv("WANDB_API_KEY", SENTINEL)
     fake_sky.results["jobs.launch"] = ([12], None)
     store = JobStore(tmp_path / "jobs.db")
