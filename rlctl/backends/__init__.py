@@ -14,6 +14,10 @@ def get_backend(name: str, **options) -> Backend:
         from rlctl.backends.local import LocalBackend
 
         return LocalBackend()
+    if name == "slurm":
+        from rlctl.backends.slurm import SlurmBackend
+
+        return SlurmBackend(**options)
     if name == "skypilot":
         from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
 

@@ -21,6 +21,9 @@ def launch(
     cloud: options.Cloud = None,
     cluster: options.Cluster = None,
     spot: options.Spot = False,
+    ssh: options.Ssh = None,
+    partition: options.Partition = None,
+    account: options.Account = None,
     follow: bool = typer.Option(False, "--follow", "-f", help="Stream the logs after launching."),
 ) -> None:
     """Launch a recipe as a job.
@@ -29,7 +32,7 @@ def launch(
     """
     from rlctl import api
 
-    backend, opts = options.backend_options(backend, cloud, cluster, spot)
+    backend, opts = options.backend_options(backend, cloud, cluster, spot, ssh, partition, account)
     job = api.launch(recipe, backend=backend, **opts)
     typer.echo(f"launched {job.id} ({job.backend}); follow with: rlctl logs {job.id} -f")
     if follow:
@@ -43,6 +46,9 @@ def plan(
     cloud: options.Cloud = None,
     cluster: options.Cluster = None,
     spot: options.Spot = False,
+    ssh: options.Ssh = None,
+    partition: options.Partition = None,
+    account: options.Account = None,
     emit_yaml: str | None = typer.Option(
         None, "--emit-yaml", help="SkyPilot: write the task to this file (for `sky launch`)."
     ),
@@ -58,7 +64,7 @@ def plan(
     from rlctl import api
     from rlctl.recipe import load_recipe
 
-    backend, opts = options.backend_options(backend, cloud, cluster, spot)
+    backend, opts = options.backend_options(backend, cloud, cluster, spot, ssh, partition, account)
     recipe_obj = load_recipe(api.find_recipe(recipe))
     prepared = api.prepare(recipe_obj, backend=backend, job_id="job-id", **opts)
     if emit_yaml:

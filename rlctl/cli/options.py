@@ -28,14 +28,42 @@ Cluster = Annotated[
 Spot = Annotated[bool, typer.Option("--spot", help="SkyPilot: use spot/preemptible instances.")]
 
 
+Ssh = Annotated[
+    str | None,
+    typer.Option(
+        "--ssh", help="Slurm: submit through this login node (user@host). Implies --backend slurm."
+    ),
+]
+Partition = Annotated[str | None, typer.Option("--partition", help="Slurm: the partition.")]
+Account = Annotated[str | None, typer.Option("--account", help="Slurm: the account.")]
+
+
 def backend_options(
-    backend: str, cloud: str | None, cluster: str | None, spot: bool
+    backend: str,
+    cloud: str | None = None,
+    cluster: str | None = None,
+    spot: bool = False,
+    ssh: str | None = None,
+    partition: str | None = None,
+    account: str | None = None,
 ) -> tuple[str, dict]:
     """The backend to use and its options, from the shared flags."""
-    if cloud or cluster or spot:
+    sky = bool(cloud or cluster or spot)
+    slurm = bool(ssh or partition or account)
+    if sky and slurm:
+        raise typer.BadParameter(
+            "--cloud/--cluster/--spot (SkyPilot) and --ssh/--partition/--account (Slurm) do not mix"
+        )
+    if sky:
         if backend not in ("local", "skypilot"):
             raise typer.BadParameter(
                 f"--cloud/--cluster/--spot are SkyPilot's; not with --backend {backend}"
             )
         return "skypilot", {"cloud": cloud, "cluster": cluster, "use_spot": spot}
+    if slurm:
+        if backend not in ("local", "slurm"):
+            raise typer.BadParameter(
+                f"--ssh/--partition/--account are Slurm's; not with --backend {backend}"
+            )
+        return "slurm", {"ssh": ssh, "partition": partition, "account": account}
     return backend, {}

@@ -1,0 +1,213 @@
+"""`rlctl launch --backend slurm` against real Slurm daemons (two emulated nodes on this
+host, see conftest.py): a two-node Ray cluster forms, the engine trains, the job's states,
+logs and stop work through the CLI, and nothing of Ray outlives a job."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlctl.jobs import JobStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parents[2]
+# The CLI as users run it.
+CLI = "from rlctl.cli import main; main()"
+
+
+def write_profile(home: Path, jobs: Path, **extra: str) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    venv_bin = Path(sys.executable).parent
+    lines = [
+        f"job_root: {jobs}",
+        "ray_wait_s: 180",
+        # the job's nodes run this Python (with ray and the engine) first on their PATH
+        f"prelude: [{json.dumps('export PATH=' + shlex.quote(str(venv_bin)) + ':$PATH')}]",
+        *(f"{key}: {value}" for key, value in extra.items()),
+    ]
+    (home / "slurm.yaml").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def rlctl(tmp_path, slurm_cluster):
+    home = tmp_path / "home"
+    write_profile(home, tmp_path / "jobs")
+    env = {
+        **os.environ,
+        **slurm_cluster.env,
+        "RLCTL_HOME": str(home),
+        "PYTHONPATH": str(REPO),
+    }
+
+    def run(*args: str, timeout: float = 120, home_dir: Path = home) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", CLI, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**env, "RLCTL_HOME": str(home_dir)},
+            cwd=tmp_path,
+        )
+
+    run.home = home
+    return run
+
+
+def recipe(tmp_path: Path, name: str, steps: int, **engine) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    extra = "".join(f"  {key}: {value}\n" for key, value in engine.items())
+    path.write_text(
+        f"extends: {REPO / 'recipes' / 'quickstart.yaml'}\n"
+        f"name: {name}\n"
+        "hardware: {accelerators: 'cpu:1', nodes: 2}\n"
+        "engine:\n"
+        f"  trainer.total_training_steps: {steps}\n"
+        "  data.train_batch_size: 8\n"
+        "  actor_rollout_ref.actor.ppo_mini_batch_size: 8\n"
+        "  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: 64\n"
+        "  trainer.test_freq: -1\n"
+        "  trainer.val_before_train: false\n" + extra
+    )
+    return path
+
+
+def launch(rlctl, path: Path) -> str:
+    launched = rlctl("launch", str(path), "--backend", "slurm")
+    assert launched.returncode == 0, launched.stderr
+    return launched.stdout.split()[1]
+
+
+def job_state(rlctl, job_id: str) -> dict:
+    result = rlctl("status", job_id, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)[0]
+
+
+def wait_state(rlctl, job_id: str, states: set[str], timeout: float = 400) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_state(rlctl, job_id)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, (job, rlctl("logs", job_id).stdout[-3000:])
+        time.sleep(2)
+
+
+def handle(rlctl, job_id: str) -> dict:
+    return JobStore(rlctl.home / "jobs.db").get(job_id).handle
+
+
+def wait_slurm_done(slurm_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", slurm_id], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, f"job {slurm_id} still in squeue"
+        time.sleep(0.5)
+
+
+def ray_processes(slurm_id: str) -> list[str]:
+    """Processes of this job's Ray nodes (their temp dirs are /tmp/rlray-<id>-<node>)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"/tmp/rlray-{slurm_id}-" in cmd:
+            found.append(f"{entry.name}: {cmd[:160]}")
+    return found
+
+
+def test_two_node_job_succeeds(rlctl, tmp_path):
+    started = time.monotonic()
+    job_id = launch(rlctl, recipe(tmp_path, "slurm2", steps=2))
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"})
+    logs = rlctl("logs", job_id).stdout
+    assert done["state"] == "SUCCEEDED", logs[-3000:]
+    assert done["exit_code"] == 0
+    print(f"two-node job: {time.monotonic() - started:.0f} s from launch to SUCCEEDED")
+    assert "rlctl: ray cluster ready: 2 nodes" in logs  # both nodes joined
+    assert "step 2/2 | score" in logs
+    followed = rlctl("logs", job_id, "-f", timeout=60)  # ends: the job ended
+    assert followed.returncode == 0 and "step 2/2" in followed.stdout
+    slurm_id = handle(rlctl, job_id)["slurm_job_id"]
+    wait_slurm_done(slurm_id)
+    assert ray_processes(slurm_id) == []
+
+
+def test_failing_job_reports_exit_code_and_log_tail(rlctl, tmp_path):
+    path = recipe(
+        tmp_path, "slurmfail", steps=2, **{"actor_rollout_ref.model.path": "/nonexistent/model"}
+    )
+    job_id = launch(rlctl, path)
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert done["state"] == "FAILED", done
+    assert done["exit_code"] not in (None, 0)
+    assert f"exit code {done['exit_code']}" in done["reason"]
+    assert "nonexistent" in done["reason"]  # the tail of the job's log
+    slurm_id = handle(rlctl, job_id)["slurm_job_id"]
+    wait_slurm_done(slurm_id)
+    assert ray_processes(slurm_id) == []
+
+
+def test_stop_running_job(rlctl, tmp_path):
+    job_id = launch(rlctl, recipe(tmp_path, "slurmlong", steps=500))
+    deadline = time.monotonic() + 300
+    while "step 1/500" not in rlctl("logs", job_id).stdout:
+        assert time.monotonic() < deadline, rlctl("logs", job_id).stdout[-3000:]
+        assert job_state(rlctl, job_id)["state"] in ("PENDING", "RUNNING")
+        time.sleep(2)
+    stopped = rlctl("stop", job_id, "--grace", "60")
+    assert stopped.returncode == 0, stopped.stderr
+    assert job_state(rlctl, job_id)["state"] == "CANCELLED"
+    slurm_id = handle(rlctl, job_id)["slurm_job_id"]
+    wait_slurm_done(slurm_id)
+    assert ray_processes(slurm_id) == []
+    assert "stopping the engine" in rlctl("logs", job_id).stdout
+    # graceful: the engine finished its step and exited with 75 ("stopped on SIGTERM")
+    root = Path(handle(rlctl, job_id)["root"])
+    assert (root / "exit_code").read_text().strip() == "75", rlctl("logs", job_id).stdout[-3000:]
+
+
+def test_bad_partition_is_a_clear_error(rlctl, tmp_path):
+    home = tmp_path / "badhome"
+    write_profile(home, tmp_path / "jobs", partition="nosuch")
+    result = rlctl("launch", str(recipe(tmp_path, "slurmbad", steps=1)), "--backend", "slurm",
+                   home_dir=home)  # fmt: skip
+    assert result.returncode != 0
+    assert "invalid partition" in result.stderr and "Traceback" not in result.stderr
+    jobs = json.loads(rlctl("list", "--json", home_dir=home).stdout)
+    assert [(j["state"], "nosuch" in (j["reason"] or "")) for j in jobs] == [("FAILED", True)]
+
+
+def test_preempted_job_requeues_and_resumes(rlctl, tmp_path):
+    """SIGTERM to the batch shell (what Slurm's --signal=B:TERM@... sends before a time limit
+    or preemption): the engine saves and exits 75, the script requeues the job, and the
+    requeued run resumes from the checkpoint."""
+    write_profile(rlctl.home, tmp_path / "jobs", requeue="true")
+    path = recipe(tmp_path, "slurmrq", steps=500, **{"trainer.save_freq": 1})
+    job_id = launch(rlctl, path)
+    slurm_id = handle(rlctl, job_id)["slurm_job_id"]
+    deadline = time.monotonic() + 300
+    while "step 2/500" not in rlctl("logs", job_id).stdout:
+        assert time.monotonic() < deadline, rlctl("logs", job_id).stdout[-3000:]
+        time.sleep(2)
+    subprocess.run(["scancel", "--batch", "--signal=TERM", slurm_id], check=True)
+    deadline = time.monotonic() + 400
+    while "resumed from" not in (logs := rlctl("logs", job_id).stdout):
+        assert time.monotonic() < deadline, logs[-3000:]
+        time.sleep(3)
+    assert "requeueing job" in logs
+    assert job_state(rlctl, job_id)["state"] == "RUNNING"
+    assert rlctl("stop", job_id, "--grace", "60").returncode == 0
+    wait_slurm_done(slurm_id)
+    assert ray_processes(slurm_id) == []
