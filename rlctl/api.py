@@ -85,7 +85,9 @@ def plan_request(recipe: Recipe) -> Any:
 
     hw = recipe.hardware
     if hw.is_cpu:
-        accelerator, per_node, devices = None, hw.cpu_workers, hw.cpu_workers
+        # cpu:N is N workers per node; hardware.nodes of them
+        per_node = hw.cpu_workers
+        accelerator, devices = None, per_node * (hw.nodes or 1)
     elif hw.accelerators == "auto":
         accelerator, per_node, devices = "H100", 8, None
     else:

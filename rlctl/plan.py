@@ -1495,12 +1495,26 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
             "megatron needs GPUs; the CPU path trains with FSDP over gloo",
             hint="set train_backend=fsdp2, or give an accelerator",
         )
-    workers = req.num_devices or s.per_node or CPU_WORKERS
-    if s.nodes not in (None, 1):
+    # workers per node (cpu:N), over the requested nodes (hardware.nodes: num_devices is
+    # nodes × N); the recipe's trainer.nnodes / n_gpus_per_node win where pinned
+    total = req.num_devices
+    if s.per_node is not None:
+        per_node = s.per_node
+    elif s.nodes is not None and total:
+        per_node = max(1, total // s.nodes)
+    else:
+        per_node = min(total or CPU_WORKERS, max(1, req.max_devices_per_node))
+    nodes = s.nodes if s.nodes is not None else max(1, math.ceil((total or per_node) / per_node))
+    if per_node < 1 or nodes < 1:
         raise InfeasiblePlanError(
-            f"CPU runs use one node (trainer.nnodes={s.nodes} pinned)",
-            hint="drop trainer.nnodes, or give an accelerator for multi-node runs",
+            f"CPU plan for {nodes} node(s) × {per_node} workers: both must be at least 1"
         )
+    if total and s.nodes is None and s.per_node is None and nodes * per_node != total:
+        raise InfeasiblePlanError(
+            f"{total} CPU workers do not split evenly over nodes of {per_node}",
+            hint="give a worker count that is a multiple of the workers per node",
+        )
+    workers = nodes * per_node
     lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
     if s.rollout_backend != "hf":
         lines.append(f"rollout: {s.rollout_backend} needs a GPU; CPU runs use the hf rollout")
@@ -1527,8 +1541,9 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
     kv = m.kv_cache_bytes_per_token(4) * s.seq_len * math.ceil(s.samples / workers)
     peak = max(st.peak(act), st.resident + weights_rollout + kv)
     lines.append(
-        f"devices: CPU, {workers} FSDP workers (gloo) on 1 node; fp32 throughout (no mixed"
-        f" precision on CPU)"
+        f"devices: CPU, {workers} FSDP workers (gloo) on"
+        f" {f'{nodes} nodes × {per_node}' if nodes > 1 else '1 node'}; fp32 throughout (no"
+        " mixed precision on CPU)"
     )
     lines.append(
         f"memory per worker: weights {_fmt(st.weights)}, grads {_fmt(st.grads)}, Adam"
@@ -1559,8 +1574,8 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         rollout_kv_cache_gib=_gib(kv),
     )
     return Plan(
-        nodes=1,
-        devices_per_node=workers,
+        nodes=nodes,
+        devices_per_node=per_node,
         accelerator=None,
         rollout_tp=1,
         train_backend=c.backend,

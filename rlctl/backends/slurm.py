@@ -48,6 +48,7 @@ CONTAINERS = ("pyxis", "apptainer")
 GPU_REQUESTS = ("gres", "gres-untyped", "gpus-per-node")
 TAIL_LINES = 5
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=20")
+SSH_FAILED = 255  # ssh's own exit status when it could not run the remote command
 
 # A value on an #SBATCH line: one word, nothing a shell or sbatch's parser treats specially
 # beyond what Slurm syntax needs (node ranges, feature expressions, time and memory units).
@@ -55,6 +56,10 @@ _SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]*|&!()]+$")
 _SBATCH_LINE = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[^\s'\"`$\\;<>]+| [^\s'\"`$\\;<>]+)?$")
 _PATH = re.compile(r"^[A-Za-z0-9_./~+-]+$")
 _SLURM_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+# squeue's errors when it could not ask slurmctld (a job it no longer knows is "Invalid job id")
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|timed out|Connection refused|Zero Bytes were transmitted"
+)
 
 
 # ---------------------------------------------------------------------------
@@ -214,6 +219,13 @@ class Shell:
                 + (f" (over ssh to {self.ssh})" if self.ssh else ""),
                 hint="is slurmctld up? `scontrol ping` says",
             ) from None
+        if self.ssh is not None and result.returncode == SSH_FAILED:
+            # ssh itself failed (no route, refused, auth): the remote command never ran, so
+            # its silence says nothing about the job (not "gone", not "failed")
+            raise RlctlError(
+                f"ssh to {self.ssh} failed: {_text(result.stderr).strip() or 'exit 255'}",
+                hint=f"check `ssh {self.ssh} true` works without a prompt (keys, ~/.ssh/config)",
+            )
         if check and result.returncode != 0:
             raise RlctlError(
                 f"{argv[0]} failed (exit {result.returncode}): {_text(result.stderr).strip()}"
@@ -406,6 +418,14 @@ class SlurmBackend:
             code = self._read(shell, f"{job.handle['root']}/{EXIT_CODE}").strip()
             if code.lstrip("-").isdigit():
                 final = ("COMPLETED" if code == "0" else "FAILED", int(code))
+            elif queued.returncode != 0 and _UNREACHABLE.search(_text(queued.stderr)):
+                # slurmctld down or busy: the job's state is unknown, not over; the next
+                # status asks again
+                raise RlctlError(
+                    f"squeue failed (exit {queued.returncode}):"
+                    f" {_text(queued.stderr).strip()}; job {slurm_id}'s state is unknown",
+                    hint="is slurmctld up? `scontrol ping` says",
+                )
             else:
                 return Observed(
                     JobState.FAILED,

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlctl.jobs import JobStore
 
@@ -72,7 +73,7 @@ def recipe(tmp_path: Path, name: str, steps: int, **engine) -> Path:
         f"  trainer.total_training_steps: {steps}\n"
         "  data.train_batch_size: 8\n"
         "  actor_rollout_ref.actor.ppo_mini_batch_size: 8\n"
-        "  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: 64\n"
+        "  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: 32\n"
         "  trainer.test_freq: -1\n"
         "  trainer.val_before_train: false\n" + extra
     )
@@ -137,9 +138,30 @@ def test_two_node_job_succeeds(rlctl, tmp_path):
     print(f"two-node job: {time.monotonic() - started:.0f} s from launch to SUCCEEDED")
     assert "rlctl: ray cluster ready: 2 nodes" in logs  # both nodes joined
     assert "step 2/2 | score" in logs
+    # the engine trained on both nodes: the plan asked for 2 nodes × 1 worker (cpu:1,
+    # nodes: 2), and the engine placed one rank on each
+    root = Path(handle(rlctl, job_id)["root"])
+    trainer = yaml.safe_load((root / "engine.yaml").read_text())["trainer"]
+    assert (trainer["nnodes"], trainer["n_gpus_per_node"]) == (2, 1), trainer
+    tables = list(root.rglob("workers.json"))
+    assert len(tables) == 1, tables
+    ranks = json.loads(tables[0].read_text())
+    assert [w["rank"] for w in ranks] == [0, 1]
+    # which Ray node ran each rank: its worker log lies in that node's temp dir
+    slurm_id = handle(rlctl, job_id)["slurm_job_id"]
+    homes = {
+        w["rank"]: sorted(
+            log.relative_to("/tmp").parts[0]
+            for log in Path("/tmp").glob(
+                f"rlray-{slurm_id}-*/session_latest/logs/worker-*-{w['pid']}.out"
+            )
+        )
+        for w in ranks
+    }
+    # one rank on each Ray node (in either order)
+    assert sorted(homes.values()) == [[f"rlray-{slurm_id}-0"], [f"rlray-{slurm_id}-1"]], homes
     followed = rlctl("logs", job_id, "-f", timeout=60)  # ends: the job ended
     assert followed.returncode == 0 and "step 2/2" in followed.stdout
-    slurm_id = handle(rlctl, job_id)["slurm_job_id"]
     wait_slurm_done(slurm_id)
     assert ray_processes(slurm_id) == []
 
