@@ -672,7 +672,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="turn activation checkpointing off in the engine and TRL (both default to on)",
     )
     parser.add_argument(
-        "--workdir", type=Path, help="where the model, data and runs go (default: a temp dir)"
+        "--workdir",
+        type=Path,
+        help="where the model, data and runs go, kept afterwards (default: a temp dir, removed)",
     )
     parser.add_argument("--child", choices=("trl", "floor"), help=argparse.SUPPRESS)
     parser.add_argument("--child-setup", help=argparse.SUPPRESS)
@@ -694,8 +696,15 @@ def main(argv: list[str] | None = None) -> None:
         (child_trl if args.child == "trl" else child_floor)(setup, args.child_out)
         return
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="grpo-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        run_all(args, systems, args.workdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+            run_all(args, systems, Path(tmp))
+
+
+def run_all(args: argparse.Namespace, systems: list[str], workdir: Path) -> None:
     setup = prepare(workdir, args.steps, args.warmup, not args.no_gradient_checkpointing)
     info = machine()
     summaries: dict[str, dict[str, Any]] = {}
