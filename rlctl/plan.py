@@ -1181,6 +1181,19 @@ def _search(
 # the entry point
 
 
+def _made_for(s: _Settings) -> dict[str, Any]:
+    """The request a plan answers, kept on it so that ``engine_overrides`` is self-contained."""
+    return {
+        "rollout_backend": s.rollout_backend,
+        "train_batch_size": s.train_batch,
+        "rollout_n": s.n,
+        "max_prompt_length": s.prompt_len,
+        "max_response_length": s.response_len,
+        "use_critic": s.critic,
+        "use_reference": s.reference,
+    }
+
+
 def make_plan(req: PlanRequest) -> Plan:
     """Size a run; raises ``InfeasiblePlanError`` with the reason and what would fit."""
     s = _settings(req)
@@ -1327,13 +1340,7 @@ def _assemble(
         memory=memory,
         model=m,
         reasoning=lines,
-        rollout_backend=s.rollout_backend,
-        train_batch_size=s.train_batch,
-        rollout_n=s.n,
-        max_prompt_length=s.prompt_len,
-        max_response_length=s.response_len,
-        use_critic=s.critic,
-        use_reference=s.reference,
+        **_made_for(s),
         train_ep=c.ep,
         log_prob_micro_batch_size_per_device=t.log_prob_micro,
         hf_rollout_micro_batch_size=r.hf_micro,
@@ -1593,12 +1600,6 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         memory=memory,
         model=m,
         reasoning=lines,
-        rollout_backend=s.rollout_backend,
-        train_batch_size=s.train_batch,
-        rollout_n=s.n,
-        max_prompt_length=s.prompt_len,
-        max_response_length=s.response_len,
-        use_critic=s.critic,
-        use_reference=s.reference,
+        **_made_for(s),
         log_prob_micro_batch_size_per_device=micro,
     )
