@@ -119,8 +119,13 @@ class ActorConfig:
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (×rollout.n samples)
     ppo_micro_batch_size_per_gpu: int = 4  # samples per forward/backward on one device
     use_dynamic_bsz: bool = False  # pack micro-batches by token count instead
-    ppo_max_token_len_per_gpu: int = 16384
+    ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: padded tokens per micro-batch
     ppo_epochs: int = 1
+    # π_old comes from a separate forward pass after generation, unless the update is
+    # on-policy (one epoch, one mini-batch, no KL in the reward): then the update's own
+    # first forward sees the same weights, and its log-probs, detached, are π_old.
+    # True: always run the separate pass.
+    recompute_old_log_prob: bool = False
     shuffle: bool = False
     grad_clip: float = 1.0
     clip_ratio: float = 0.2  # ε of PPO's clip, both sides unless overridden below
@@ -181,8 +186,11 @@ class RolloutConfig:
     enforce_eager: bool = False
     free_cache_engine: bool = True  # release KV cache while training (colocated)
     log_prob_micro_batch_size_per_gpu: int = 8
+    log_prob_use_dynamic_bsz: bool | None = None  # None: the actor's use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: int | None = None  # None: actor's ppo_max_token_len_per_gpu
     micro_batch_size: int | None = None  # hf: sequences per generate call; None: all at once
     calculate_log_probs: bool = False  # return sampling log-probs from the engine
+    update_weights_bucket_megabytes: int = 512  # vllm/sglang: weight sync bucket size
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -193,6 +201,8 @@ PLACEMENTS = ("colocate", "separate")
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
+    log_prob_use_dynamic_bsz: bool | None = None  # None: the actor's use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: int | None = None  # None: actor's ppo_max_token_len_per_gpu
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -216,6 +226,8 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int | None = None  # default: the actor's
     ppo_micro_batch_size_per_gpu: int = 4
+    use_dynamic_bsz: bool | None = None  # None: the actor's
+    ppo_max_token_len_per_gpu: int | None = None  # None: the actor's
     ppo_epochs: int | None = None  # default: the actor's
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
@@ -360,6 +372,38 @@ class EngineConfig:
     def use_reference(self) -> bool:
         """A frozen reference policy is loaded only when some KL term needs it."""
         return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
+
+    @property
+    def update_is_on_policy(self) -> bool:
+        """The actor update's first forward sees the weights that generated the batch:
+        one PPO epoch of one mini-batch. Then π_old needs no pass of its own, unless the
+        KL in the reward needs it before the update (or the user asks for it)."""
+        actor = self.actor_rollout_ref.actor
+        return (
+            actor.ppo_epochs == 1
+            and actor.ppo_mini_batch_size == self.data.train_batch_size
+            and not self.algorithm.use_kl_in_reward
+            and not actor.recompute_old_log_prob
+        )
+
+    def token_budget(self, role: str) -> int | None:
+        """Padded tokens per micro-batch for ``role`` (actor, actor_log_prob,
+        ref_log_prob, critic) when it packs micro-batches by tokens, else None."""
+        arr = self.actor_rollout_ref
+        actor = arr.actor
+        dynamic, budget = actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu
+        own: tuple[bool | None, int | None] = (None, None)
+        if role == "actor_log_prob":
+            own = (arr.rollout.log_prob_use_dynamic_bsz, arr.rollout.log_prob_max_token_len_per_gpu)
+        elif role == "ref_log_prob":
+            own = (arr.ref.log_prob_use_dynamic_bsz, arr.ref.log_prob_max_token_len_per_gpu)
+        elif role == "critic":
+            own = (self.critic.use_dynamic_bsz, self.critic.ppo_max_token_len_per_gpu)
+        elif role != "actor":
+            raise ValueError(f"unknown role {role!r}")
+        dynamic = dynamic if own[0] is None else own[0]
+        budget = budget if own[1] is None else own[1]
+        return budget if dynamic else None
 
 
 # ---------------------------------------------------------------------------
@@ -621,6 +665,10 @@ def _positive(cfg: EngineConfig) -> list[str]:
             rollout.log_prob_micro_batch_size_per_gpu,
         ),
         ("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n),
+        (
+            "actor_rollout_ref.rollout.update_weights_bucket_megabytes",
+            rollout.update_weights_bucket_megabytes,
+        ),
         ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu),
         ("trainer.nnodes", cfg.trainer.nnodes),
         ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),
@@ -655,20 +703,30 @@ def _batch_sizes(cfg: EngineConfig) -> list[str]:
     p = []
     if min(train_bsz, n, world, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu) < 1:
         return p  # _positive reports these
-    # (role, mini-batch, micro-batch, whether the mini-batch is the role's own setting)
+    # (role, mini-batch, micro-batch, whether the mini-batch is the role's own setting,
+    #  whether micro-batches are packed by tokens)
     roles = [
         (
             "actor_rollout_ref.actor",
             actor.ppo_mini_batch_size,
             actor.ppo_micro_batch_size_per_gpu,
             True,
+            actor.use_dynamic_bsz,
         )
     ]
     if cfg.use_critic:
         own = cfg.critic.ppo_mini_batch_size is not None
         critic_mini = cfg.critic.ppo_mini_batch_size if own else actor.ppo_mini_batch_size
-        roles.append(("critic", critic_mini, cfg.critic.ppo_micro_batch_size_per_gpu, own))
-    for role, mini, micro, own in roles:
+        roles.append(
+            (
+                "critic",
+                critic_mini,
+                cfg.critic.ppo_micro_batch_size_per_gpu,
+                own,
+                cfg.token_budget("critic") is not None,
+            )
+        )
+    for role, mini, micro, own, dynamic in roles:
         if mini < 1 or micro < 1:
             continue
         if not own:
@@ -691,12 +749,48 @@ def _batch_sizes(cfg: EngineConfig) -> list[str]:
             )
             continue
         per_device = samples // world
-        if not actor.use_dynamic_bsz and per_device % micro:
+        if not dynamic and per_device % micro:
             fits = ", ".join(map(str, _divisors_near(per_device, micro)))
             p.append(
                 f"{role}.ppo_micro_batch_size_per_gpu {micro} must divide the {per_device} samples"
                 f" each device gets per mini-batch ({mini} prompts × {n} samples / {world}"
-                f" devices); use {fits}, or set actor_rollout_ref.actor.use_dynamic_bsz=true"
+                f" devices); use {fits}, or set {role}.use_dynamic_bsz=true"
+            )
+    return p + _token_budgets(cfg)
+
+
+def _selected(cfg: EngineConfig, key: str) -> Any:
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _token_budgets(cfg: EngineConfig) -> list[str]:
+    """With use_dynamic_bsz, one whole sequence must fit a micro-batch's budget."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    keys = {
+        "actor": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_log_prob": "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+        "ref_log_prob": "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+        "critic": "critic.ppo_max_token_len_per_gpu",
+    }
+    if not cfg.use_critic:
+        del keys["critic"]
+    if not cfg.use_reference:
+        del keys["ref_log_prob"]
+    p = []
+    for role, key in keys.items():
+        budget = cfg.token_budget(role)
+        if budget is not None and budget < longest:
+            inherited = role != "actor" and _selected(cfg, key) is None
+            if inherited and cfg.actor_rollout_ref.actor.use_dynamic_bsz:
+                continue  # the actor's own budget is reported, once
+            source = " (the actor's)" if inherited else ""
+            p.append(
+                f"{key} is {budget}{source}: less than one sequence of"
+                f" data.max_prompt_length + data.max_response_length = {longest} tokens;"
+                f" raise it to at least {longest}"
             )
     return p
 

@@ -203,8 +203,11 @@ class Trainer:
             with timer("gen"):
                 rollout = self.generate_training_batch(timer, metrics)
             tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
-            with timer("old_log_prob"):
-                old_logprobs = self.workers.call_split("actor", "log_probs", tokens)
+            updates_actor = self.step > cfg.trainer.critic_warmup
+            old_logprobs = None  # on-policy: the update's own log-probs serve as π_old
+            if cfg.algorithm.use_kl_in_reward or (updates_actor and not cfg.update_is_on_policy):
+                with timer("old_log_prob"):
+                    old_logprobs = self.workers.call_split("actor", "log_probs", tokens)
             ref_logprobs = None
             if cfg.use_reference:
                 with timer("ref"):
@@ -237,7 +240,7 @@ class Trainer:
                     metrics |= self.workers.call_split(
                         "critic", "update", batch, gather=reduce_rank_metrics
                     )
-            if self.step > cfg.trainer.critic_warmup:
+            if updates_actor:
                 with timer("update_actor"):
                     batch = ActorBatch(tokens, old_logprobs, adv.advantages_BT, ref_logprobs)
                     metrics |= self.workers.call_split(
@@ -336,7 +339,7 @@ class Trainer:
     def token_rewards(
         self,
         rollout: Rollout,
-        old_logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor | None,
         ref_logprobs: torch.Tensor | None,
         metrics: dict[str, float],
     ) -> torch.Tensor:

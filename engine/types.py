@@ -103,7 +103,7 @@ class TokenBatch:
 @dataclass
 class ActorBatch:
     tokens: TokenBatch
-    old_logprobs_BR: torch.Tensor
+    old_logprobs_BR: torch.Tensor | None  # None: on-policy, the update's own log-probs
     advantages_BR: torch.Tensor
     ref_logprobs_BR: torch.Tensor | None = None  # present when the KL loss is on
 

@@ -1,17 +1,25 @@
-"""Rollout with Hugging Face ``generate`` on the actor's own (FSDP) module.
+"""Rollout with Hugging Face ``generate`` on the actor's own (FSDP) weights.
 
 Slow next to vLLM/SGLang, but exact, dependency-free and runs anywhere torch
 does: the CPU quickstart, tests, and small models. Generation gathers the full
 parameters once (``full_parameters``), so ranks may stop at different lengths.
+
+It runs on a *twin*: the same model class built on the meta device, whose
+parameters are bound to the gathered tensors of the FSDP module (no copy). The
+wrapped module would run FSDP's pre- and post-forward hooks on every unit at every
+decoding step, for nothing once the weights are gathered (13-24% of generation
+time on the CPU benchmark, docs/performance.md).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from engine.rollout.base import trim_response
 from engine.train.fsdp import full_parameters
@@ -30,6 +38,41 @@ def eos_ids(tokenizer: Any, model: nn.Module) -> set[int]:
     return ids
 
 
+def meta_twin(module: nn.Module) -> nn.Module | None:
+    """The FSDP2 module's own model class, built on the meta device (no memory), to be
+    bound to its gathered parameters; None when ``module`` is not FSDP-wrapped."""
+    if not isinstance(module, FSDPModule):
+        return None
+    # fully_shard swaps the class for FSDP<Class>(FSDPModule, Class): find Class.
+    cls = next(
+        c
+        for c in type(module).__mro__
+        if issubclass(c, nn.Module) and not issubclass(c, FSDPModule)
+    )
+    with torch.device("meta"):
+        twin = cls(module.config)
+    twin.generation_config = copy.deepcopy(module.generation_config)
+    twin.eval()
+    return twin
+
+
+def bind_gathered(twin: nn.Module, module: nn.Module) -> nn.Module:
+    """Point the twin's parameters and buffers at ``module``'s, which must be gathered
+    (inside ``full_parameters``): tied weights stay tied, nothing is copied."""
+    for name, param in module.named_parameters(remove_duplicate=False):
+        owner, leaf = _owner(twin, name)
+        owner._parameters[leaf] = param
+    for name, buffer in module.named_buffers(remove_duplicate=False):
+        owner, leaf = _owner(twin, name)
+        owner._buffers[leaf] = buffer
+    return twin
+
+
+def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, leaf = name.rpartition(".")
+    return (root.get_submodule(path) if path else root), leaf
+
+
 class HFRollout:
     def __init__(
         self,
@@ -46,6 +89,7 @@ class HFRollout:
             raise ValueError("the tokenizer defines no EOS token; responses would never end")
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids)
+        self.twin = meta_twin(module)
 
     @torch.no_grad()
     def generate(self, request: GenerationRequest) -> GenerationOutput:
@@ -55,11 +99,12 @@ class HFRollout:
         self.module.eval()
         try:
             with full_parameters(self.module):
+                model = self.model_for_generation()
                 prompts = request.prompt_ids
                 step = self.micro_batch_size or max(1, len(prompts))
                 for start in range(0, len(prompts), step):
                     chunk = prompts[start : start + step]
-                    for row in self._generate_chunk(chunk, request.sampling):
+                    for row in self._generate_chunk(model, chunk, request.sampling):
                         tokens, done = trim_response(
                             row, self.eos_token_ids, request.sampling.ignore_eos
                         )
@@ -69,8 +114,12 @@ class HFRollout:
             self.module.train(was_training)
         return GenerationOutput(response_ids=responses, finished=finished)
 
+    def model_for_generation(self) -> nn.Module:
+        """The module to call ``generate`` on; inside ``full_parameters``."""
+        return self.module if self.twin is None else bind_gathered(self.twin, self.module)
+
     def _generate_chunk(
-        self, prompts: list[list[int]], sampling: SamplingParams
+        self, model: nn.Module, prompts: list[list[int]], sampling: SamplingParams
     ) -> list[list[int]]:
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -93,7 +142,7 @@ class HFRollout:
             )
         else:  # greedy: clear the model's own sampling defaults so none leaks in
             kwargs.update(temperature=None, top_p=None, top_k=None)
-        out = self.module.generate(
+        out = model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs
         )
         return out[:, width:].tolist()

@@ -16,7 +16,7 @@ from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train import fsdp
-from engine.train.forward import micro_batches, response_logprobs
+from engine.train.forward import micro_batches, plan_micro_batches, response_logprobs
 from engine.train.fsdp_checkpoint import load_role, save_role
 from engine.types import ActorBatch, TokenBatch
 
@@ -33,6 +33,8 @@ class ActorWorker:
             loss_scale_factor=arr.actor.loss_scale_factor or float(cfg.data.max_response_length),
         )
         self.rollout_cfg = arr.rollout
+        self.update_budget = cfg.token_budget("actor")
+        self.log_prob_budget = cfg.token_budget("actor_log_prob")
         self.device = device
         self.world_size = cfg.world_size
         model = fsdp.load_hf_model(arr.model)
@@ -49,30 +51,36 @@ class ActorWorker:
         self.optimizer.zero_grad(set_to_none=True)
         self.tokenizer = tokenizer
         self.skipped_updates = 0  # non-finite gradient norms, over the run
+        # Bumped whenever the weights change (update, checkpoint load): a colocated
+        # inference engine with its own copy re-syncs when it sees a new version.
+        self.weights_version = 0
         self.consecutive_skips = 0  # ... in a row, up to the last update
 
     @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
         """log π_θ of each response token under the current weights (PPO's π_old)."""
         self.module.eval()
+        device = self.device.torch_device()
+        micro = self.rollout_cfg.log_prob_micro_batch_size_per_gpu
         out = []
-        for rows in micro_batches(len(tokens), self.rollout_cfg.log_prob_micro_batch_size_per_gpu):
+        for rows in plan_micro_batches(tokens, micro, self.log_prob_budget, device):
             logp, _ = response_logprobs(
-                self.module,
-                take(tokens, rows),
-                self.device.torch_device(),
-                temperature=self.rollout_cfg.temperature,
+                self.module, take(tokens, rows), device, temperature=self.rollout_cfg.temperature
             )
             out.append(logp.cpu())
         return torch.cat(out)
 
     def update(self, batch: ActorBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's shard; one optimizer step per
-        mini-batch, gradients accumulated over its micro-batches."""
+        mini-batch, gradients accumulated over its micro-batches. Without
+        ``old_logprobs_BR`` the update must be on-policy (one epoch, one mini-batch):
+        its own log-probs, detached, are π_old."""
         cfg = self.cfg
         self.module.train()
         rows = len(batch.tokens)
         mini = cfg.ppo_mini_batch_size * self.rollout_cfg.n // self.world_size
+        if batch.old_logprobs_BR is None and (cfg.ppo_epochs > 1 or mini < rows):
+            raise ValueError("old log-probs may be left out only when the update is on-policy")
         metrics: dict[str, list[float]] = defaultdict(list)
         offload = cfg.fsdp_config.optimizer_offload
         with fsdp.optimizer_on_device(self.optimizer, self.device, offload):
@@ -80,6 +88,7 @@ class ActorWorker:
                 for mini_rows in micro_batches(rows, mini):
                     self._update_mini_batch(take(batch, mini_rows), metrics)
         self.scheduler.step()
+        self.weights_version += 1
         result = {k: sum(v) / len(v) for k, v in metrics.items()}
         result["actor/lr"] = self.scheduler.get_last_lr()[0]
         result["actor/skipped_updates"] = float(self.skipped_updates)
@@ -92,6 +101,7 @@ class ActorWorker:
 
     def load(self, path: str) -> None:
         counters = load_role(path, self.module, self.optimizer, self.scheduler)
+        self.weights_version += 1
         self.skipped_updates = counters["skipped"]
         self.consecutive_skips = counters["consecutive"]
 
@@ -99,10 +109,13 @@ class ActorWorker:
         cfg = self.cfg
         device = self.device.torch_device()
         scale = fsdp.global_loss_scale(batch.tokens.response_mask_BR, self.device)
+        micro_rows = plan_micro_batches(
+            batch.tokens, cfg.ppo_micro_batch_size_per_gpu, self.update_budget, device
+        )
         # This rank's parts of the mini-batch's losses; × world size they average to
         # the global values over ranks (which is how the controller reduces metrics).
         pg_loss = entropy_sum = kl_sum = 0.0
-        for rows in micro_batches(len(batch.tokens), cfg.ppo_micro_batch_size_per_gpu):
+        for rows in micro_rows:
             micro = take(batch, rows)
             mask = micro.tokens.response_mask_BR.to(device)
             logp, entropy = response_logprobs(
@@ -111,11 +124,13 @@ class ActorWorker:
                 device,
                 temperature=self.rollout_cfg.temperature,
                 with_entropy=True,
+                entropy_grad=cfg.entropy_coeff != 0,
             )
+            old_logp = logp.detach() if micro.old_logprobs_BR is None else micro.old_logprobs_BR
             pg = compute_policy_loss(
                 PolicyLossInputs(
                     logprobs_BT=logp,
-                    old_logprobs_BT=micro.old_logprobs_BR.to(device),
+                    old_logprobs_BT=old_logp.to(device),
                     advantages_BT=micro.advantages_BR.to(device),
                     response_mask_BT=mask,
                 ),

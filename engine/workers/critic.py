@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train import fsdp
-from engine.train.forward import micro_batches, response_values
+from engine.train.forward import micro_batches, plan_micro_batches, response_values
 from engine.train.fsdp_checkpoint import load_role, save_role
 from engine.types import CriticBatch, TokenBatch
 
@@ -31,6 +31,7 @@ class CriticWorker:
         self.ppo_epochs = self.cfg.ppo_epochs or cfg.actor_rollout_ref.actor.ppo_epochs
         self.max_response_length = float(cfg.data.max_response_length)
         self.log_prob_micro = cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+        self.token_budget = cfg.token_budget("critic")
         model_cfg = self.cfg.model if self.cfg.model.path else cfg.actor_rollout_ref.model
         model = fsdp.load_hf_model(model_cfg, kind="value")
         self.module = fsdp.shard_model(
@@ -46,10 +47,11 @@ class CriticWorker:
     @torch.no_grad()
     def values(self, tokens: TokenBatch) -> torch.Tensor:
         self.module.eval()
+        device = self.device.torch_device()
         out = []
-        for rows in micro_batches(len(tokens), self.log_prob_micro):
+        for rows in plan_micro_batches(tokens, self.log_prob_micro, self.token_budget, device):
             micro = take(tokens, rows)
-            values = response_values(self.module, micro, self.device.torch_device())
+            values = response_values(self.module, micro, device)
             out.append((values * micro.response_mask_BR.to(values.device)).cpu())
         return torch.cat(out)
 
@@ -78,7 +80,8 @@ class CriticWorker:
         device = self.device.torch_device()
         scale = fsdp.global_loss_scale(batch.tokens.response_mask_BR, self.device)
         loss_sum = 0.0  # this rank's part of the mini-batch loss (see ActorWorker)
-        for rows in micro_batches(len(batch.tokens), self.cfg.ppo_micro_batch_size_per_gpu):
+        micro_size = self.cfg.ppo_micro_batch_size_per_gpu
+        for rows in plan_micro_batches(batch.tokens, micro_size, self.token_budget, device):
             micro = take(batch, rows)
             values = response_values(self.module, micro.tokens, device)
             loss, m = value_loss(

@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train import fsdp
-from engine.train.forward import micro_batches, response_logprobs
+from engine.train.forward import plan_micro_batches, response_logprobs
 from engine.types import TokenBatch
 
 
@@ -22,6 +22,7 @@ class ReferenceWorker:
         self.device = device
         self.temperature = arr.rollout.temperature
         self.micro_batch_size = arr.ref.log_prob_micro_batch_size_per_gpu
+        self.token_budget = cfg.token_budget("ref_log_prob")
         model = fsdp.load_hf_model(arr.model)
         model.requires_grad_(False)
         self.module = fsdp.shard_model(
@@ -31,10 +32,9 @@ class ReferenceWorker:
 
     @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
+        device = self.device.torch_device()
         out = []
-        for rows in micro_batches(len(tokens), self.micro_batch_size):
-            logp, _ = response_logprobs(
-                self.module, take(tokens, rows), self.device.torch_device(), self.temperature
-            )
+        for rows in plan_micro_batches(tokens, self.micro_batch_size, self.token_budget, device):
+            logp, _ = response_logprobs(self.module, take(tokens, rows), device, self.temperature)
             out.append(logp.cpu())
         return torch.cat(out)

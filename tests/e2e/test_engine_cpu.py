@@ -75,8 +75,10 @@ def test_grpo_learns_the_synthetic_task(tiny_model_dir, synthetic_data, tmp_path
     scores = [r["critic/score/mean"] for r in records]
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last > first + 0.04, f"score did not rise: {scores}"
-    # On-policy (one mini-batch, one epoch): the ratio starts at exactly 1.
+    # On-policy (one mini-batch, one epoch): the ratio starts at exactly 1, and π_old
+    # comes from the update's own forward, with no pass of its own.
     assert all(abs(r["actor/ppo_kl"]) < 1e-6 for r in records)
+    assert not any("timing_s/old_log_prob" in r for r in records)
     assert any("val/score/mean" in r for r in records)  # validation ran at test_freq
     # The trained policy, exported at the end, loads as a plain Hugging Face model.
     from transformers import AutoModelForCausalLM
@@ -106,6 +108,9 @@ ALGORITHMS = {
         "actor_rollout_ref.rollout.n=2",
         "critic.ppo_micro_batch_size_per_gpu=4",
         "critic.optim.lr=1e-3",
+        # Token-budget micro-batches for the actor, critic and reference passes.
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=200",
     ],
     "grpo_kl_loss": [
         "algorithm.adv_estimator=grpo",

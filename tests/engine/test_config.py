@@ -167,6 +167,40 @@ def test_dynamic_batch_size_lifts_the_micro_batch_rule():
     )
 
 
+def test_token_budget_must_hold_one_whole_sequence():
+    longest = ["data.max_prompt_length=100", "data.max_response_length=28"]
+    dynamic = [*GRPO, *longest, "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    message = one_problem([*dynamic, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=127"])
+    assert message.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu is 127:")
+    assert "raise it to at least 128" in message
+    load_config([*dynamic, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=128"])
+    # The log-prob pass inherits the actor's budget unless it has its own.
+    message = one_problem([*dynamic, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=64"])
+    assert message.startswith("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu is 64:")
+    # Budgets are checked only where micro-batches are packed by tokens.
+    load_config([*GRPO, *longest, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8"])
+
+
+def test_the_critic_can_pack_by_tokens_on_its_own():
+    ppo = [*GRPO, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=3"]
+    cfg = load_config(
+        [*ppo, "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=4096"]
+    )
+    assert cfg.token_budget("critic") == 4096 and cfg.token_budget("actor") is None
+
+
+def test_old_log_probs_get_their_own_pass_only_off_policy():
+    assert load_config([*GRPO, "actor_rollout_ref.actor.ppo_mini_batch_size=8"]).update_is_on_policy
+    for extra in (
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # two optimizer steps per batch
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "actor_rollout_ref.actor.recompute_old_log_prob=true",
+        "algorithm.use_kl_in_reward=true",  # the reward needs π_old before the update
+    ):
+        overrides = [*GRPO, "actor_rollout_ref.actor.ppo_mini_batch_size=8", extra]
+        assert not load_config(overrides).update_is_on_policy, extra
+
+
 def test_critic_batch_rules_apply_when_the_critic_runs():
     ppo = [*GRPO, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=3"]
     assert one_problem(ppo).startswith("critic.ppo_micro_batch_size_per_gpu 3")
