@@ -591,3 +591,94 @@ def _build(library, cfg, model_dir, eos):
     from engine.rollout.sglang import SGLangRollout
 
     return SGLangRollout(cfg, model_dir, eos_token_ids=eos, max_model_len=256)
+
+
+# ---------------------------------------------------------------------------
+# the rollout role wired to a colocated engine (vLLM's stand-in, a real FSDP2 actor)
+
+
+def test_rollout_role_pushes_the_actors_weights_when_they_change(
+    fake_vllm, tiny_model_dir, monkeypatch
+):
+    """The engine starts with dummy weights; the first generation pushes the actor's,
+    a generation with unchanged weights pushes nothing, an update makes the next one push
+    the new weights: all of them, by their Hugging Face names, equal to the actor's."""
+    import socket
+
+    from transformers import AutoModelForCausalLM
+
+    from engine.config import load_config
+    from engine.train.fsdp import full_parameters
+    from engine.types import ActorBatch
+    from engine.workers.host import WorkerHost
+
+    pushed: list[dict[str, torch.Tensor]] = []
+
+    def collective_rpc(self, fn, args=()):
+        bucket = dict(args[0])
+        if not pushed or pushed[-1].get("_done"):
+            pushed.append({})
+        pushed[-1].update({n: t.clone() for n, t in bucket.items()})
+        return [len(bucket)]
+
+    def reset_prefix_cache(self):  # the last call of a push
+        pushed[-1]["_done"] = True
+
+    monkeypatch.setattr(FakeLLM, "collective_rpc", collective_rpc)
+    monkeypatch.setattr(FakeLLM, "reset_prefix_cache", reset_prefix_cache)
+    cfg = load_config(
+        [
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.update_weights_bucket_megabytes=1",
+            "trainer.device=cpu",
+            "trainer.n_gpus_per_node=1",
+            "data.train_batch_size=2",
+            "data.max_prompt_length=16",
+            "data.max_response_length=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.optim.lr=1e-2",
+        ],
+        check=False,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = WorkerHost(0, 1, 0, cfg, ["actor", "rollout"])
+    try:
+        host.init_distributed("127.0.0.1", port)
+        actor, rollout = host.roles["actor"], host.roles["rollout"]
+        llm = FakeLLM.instances[0]
+        assert llm.kwargs["load_format"] == "dummy" and llm.kwargs["max_model_len"] == 24
+        request = GenerationRequest([[4, 7], [3]], SamplingParams(max_new_tokens=4))
+
+        def actor_weights():
+            with full_parameters(actor.module):
+                return {n: p.detach().clone() for n, p in actor.module.named_parameters()}
+
+        rollout.generate(request)
+        assert len(pushed) == 1
+        hf_names = {
+            n for n, _ in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters()
+        }
+        first = {n: t for n, t in pushed[0].items() if n != "_done"}
+        assert set(first) == hf_names  # tied lm_head: the embedding goes once
+        before = actor_weights()
+        for name, tensor in first.items():
+            assert torch.equal(tensor, before[name]), name
+
+        rollout.generate(request)
+        assert len(pushed) == 1  # unchanged weights: nothing to push
+
+        tokens = TokenBatch.from_ragged([[4, 7], [3]], [[5, 2], [6, 6, 2]], pad_token_id=0)
+        actor.update(ActorBatch(tokens, None, torch.ones(2, 3)))
+        rollout.generate(request)
+        assert len(pushed) == 2
+        after = actor_weights()
+        assert any(not torch.equal(after[n], before[n]) for n in after)
+        for name, tensor in pushed[1].items():
+            if name != "_done":
+                assert torch.equal(tensor, after[name]), name
+    finally:
+        del host
