@@ -303,6 +303,18 @@ def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
             f"no Megatron-core conversion for model_type {model_type!r}; supported: llama,"
             " mistral, qwen2, qwen3"
         )
+    windowed = (
+        getattr(hf_config, "use_sliding_window", False)
+        if model_type.startswith("qwen")
+        else getattr(hf_config, "sliding_window", None) is not None
+    )
+    if windowed:
+        raise ValueError(
+            f"sliding-window attention (sliding_window={hf_config.sliding_window}) has no"
+            " Megatron-core conversion here"
+        )
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError("mlp_bias=True has no Megatron-core conversion here (add_bias_linear)")
     shape = AttentionShape.of(hf_config)
     return {
         "num_layers": hf_config.num_hidden_layers,
@@ -325,12 +337,32 @@ def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
 
 def gpt_model_kwargs(hf_config: Any) -> dict[str, Any]:
     """``megatron.core.models.gpt.GPTModel`` arguments other than the config and layer spec."""
-    rope = getattr(hf_config, "rope_parameters", None) or {}
+    # transformers 5 keeps RoPE settings in rope_parameters, 4.x in rope_theta/rope_scaling.
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    rope.update(getattr(hf_config, "rope_scaling", None) or {})
     theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    return {
+    kwargs = {
         "vocab_size": hf_config.vocab_size,
         "max_sequence_length": hf_config.max_position_embeddings,
         "position_embedding_type": "rope",
         "rotary_base": int(theta),
         "share_embeddings_and_output_weights": bool(hf_config.tie_word_embeddings),
     }
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "llama3" and all(
+        rope.get(k) == v for k, v in _LLAMA3_FIXED_ROPE.items()
+    ):  # Megatron-core implements Llama 3.x scaling with these constants and any factor
+        kwargs.update(rope_scaling=True, rope_scaling_factor=float(rope["factor"]))
+    elif rope_type != "default":
+        raise ValueError(
+            f"RoPE scaling {rope_type!r} ({rope}) has no Megatron-core equivalent here; supported:"
+            f" none, or llama3 with {_LLAMA3_FIXED_ROPE}"
+        )
+    return kwargs
+
+
+_LLAMA3_FIXED_ROPE = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}

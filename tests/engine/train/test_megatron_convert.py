@@ -179,6 +179,27 @@ def test_config_translation():
     assert gpt["share_embeddings_and_output_weights"] is True
     assert gpt["vocab_size"] == 64 and gpt["position_embedding_type"] == "rope"
 
+    from transformers import LlamaConfig
+
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    llama = LlamaConfig(max_position_embeddings=16384, rope_scaling=llama3, rope_theta=5e5)
+    kw = gpt_model_kwargs(llama)
+    assert kw["rope_scaling"] is True and kw["rope_scaling_factor"] == 8.0
+    assert kw["rotary_base"] == 500000
+    yarn = LlamaConfig(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="yarn"):
+        gpt_model_kwargs(yarn)
+    with pytest.raises(ValueError, match="mlp_bias"):
+        transformer_config_kwargs(LlamaConfig(mlp_bias=True))
+    with pytest.raises(ValueError, match="sliding-window"):
+        transformer_config_kwargs(_qwen_config("qwen2").__class__(use_sliding_window=True))
+
     class Other:
         model_type = "gpt2"
 

@@ -1,0 +1,1035 @@
+"""The Megatron-core training backend: a ``GPTModel`` built from a Hugging Face config,
+tensor and data parallel, for the actor, the critic and the reference.
+
+The interface (what a worker calls in place of ``engine.train.fsdp``)::
+
+    engine = MegatronEngine.from_hf(model_path, parallel, optim_cfg, device, role="actor")
+    engine.eval()
+    with torch.no_grad():
+        logp_BR, _ = engine.response_logprobs(tokens, temperature)   # critic: response_values
+    engine.train()
+    scale = engine.global_loss_scale(mask_BR)       # normalisers over the data-parallel group
+    for micro in micro_batches:                     # gradients accumulate
+        logp_BR, entropy_BR = engine.response_logprobs(micro, temperature, with_entropy=True)
+        engine.backward(loss)                       # loss: this rank's part of the global sum
+    grad_norm = engine.optimizer_step(grad_clip)    # clip and step; skipped if not finite
+    engine.lr_scheduler_step()                      # once per training step, as fsdp's
+    engine.hf_named_tensors(dtype)                  # full HF-named tensors: rollout sync, export
+    engine.save(path, extra, tokenizer); extra = engine.load(path)
+    hf_state_dict_from_checkpoint(path)             # offline: merge a checkpoint's TP slices
+
+How it is built:
+
+- **Parallel state.** ``megatron.core.parallel_state`` is initialised on the process group
+  the host already joined (gloo on CPU, nccl/RCCL on GPUs): tensor-parallel groups of
+  ``tp`` consecutive ranks, data parallel over the rest. Every Megatron role of a process
+  shares it, so colocated roles must use the same sizes.
+- **Model.** ``TransformerConfig``/``GPTModel`` arguments come from
+  ``megatron_convert`` (Llama, Mistral, Qwen2, Qwen3). The layer spec is Megatron-core's
+  local one (its own parallel linears and torch RMSNorm) with the core attention replaced
+  by ``SDPAttention`` (``torch.nn.functional.scaled_dot_product_attention`` with an explicit
+  causal + padding mask: memory-efficient kernels on GPUs, and runs on CPU). Transformer
+  Engine is not used. Megatron's rotary embedding takes positions 0..S-1 and ignores
+  ``position_ids``; rotary attention depends only on position differences, so for rows
+  whose tokens are consecutive (left-padded prompt, right-padded response) this equals
+  HF's ``position_ids`` (checked per batch).
+- **Weights.** The HF safetensors are read on every rank, converted to Megatron names
+  and each rank keeps its TP slices. The critic replaces the LM head with ``ValueHead``
+  (one output with a bias, exported as HF's token-classification ``score``; new heads
+  start from N(0, initializer_range), bias 0, as HF initialises them).
+- **Gradients.** Megatron's ``DistributedDataParallel`` (contiguous fp32 gradient
+  buffers, averaged over the data-parallel group at ``optimizer_step``), then
+  ``finalize_model_grads`` (Qwen3's q/k norm gradients summed over TP ranks).
+- **Optimizer.** On GPUs Megatron's own (``get_megatron_optimizer``: the
+  ``DistributedOptimizer`` when ``use_distributed_optimizer``, fp32 master weights for
+  bf16). On CPU — *a fallback, not Megatron's optimizer* — ``torch.optim.AdamW`` over the
+  Megatron parameters, fed from the DDP buffers, with the global norm computed over TP
+  slices: Megatron-core 0.13/0.14's optimizers allocate CUDA tensors in their constructors
+  (``torch.tensor(..., device='cuda')`` in ``FP32Optimizer``/``MixedPrecisionOptimizer``,
+  and the gradient-norm code), so they cannot be built on a CPU-only torch. Both decay
+  every parameter (``no_weight_decay_cond`` returns False), as ``fsdp.build_optimizer``
+  does, so that the two backends train alike. The learning rate follows
+  ``fsdp.lr_multiplier`` (warmup, then constant or cosine).
+- **Checkpoints.** One file per rank (``rank_<r>.pt``, written atomically: its TP slices,
+  the optimizer state, the schedule step, the caller's extras), ``meta.json`` (the layout;
+  written last by rank 0, so it marks a complete checkpoint) and ``hf/`` (config and
+  tokenizer). Loading needs the same parallel layout; ``hf_state_dict_from_checkpoint``
+  turns any of them back into a Hugging Face state dict without Megatron.
+
+Not supported yet (each refused up front by ``MegatronParallel.problems``): pipeline
+parallelism (Megatron-core's pipeline schedules are not wired), context parallelism and
+sequence parallelism (they need Transformer Engine's attention and norms: the local
+spec's attention asserts ``context_parallel_size == 1`` and its RMSNorm, torch's, asserts
+``not sequence_parallel``), expert parallelism (no MoE conversion yet). Gradient
+checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
+``torch.cuda.get_rng_state``. Costs on GPUs, against Transformer Engine's spec: unfused
+norms and linears, a (B, 1, S, S) boolean mask per forward, and the LM head run over every
+position (GPTModel has no ``logits_to_keep``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from engine.algo.aggregate import LossScale
+from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
+from engine.config import OptimConfig
+from engine.device import DeviceSpec
+from engine.errors import ConfigError, EngineError
+from engine.train import fsdp
+from engine.train.forward import trim_padding
+from engine.train.megatron_convert import (
+    AttentionShape,
+    gpt_model_kwargs,
+    hf_to_megatron,
+    megatron_to_hf_pairs,
+    merge_from_tp,
+    split_for_tp,
+    tp_split_dim,
+    transformer_config_kwargs,
+)
+from engine.types import TokenBatch
+
+ROLES = ("actor", "critic", "reference")
+CONFIG_KEY = "actor_rollout_ref.actor.megatron"
+# Where each role's sizes live in the engine config (named in error messages).
+CONFIG_KEYS = {
+    "actor": CONFIG_KEY,
+    "critic": "critic.megatron",
+    "reference": "actor_rollout_ref.ref.megatron",
+}
+# The local layer spec names its norms separately (not fused into the next linear).
+FUSED_NORMS = False
+VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
+CHECKPOINT_FORMAT = 1
+
+
+# ---------------------------------------------------------------------------
+# parallel sizes
+
+
+@dataclass(frozen=True)
+class MegatronParallel:
+    """Parallel sizes, named as verl's ``<role>.megatron.*`` keys."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+
+    @classmethod
+    def of(cls, cfg: Any) -> MegatronParallel:
+        """From any object with these attribute names (the engine config's section)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def model_parallel_size(self) -> int:
+        return (
+            self.tensor_model_parallel_size
+            * self.pipeline_model_parallel_size
+            * self.context_parallel_size
+        )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        return world_size // self.model_parallel_size
+
+    def problems(self, world_size: int, key: str = CONFIG_KEY) -> list[str]:
+        """Rules that need only the sizes and the world size (config validation)."""
+        p = []
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+            "expert_model_parallel_size",
+        ):
+            value = getattr(self, name)
+            if value < 1:
+                p.append(f"{key}.{name} must be >= 1, got {value}")
+        if p:
+            return p
+        if self.pipeline_model_parallel_size > 1:
+            p.append(
+                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size}:"
+                " pipeline parallelism is not supported by the Megatron engine yet (Megatron-"
+                "core's pipeline schedules are not wired); set it to 1 and split the model with"
+                " tensor_model_parallel_size"
+            )
+        if self.context_parallel_size > 1:
+            p.append(
+                f"{key}.context_parallel_size {self.context_parallel_size}: context parallelism"
+                " needs Transformer Engine's attention, which the Megatron engine does not use"
+                " yet; set it to 1"
+            )
+        if self.expert_model_parallel_size > 1:
+            p.append(
+                f"{key}.expert_model_parallel_size {self.expert_model_parallel_size}: expert"
+                " parallelism needs a mixture-of-experts model, and the Megatron engine converts"
+                " dense Llama/Qwen2/Qwen3 models only; set it to 1"
+            )
+        if self.sequence_parallel:
+            p.append(
+                f"{key}.sequence_parallel: needs Transformer Engine's layer spec; the Megatron"
+                " engine uses Megatron-core's local spec, whose RMSNorm (torch's) refuses"
+                " sequence parallelism; set it to false"
+            )
+        if world_size % self.model_parallel_size:
+            p.append(
+                f"the world size {world_size} (trainer.nnodes × trainer.n_gpus_per_node) must"
+                f" be a multiple of {key}.tensor_model_parallel_size × pipeline_model_parallel"
+                f"_size × context_parallel_size = {self.model_parallel_size}; change those"
+                " sizes or the number of devices"
+            )
+        return p
+
+    def model_problems(self, hf_config: Any, key: str = CONFIG_KEY) -> list[str]:
+        """Rules that need the model's shape (checked when the engine is built)."""
+        tp = self.tensor_model_parallel_size
+        shape = AttentionShape.of(hf_config)
+        p = []
+        for what, value, why in (
+            ("num_attention_heads", shape.num_heads, "each rank holds whole heads"),
+            ("num_key_value_heads", shape.num_kv_heads, "each rank holds whole query groups"),
+            ("intermediate_size", hf_config.intermediate_size, "the MLP is split by columns"),
+            ("vocab_size", hf_config.vocab_size, "the vocabulary is split; none is padded"),
+        ):
+            if value % tp:
+                p.append(
+                    f"{key}.tensor_model_parallel_size {tp} must divide the model's {what}"
+                    f" {value} ({why}); pick a divisor of {value}"
+                )
+        layers = hf_config.num_hidden_layers
+        if layers % self.pipeline_model_parallel_size:
+            p.append(
+                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size} must"
+                f" divide the model's num_hidden_layers {layers}"
+            )
+        try:
+            transformer_config_kwargs(hf_config)
+            gpt_model_kwargs(hf_config)
+        except ValueError as exc:
+            p.append(str(exc))
+        return p
+
+    def validate(self, world_size: int, hf_config: Any = None, key: str = CONFIG_KEY) -> None:
+        problems = self.problems(world_size, key)
+        if hf_config is not None and not problems:
+            problems = self.model_problems(hf_config, key)
+        if problems:
+            raise ConfigError(problems)
+
+
+# ---------------------------------------------------------------------------
+# megatron-core, imported lazily
+
+
+def require_megatron_core() -> str:
+    """Check that a supported megatron-core is importable; returns its version."""
+    from engine.rollout.versions import BackendVersionError, check_version
+
+    version = check_version("megatron")  # a clear error naming the extra when missing
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as exc:
+        raise BackendVersionError(
+            f"megatron-core {version} is installed but does not import ({exc}); reinstall it:"
+            " pip install 'rlctl[megatron]'"
+        ) from exc
+    return version
+
+
+def _install_cpu_shims() -> None:
+    """Two CUDA assumptions of Megatron-core that the CPU path reaches; applied only when
+    the engine runs on the CPU device (a GPU run never gets here):
+
+    - ``torch.cuda.current_device()`` as the device for new tensors: RoPE frequencies,
+      the DDP gradient buffers and the global attention buffer. On CPU it names the CPU.
+    - the CUDA RNG tracker's ``fork()`` around dropout: there is no CUDA RNG; the CPU
+      generator is used as is.
+    """
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    if not getattr(torch.cuda, "_rlctl_cpu_shim", False):
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+        torch.cuda._rlctl_cpu_shim = True  # type: ignore[attr-defined]
+    get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+
+
+def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: int) -> None:
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    if not dist.is_initialized():
+        raise EngineError("the Megatron engine needs torch.distributed initialised first")
+    if ps.model_parallel_is_initialized():
+        have = (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+        )
+        want = (parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size)
+        if have != want:
+            raise EngineError(
+                f"Megatron roles in one process must share parallel sizes: (tp, pp) {want}"
+                f" requested, {have} already in use; give every colocated role's megatron"
+                " section the same sizes"
+            )
+        return
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        context_parallel_size=parallel.context_parallel_size,
+        expert_model_parallel_size=parallel.expert_model_parallel_size,
+    )
+    if device.type == "cpu":
+        _install_cpu_shims()
+    else:
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------
+# modules plugged into Megatron's layer spec
+
+
+class SDPAttention(nn.Module):
+    """Megatron core attention through ``scaled_dot_product_attention``.
+
+    Takes Megatron's ``[s, b, heads, d]`` query and ``[s, b, groups, d]`` key/value and a
+    boolean mask ``[b, 1, s, s]`` (True: masked); returns ``[s, b, heads * d]``."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        **_: Any,  # cp_comm_type, process groups: unused (no context parallelism)
+    ) -> None:
+        super().__init__()
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.softmax_scale = softmax_scale
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor,
+        attn_mask_type: Any = None,
+        attention_bias: Any = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("SDPAttention takes neither packed sequences nor a bias")
+        s, b, heads, d = query.shape
+        per_group = heads // key.shape[2]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
+        if per_group > 1:
+            k = k.repeat_interleave(per_group, dim=1)
+            v = v.repeat_interleave(per_group, dim=1)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=~attention_mask,  # SDPA's boolean mask is True where attention is allowed
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.softmax_scale,
+        )
+        return out.permute(2, 0, 1, 3).reshape(s, b, heads * d)
+
+
+class ValueHead(nn.Linear):
+    """The critic's head: one output per position, replicated on every TP rank (its input,
+    the final hidden states, is replicated without sequence parallelism)."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(hidden_size, 1, bias=True, dtype=dtype, device=device)
+
+    def forward(  # GPTModel calls its output layer with these keywords
+        self, input_: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None
+    ) -> tuple[torch.Tensor, None]:
+        return super().forward(input_), None
+
+
+# ---------------------------------------------------------------------------
+# masks and log-probs
+
+
+def attention_mask_B1SS(attention_mask_BS: torch.Tensor) -> torch.Tensor:
+    """Megatron's boolean mask (True: masked): causal, padding keys masked. Every query
+    keeps itself, so that padding rows stay finite (they are never read)."""
+    s = attention_mask_BS.shape[1]
+    device = attention_mask_BS.device
+    causal = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+    keys = attention_mask_BS.bool()[:, None, None, :]
+    allowed = causal & (keys | torch.eye(s, dtype=torch.bool, device=device))
+    return ~allowed
+
+
+def check_consecutive_positions(position_ids_BS: torch.Tensor, mask_BS: torch.Tensor) -> None:
+    """Megatron's rotary embedding uses the column index as the position; that equals HF's
+    ``position_ids`` up to a per-row shift (which rotary attention ignores) only when a
+    row's valid positions increase by one per column."""
+    offset = position_ids_BS - torch.arange(position_ids_BS.shape[1], device=mask_BS.device)
+    valid = mask_BS.bool()
+    big = torch.iinfo(offset.dtype).max
+    low = offset.masked_fill(~valid, big).amin(dim=1)
+    high = offset.masked_fill(~valid, -big).amax(dim=1)
+    bad = valid.any(dim=1) & (low != high)
+    if bool(bad.any()):
+        raise EngineError(
+            "the Megatron engine needs each row's positions to be consecutive (one sequence"
+            " per row, padding only on the left and right); packed rows are not supported"
+        )
+
+
+def vocab_parallel_logprobs_entropy(
+    logits_BRv: torch.Tensor,
+    targets_BR: torch.Tensor,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log-probs of ``targets`` and the entropy from this TP rank's vocabulary slice of
+    the logits, without gathering the vocabulary; the entropy carries a graph only with
+    ``entropy_grad``.
+
+    Each TP rank computes the same (replicated) loss from these, so the reductions use
+    Megatron's ``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity
+    backward): each rank's logits get exactly the gradient of their own slice."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
+
+    group = ps.get_tensor_model_parallel_group()
+    v_local = logits_BRv.shape[-1]
+    start = ps.get_tensor_model_parallel_rank() * v_local
+    with torch.no_grad():  # the shift cancels in every result: no gradient through it
+        top = logits_BRv.amax(dim=-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits_BRv - top.unsqueeze(-1)
+    exp = shifted.exp()
+    sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
+    log_z = sum_exp.log()
+    local = targets_BR - start
+    mine = (local >= 0) & (local < v_local)
+    picked = shifted.gather(-1, local.clamp(0, v_local - 1).unsqueeze(-1)).squeeze(-1)
+    target_logit = reduce_from_tensor_model_parallel_region(picked * mine)
+    logp = target_logit - log_z
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1))
+            entropy = log_z - weighted / sum_exp
+    return logp, entropy
+
+
+def _pad_responses(values_BR: torch.Tensor, r_len: int) -> torch.Tensor:
+    return F.pad(values_BR, (0, r_len - values_BR.shape[1]))
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------
+# the engine
+
+
+@dataclass(frozen=True)
+class _Layout:
+    world_size: int
+    rank: int
+    tp: int
+    tp_rank: int
+    dp: int
+    dp_rank: int
+
+
+class MegatronEngine:
+    """One role's Megatron-core model, optimizer and schedule on this rank."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ddp: nn.Module | None,
+        hf_config: Any,
+        parallel: MegatronParallel,
+        optim_cfg: OptimConfig | None,
+        device: DeviceSpec,
+        role: str,
+        total_steps: int,
+    ) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.model = model  # the GPTModel (names as megatron_convert expects)
+        self.ddp = ddp  # its DDP wrapper (None: forward only)
+        self.hf_config = hf_config
+        self.parallel = parallel
+        self.optim_cfg = optim_cfg
+        self.device = device
+        self.role = role
+        self.total_steps = max(1, total_steps)
+        self.shape = AttentionShape.of(hf_config)
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.dp_group = ps.get_data_parallel_group()
+        self.model_parallel_group = ps.get_model_parallel_group()
+        self.layout = _Layout(
+            world_size=dist.get_world_size(),
+            rank=dist.get_rank(),
+            tp=ps.get_tensor_model_parallel_world_size(),
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            dp=ps.get_data_parallel_world_size(),
+            dp_rank=ps.get_data_parallel_rank(),
+        )
+        self.lr_step = 0  # schedule steps taken
+        self.optimizer: Any = None
+        # Megatron's optimizer on accelerators; on CPU torch's AdamW (see the module doc).
+        self.uses_megatron_optimizer = device.type != "cpu"
+        if ddp is not None and optim_cfg is not None:
+            self.optimizer = self._build_optimizer(optim_cfg)
+            self._apply_lr()
+
+    # -- construction ---------------------------------------------------------
+
+    @classmethod
+    def from_hf(
+        cls,
+        model_path: str | Path | None,
+        parallel: MegatronParallel,
+        optim_cfg: OptimConfig | None,
+        device: DeviceSpec,
+        *,
+        role: str = "actor",
+        hf_config: Any = None,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        dtype: str = "bfloat16",
+        gradient_checkpointing: bool = False,
+        total_steps: int = 1,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+    ) -> MegatronEngine:
+        """Build from a Hugging Face folder (or ``hf_config`` + ``state_dict``) on this
+        rank's share. ``optim_cfg=None`` builds a forward-only engine (the reference)."""
+        require_megatron_core()
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLES)}")
+        if device.type not in ("cpu", "cuda"):
+            raise EngineError(
+                f"the Megatron engine runs on NVIDIA/AMD GPUs (cuda) or, for tests, the CPU;"
+                f" not on {device.type!r}: use strategy=fsdp2 there"
+            )
+        if hf_config is None:
+            from transformers import AutoConfig
+
+            hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        if not dist.is_initialized():
+            raise EngineError("the Megatron engine needs torch.distributed initialised first")
+        parallel.validate(dist.get_world_size(), hf_config, CONFIG_KEYS[role])
+        _init_parallel_state(parallel, device, seed)
+        torch_dtype = torch.bfloat16 if dtype == "bfloat16" and device.supports_bf16 else None
+        if dtype == "float16" and device.supports_bf16:
+            raise EngineError("the Megatron engine trains in bfloat16 or float32, not float16")
+        model = _build_gpt(
+            hf_config,
+            parallel,
+            device,
+            torch_dtype or torch.float32,
+            role,
+            gradient_checkpointing and device.type != "cpu",
+        )
+        if state_dict is None:
+            state_dict = load_hf_state_dict(model_path)
+        _load_hf_weights(model, state_dict, hf_config, role, seed)
+        del state_dict
+        ddp = None
+        if optim_cfg is not None:
+            ddp = _wrap_ddp(model, parallel, device)
+        else:
+            model.requires_grad_(False)
+        return cls(model, ddp, hf_config, parallel, optim_cfg, device, role, total_steps)
+
+    def _build_optimizer(self, cfg: OptimConfig) -> Any:
+        if not self.uses_megatron_optimizer:
+            return fsdp.build_optimizer(self.model, cfg)
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        bf16 = self.model.config.bf16
+        config = OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.betas[0],
+            adam_beta2=cfg.betas[1],
+            adam_eps=1e-8,  # torch AdamW's, as the FSDP backend uses
+            bf16=bf16,
+            params_dtype=torch.bfloat16 if bf16 else torch.float32,
+            use_distributed_optimizer=self.parallel.use_distributed_optimizer,
+        )
+        return get_megatron_optimizer(
+            config, [self.ddp], no_weight_decay_cond=lambda name, param: False
+        )
+
+    # -- properties -------------------------------------------------------------
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.dp_rank
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+
+    @property
+    def module(self) -> nn.Module:
+        """What runs forward: the DDP wrapper, or the bare model when forward-only."""
+        return self.ddp if self.ddp is not None else self.model
+
+    def train(self) -> None:
+        self.module.train()
+
+    def eval(self) -> None:
+        self.module.eval()
+
+    # -- forward ----------------------------------------------------------------
+
+    def _forward(self, input_ids_BS, attention_mask_BS, position_ids_BS) -> torch.Tensor:
+        """The model's output, batch first: (B, S, V/tp) logits, or (B, S, 1) values."""
+        device = self.device.torch_device()
+        ids = input_ids_BS.to(device)
+        mask = attention_mask_BS.to(device)
+        check_consecutive_positions(position_ids_BS.to(device), mask)
+        b, s = ids.shape
+        positions = torch.arange(s, device=device).expand(b, s)
+        return self.module(
+            input_ids=ids, position_ids=positions, attention_mask=attention_mask_B1SS(mask)
+        )
+
+    def logits(self, input_ids_BS, attention_mask_BS, position_ids_BS) -> torch.Tensor:
+        """(B, S, V) logits over the whole vocabulary (gathered over TP ranks)."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        if self.role == "critic":
+            raise EngineError("the critic has a value head, not logits: use response_values")
+        out = self._forward(input_ids_BS, attention_mask_BS, position_ids_BS)
+        return gather_from_tensor_model_parallel_region(out) if self.layout.tp > 1 else out
+
+    def response_logprobs(
+        self,
+        tokens: TokenBatch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As ``engine.train.forward.response_logprobs``: log π of each response token
+        (logits divided by the sampling temperature) and optionally the entropy, whose
+        graph is kept only with ``entropy_grad``. With TP > 1 the vocabulary stays split."""
+        r_len = tokens.response_length
+        trimmed = trim_padding(tokens)
+        kept = trimmed.response_length
+        out = self._forward(
+            trimmed.input_ids_BS, trimmed.attention_mask_BS, trimmed.position_ids_BS
+        )
+        logits_BRV = out[:, -kept - 1 : -1, :].float()
+        if temperature != 1.0:
+            logits_BRV = logits_BRV / temperature
+        targets = trimmed.responses_BR.to(logits_BRV.device)
+        entropy = None
+        if self.layout.tp == 1:
+            logp = logprobs_from_logits(logits_BRV, targets)
+            if with_entropy:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    entropy = entropy_from_logits(logits_BRV)
+        else:
+            logp, entropy = vocab_parallel_logprobs_entropy(
+                logits_BRV, targets, with_entropy, entropy_grad
+            )
+        if entropy is not None:
+            entropy = _pad_responses(entropy, r_len)
+        return _pad_responses(logp, r_len), entropy
+
+    def response_values(self, tokens: TokenBatch) -> torch.Tensor:
+        """V(prefix) before each response token (the critic)."""
+        if self.role != "critic":
+            raise EngineError(f"response_values needs the critic's value head, not the {self.role}")
+        r_len = tokens.response_length
+        trimmed = trim_padding(tokens)
+        kept = trimmed.response_length
+        out = self._forward(
+            trimmed.input_ids_BS, trimmed.attention_mask_BS, trimmed.position_ids_BS
+        )
+        return _pad_responses(out[:, -kept - 1 : -1, 0].float(), r_len)
+
+    # -- backward and update ------------------------------------------------------
+
+    def global_loss_scale(self, mask_BR: torch.Tensor) -> LossScale:
+        """The mini-batch's token and sequence counts summed over the data-parallel group
+        (TP ranks hold the same rows, so they are not counted again)."""
+        local = LossScale.of(mask_BR)
+        counts = torch.tensor(
+            [local.num_tokens, local.num_seqs],
+            dtype=torch.float64,
+            device=self.device.torch_device(),
+        )
+        dist.all_reduce(counts, group=self.dp_group)
+        tokens, seqs = counts.tolist()
+        return LossScale(num_tokens=tokens, num_seqs=seqs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of ``loss``, this DP rank's part of a global sum.
+
+        DDP averages gradients over the data-parallel group; × dp_size undoes that mean."""
+        if self.ddp is None:
+            raise EngineError(f"the {self.role} engine was built without an optimizer")
+        (loss * self.layout.dp).backward()
+
+    def optimizer_step(self, grad_clip: float) -> float:
+        """Reduce gradients over DP (and q/k norms over TP), clip to ``grad_clip``, step.
+        Returns the global norm before clipping; inf/NaN skips the update (and drops the
+        gradients), as ``fsdp.optimizer_step`` does."""
+        from megatron.core.distributed import finalize_model_grads
+
+        if self.optimizer is None:
+            raise EngineError(f"the {self.role} engine was built without an optimizer")
+        finalize_model_grads([self.ddp])
+        if self.uses_megatron_optimizer:
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.clip_grad_norm(grad_clip))
+            if math.isfinite(grad_norm):
+                self.optimizer.step_with_ready_grads()
+        else:
+            grad_norm = self._cpu_clip_and_step(grad_clip)
+        self.zero_grad()
+        return grad_norm
+
+    def _cpu_clip_and_step(self, grad_clip: float) -> float:
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = p.main_grad  # the DDP buffer's view, reduced over DP
+        # Replicated parameters (norms, the value head) count once over the TP group.
+        squares = torch.zeros((), dtype=torch.float64)
+        for p in params:
+            if param_is_not_tensor_parallel_duplicate(p):
+                squares += p.grad.double().pow(2).sum()
+        dist.all_reduce(squares, group=self.model_parallel_group)
+        grad_norm = float(squares.sqrt())
+        if math.isfinite(grad_norm):
+            coef = grad_clip / (grad_norm + 1e-6)  # torch's clip_grad_norm_ formula
+            if coef < 1.0:
+                for p in params:
+                    p.grad.mul_(coef)
+            self.optimizer.step()
+        for p in params:
+            p.grad = None
+        return grad_norm
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def lr_scheduler_step(self) -> None:
+        self.lr_step += 1
+        self._apply_lr()
+
+    def _apply_lr(self) -> None:
+        lr = self.optim_cfg.lr * fsdp.lr_multiplier(self.lr_step, self.optim_cfg, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # -- weights out --------------------------------------------------------------
+
+    def _full_megatron_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Megatron name, full tensor): TP slices gathered; every rank takes part in the
+        same order and gets every tensor."""
+        for name, param in self.model.named_parameters():
+            tensor = param.detach()
+            if self.layout.tp > 1 and _is_tp_split(name, self.role):
+                slices = [torch.empty_like(tensor) for _ in range(self.layout.tp)]
+                dist.all_gather(slices, tensor.contiguous(), group=self.tp_group)
+                tensor = merge_from_tp(name, slices)
+            yield name, tensor
+
+    def hf_named_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Any]]:
+        """Full Hugging Face (name, tensor) pairs, one parameter at a time (collective: call
+        on every rank). The critic's value head comes out as ``score.{weight,bias}``.
+        Tensors not split over TP are views of the live parameters: copy what you keep."""
+        pairs = self._full_megatron_tensors()
+        for name, tensor in _to_hf_pairs(pairs, self.shape, self.role):
+            yield name, tensor if dtype is None else tensor.to(dtype)
+
+    # -- checkpoints ----------------------------------------------------------------
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None, tokenizer: Any = None):
+        """Every rank writes ``rank_<r>.pt``; rank 0 writes ``hf/`` and, last, ``meta.json``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.layout.rank == 0:  # an older checkpoint here is incomplete until the end
+            (path / "meta.json").unlink(missing_ok=True)
+        layout = asdict(self.layout)
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "layout": layout,
+            "role": self.role,
+            "model": {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()},
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "lr_step": self.lr_step,
+            "extra": extra or {},
+        }
+        _atomic_save(state, path / f"rank_{self.layout.rank}.pt")
+        if self._distributed_optimizer:  # its state is sharded over DP: gathered to DP rank 0
+            self.optimizer.save_parameter_state(str(path / self._dist_optim_file()))
+        layouts: list[Any] = [None] * self.layout.world_size
+        dist.all_gather_object(layouts, layout)
+        if self.layout.rank == 0:
+            hf = path / "hf"
+            self.hf_config.save_pretrained(hf)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(hf)
+            meta = {"format": CHECKPOINT_FORMAT, "role": self.role, "ranks": layouts}
+            tmp = path / ".meta.json.tmp"
+            tmp.write_text(json.dumps(meta, indent=1))
+            os.replace(tmp, path / "meta.json")
+        dist.barrier()
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore weights, optimizer state and schedule in place; returns the extras."""
+        path = Path(path)
+        if not (path / "meta.json").exists():
+            raise EngineError(f"{path} is not a complete Megatron checkpoint (no meta.json)")
+        state = torch.load(path / f"rank_{self.layout.rank}.pt", weights_only=False)
+        saved, now = state["layout"], asdict(self.layout)
+        if saved != now:
+            raise EngineError(
+                f"checkpoint {path} was written with layout {saved}; this run is {now}. Resume"
+                " with the same parallel sizes and world size, or export it"
+                " (hf_state_dict_from_checkpoint) and start from the Hugging Face weights"
+            )
+        with torch.no_grad():
+            params = dict(self.model.named_parameters())
+            if set(params) != set(state["model"]):
+                raise EngineError(f"checkpoint {path} holds other parameters than this model")
+            for name, tensor in state["model"].items():
+                params[name].copy_(tensor)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self._distributed_optimizer:
+                self.optimizer.load_parameter_state(str(path / self._dist_optim_file()))
+            self.lr_step = state["lr_step"]
+            self._apply_lr()
+        dist.barrier()
+        return state["extra"]
+
+    @property
+    def _distributed_optimizer(self) -> bool:
+        return (
+            self.optimizer is not None
+            and self.uses_megatron_optimizer
+            and self.parallel.use_distributed_optimizer
+        )
+
+    def _dist_optim_file(self) -> str:
+        return f"dist_optimizer_tp{self.layout.tp_rank}.pt"
+
+
+# ---------------------------------------------------------------------------
+# building blocks
+
+
+def load_hf_state_dict(model_path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face folder's safetensors (or ``pytorch_model*.bin``)."""
+    folder = Path(model_path)
+    files = sorted(folder.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    if files:
+        from safetensors.torch import load_file
+
+        for file in files:
+            state.update(load_file(file))
+        return state
+    bins = sorted(folder.glob("pytorch_model*.bin"))
+    if not bins:
+        raise EngineError(f"{folder} has no *.safetensors or pytorch_model*.bin weights")
+    for file in bins:
+        state.update(torch.load(file, map_location="cpu", weights_only=True))
+    return state
+
+
+def _build_gpt(
+    hf_config: Any,
+    parallel: MegatronParallel,
+    device: DeviceSpec,
+    dtype: torch.dtype,
+    role: str,
+    recompute: bool,
+) -> nn.Module:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    kw = transformer_config_kwargs(hf_config)
+    kw.pop("activation")  # "silu"
+    if recompute:
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    config = TransformerConfig(
+        **kw,
+        activation_func=F.silu,
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        sequence_parallel=False,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=device.type == "cpu",
+        # Every weight is loaded next, but only the initialisers mark TP-split weights
+        # (``tensor_model_parallel``), which the gradient norm needs to count them right.
+        perform_initialization=True,
+        gradient_accumulation_fusion=False,
+    )
+    spec = get_gpt_layer_local_spec(qk_layernorm=kw["qk_layernorm"], normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    gpt_kw = gpt_model_kwargs(hf_config)
+    if role == "critic":
+        gpt_kw["share_embeddings_and_output_weights"] = False
+    model = GPTModel(
+        config=config, transformer_layer_spec=spec, pre_process=True, post_process=True, **gpt_kw
+    )
+    if role == "critic":
+        model.output_layer = ValueHead(
+            hf_config.hidden_size, dtype, model.embedding.word_embeddings.weight.device
+        )
+    return model
+
+
+def _load_hf_weights(
+    model: nn.Module, hf_state: dict[str, torch.Tensor], hf_config: Any, role: str, seed: int
+) -> None:
+    """This rank's TP slices of the HF weights into ``model``."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    head = {k: v for k, v in hf_state.items() if k.startswith("score.")}
+    body = {
+        k: v
+        for k, v in hf_state.items()
+        if not k.startswith("score.") and not (role == "critic" and k == "lm_head.weight")
+    }
+    tied = bool(hf_config.tie_word_embeddings) or role == "critic"
+    full = hf_to_megatron(
+        body, AttentionShape.of(hf_config), tie_word_embeddings=tied, fused_norms=FUSED_NORMS
+    )
+    mine = {name: split_for_tp(name, t, tp)[tp_rank] for name, t in full.items()}
+    if role == "critic":
+        mine.update(_value_head_state(head, hf_config, seed))
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(mine))
+    unexpected = sorted(set(mine) - set(params))
+    if missing or unexpected:
+        raise EngineError(
+            f"Hugging Face weights do not fit the Megatron model: missing {missing[:5]},"
+            f" unexpected {unexpected[:5]}"
+        )
+    with torch.no_grad():
+        for name, tensor in mine.items():
+            if params[name].shape != tensor.shape:
+                raise EngineError(
+                    f"{name}: Hugging Face gives {tuple(tensor.shape)}, the Megatron model"
+                    f" expects {tuple(params[name].shape)}"
+                )
+            params[name].copy_(tensor)
+
+
+def _value_head_state(head: dict[str, torch.Tensor], hf_config: Any, seed: int) -> dict:
+    """The critic's head from a token-classification checkpoint, or a new one drawn as HF
+    draws it (normal(0, initializer_range), bias 0) from ``seed`` (same on every rank)."""
+    if "score.weight" in head:
+        weight = head["score.weight"]
+        if weight.shape[0] != 1:
+            raise EngineError(f"score.weight has {weight.shape[0]} outputs; a critic has 1")
+        bias = head.get("score.bias", torch.zeros(1))
+        return {"output_layer.weight": weight, "output_layer.bias": bias}
+    generator = torch.Generator().manual_seed(seed)
+    std = float(getattr(hf_config, "initializer_range", 0.02))
+    weight = torch.randn(1, hf_config.hidden_size, generator=generator) * std
+    return {"output_layer.weight": weight, "output_layer.bias": torch.zeros(1)}
+
+
+def _wrap_ddp(model: nn.Module, parallel: MegatronParallel, device: DeviceSpec) -> nn.Module:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,  # reduce once, at optimizer_step
+        # The CPU fallback optimizer needs every gradient on every rank.
+        use_distributed_optimizer=parallel.use_distributed_optimizer and device.type != "cpu",
+    )
+    ddp = DistributedDataParallel(model.config, ddp_config, model)
+    ddp.broadcast_params()  # the same start on every DP rank, whatever happened before
+    return ddp
+
+
+def _is_tp_split(name: str, role: str) -> bool:
+    """Whether this rank holds a TP slice of ``name`` (the critic's head is replicated)."""
+    if role == "critic" and name in VALUE_HEAD:
+        return False
+    return tp_split_dim(name) is not None
+
+
+def _to_hf_pairs(
+    pairs: Iterator[tuple[str, torch.Tensor]], shape: AttentionShape, role: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full Megatron pairs as HF pairs; the critic's head as ``score.*``."""
+
+    def body() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in pairs:
+            if role == "critic" and name in VALUE_HEAD:
+                head.append((VALUE_HEAD[name], tensor))
+            else:
+                yield name, tensor
+
+    head: list[tuple[str, torch.Tensor]] = []
+    yield from megatron_to_hf_pairs(body(), shape, fused_norms=FUSED_NORMS)
+    yield from head
+
+
+def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """A Hugging Face state dict from a Megatron checkpoint directory, on one process and
+    without Megatron: the TP slices of data-parallel rank 0, merged and renamed."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    ranks = sorted((r for r in meta["ranks"] if r["dp_rank"] == 0), key=lambda r: r["tp_rank"])
+    states = [torch.load(path / f"rank_{r['rank']}.pt", weights_only=False)["model"] for r in ranks]
+    hf_config = AutoConfig.from_pretrained(path / "hf")
+    role = meta["role"]
+
+    def merged(name: str) -> torch.Tensor:
+        slices = [s[name] for s in states]
+        return merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]
+
+    pairs = ((name, merged(name)) for name in states[0])
+    return dict(_to_hf_pairs(pairs, AttentionShape.of(hf_config), role))

@@ -1,0 +1,644 @@
+"""The Megatron-core training backend (engine.train.megatron).
+
+Always run: the parallel-size rules, the install error, the attention mask and the
+SDPA core attention (pure torch). With megatron-core importable (not in this
+repository's environment: install it with ``pip install --no-deps megatron-core==0.14.0
+--target DIR`` and put DIR on PYTHONPATH), real ``GPTModel`` engines run under
+torch.distributed with gloo on CPU, in spawned processes: world size 1 (TP=1), 2 (TP=1,
+DP=2) and 2 (TP=2), each checked against Hugging Face models trained with the same
+AdamW settings on the same batch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import socket
+
+import pytest
+import torch
+
+from engine.errors import ConfigError, EngineError
+from engine.train.megatron import (
+    MegatronParallel,
+    SDPAttention,
+    attention_mask_B1SS,
+    check_consecutive_positions,
+)
+
+
+def _has_megatron() -> bool:
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+needs_megatron = pytest.mark.skipif(
+    not _has_megatron(),
+    reason="megatron-core is not installed (pip install 'rlctl[megatron]'); see module doc",
+)
+
+
+def _config(model_type="qwen2", **kw):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[model_type]
+    base = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    base.update(kw)
+    return cls(**base)
+
+
+# ---------------------------------------------------------------------------
+# without megatron-core
+
+
+def test_parallel_sizes_against_the_world():
+    ok = MegatronParallel(tensor_model_parallel_size=2)
+    assert ok.problems(world_size=8) == []
+    assert ok.data_parallel_size(8) == 4
+
+    (p,) = MegatronParallel(tensor_model_parallel_size=4).problems(world_size=6)
+    assert "world size 6" in p and "= 4" in p and "tensor_model_parallel_size" in p
+
+    (p,) = MegatronParallel(tensor_model_parallel_size=0).problems(world_size=2)
+    assert p == "actor_rollout_ref.actor.megatron.tensor_model_parallel_size must be >= 1, got 0"
+
+    problems = MegatronParallel(
+        pipeline_model_parallel_size=2,
+        context_parallel_size=2,
+        expert_model_parallel_size=2,
+        sequence_parallel=True,
+    ).problems(world_size=4, key="critic.megatron")
+    assert len(problems) == 4
+    assert problems[0].startswith("critic.megatron.pipeline_model_parallel_size 2:")
+    assert "context_parallel_size 2" in problems[1] and "set it to 1" in problems[1]
+    assert "mixture-of-experts" in problems[2]
+    assert "sequence_parallel" in problems[3] and "set it to false" in problems[3]
+
+    with pytest.raises(ConfigError, match="world size 3"):
+        MegatronParallel(tensor_model_parallel_size=2).validate(world_size=3)
+
+
+def test_parallel_sizes_against_the_model():
+    cfg = _config(num_attention_heads=6, num_key_value_heads=3, head_dim=8, vocab_size=255)
+    problems = MegatronParallel(tensor_model_parallel_size=2).model_problems(cfg)
+    assert problems == [
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2 must divide the model's"
+        " num_key_value_heads 3 (each rank holds whole query groups); pick a divisor of 3",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2 must divide the model's"
+        " vocab_size 255 (the vocabulary is split; none is padded); pick a divisor of 255",
+    ]
+    assert MegatronParallel(tensor_model_parallel_size=2).model_problems(_config()) == []
+    windowed = _config(use_sliding_window=True, sliding_window=64)
+    (p,) = MegatronParallel().model_problems(windowed)
+    assert "sliding-window" in p
+    with pytest.raises(ConfigError, match="num_attention_heads 6"):
+        MegatronParallel(tensor_model_parallel_size=4).validate(4, _config(num_attention_heads=6))
+
+
+def test_parallel_of_a_config_section():
+    class Section:
+        tensor_model_parallel_size = 2
+        pipeline_model_parallel_size = 1
+        context_parallel_size = 1
+        expert_model_parallel_size = 1
+        sequence_parallel = False
+        use_distributed_optimizer = False
+
+    assert MegatronParallel.of(Section()) == MegatronParallel(2, use_distributed_optimizer=False)
+
+
+def test_missing_megatron_core_is_a_clear_error(monkeypatch):
+    import engine.rollout.versions as versions
+    from engine.config import OptimConfig
+    from engine.device import DEVICES
+    from engine.train.megatron import MegatronEngine
+
+    monkeypatch.setattr(versions, "installed_version", lambda name: None)
+    with pytest.raises(EngineError) as err:
+        MegatronEngine.from_hf("unused", MegatronParallel(), OptimConfig(), DEVICES["cpu"])
+    message = str(err.value)
+    assert "pip install 'rlctl[megatron]'" in message
+    assert "megatron-core>=0.13,<0.15" in message
+
+    # Installed (metadata says so) but not importable: still a clear error.
+    monkeypatch.setattr(versions, "installed_version", lambda name: "0.14.0")
+    monkeypatch.setitem(__import__("sys").modules, "megatron", None)
+    with pytest.raises(EngineError, match=r"does not import.*rlctl\[megatron\]"):
+        MegatronEngine.from_hf("unused", MegatronParallel(), OptimConfig(), DEVICES["cpu"])
+
+
+def test_attention_mask_by_hand():
+    # row 0: one left pad, then 3 tokens; row 1: 3 tokens, then one right pad
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]])
+    allowed = ~attention_mask_B1SS(mask)[:, 0]
+    assert allowed[0].int().tolist() == [
+        [1, 0, 0, 0],  # the pad query keeps only itself (finite, never read)
+        [0, 1, 0, 0],
+        [0, 1, 1, 0],
+        [0, 1, 1, 1],
+    ]
+    assert allowed[1].int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],
+    ]
+
+
+def test_positions_must_be_consecutive():
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]])
+    check_consecutive_positions(torch.tensor([[1, 0, 1, 2], [0, 1, 2, 1]]), mask)  # HF's
+    with pytest.raises(EngineError, match="consecutive"):  # two sequences packed in a row
+        check_consecutive_positions(torch.tensor([[1, 0, 1, 0], [0, 1, 2, 1]]), mask)
+
+
+def test_sdpa_attention_matches_explicit_softmax():
+    torch.manual_seed(0)
+    s, b, heads, groups, d = 5, 2, 4, 2, 8
+    q, k, v = (
+        torch.randn(s, b, heads, d),
+        torch.randn(s, b, groups, d),
+        torch.randn(s, b, groups, d),
+    )
+    mask = attention_mask_B1SS(torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]]))
+
+    class Cfg:
+        attention_dropout = 0.0
+
+    out = SDPAttention(Cfg(), 1, None, "self").eval()(q, k, v, mask)
+    assert out.shape == (s, b, heads * d)
+    # by hand: query head h uses kv group h // 2
+    kk, vv = k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2)
+    scores = torch.einsum("sbhd,tbhd->bhst", q, kk) / math.sqrt(d)
+    scores = scores.masked_fill(mask, float("-inf"))
+    expected = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), vv).reshape(s, b, -1)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# with megatron-core: real engines in spawned gloo processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn, world_size: int, *args) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(fn, args=(world_size, _free_port(), *args), nprocs=world_size, join=True)
+
+
+def _init(rank: int, world_size: int, port: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def _batch(vocab: int):
+    """4 rows: left-padded prompts, right-padded responses, of different lengths."""
+    from engine.types import TokenBatch
+
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 9, 7, 3)]
+    responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 3, 8, 5)]
+    return TokenBatch.from_ragged(prompts, responses, pad_token_id=0)
+
+
+OPTIM = dict(
+    lr=1e-3,
+    weight_decay=0.01,
+    lr_warmup_steps=1,
+    lr_scheduler_type="cosine",
+    min_lr_ratio=0.1,
+)
+CRITIC_LR = 1e-4
+STEPS = 3  # the checkpoint is written after step 2; step 3 is replayed after loading
+
+
+def _hf_reference(hf, batch, loss_fn, steps: int, total: int, lr: float = OPTIM["lr"]):
+    """HF model trained with the FSDP backend's optimizer and schedule, on the whole batch
+    at once; returns the losses, the learning rates and the gradient norms seen."""
+    from engine.config import OptimConfig
+    from engine.train import fsdp
+
+    cfg = OptimConfig(**{**OPTIM, "lr": lr})
+    optimizer = fsdp.build_optimizer(hf, cfg)
+    scheduler = fsdp.build_scheduler(optimizer, cfg, total)
+    losses, lrs, norms = [], [], []
+    hf.train()
+    for _ in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        loss = loss_fn(hf, batch)
+        loss.backward()
+        # The norm in float64: torch's float32 one is off by ~1e-5 here (the 262k-entry
+        # embedding), the engine's is float64.
+        grads = [p.grad.double() for p in hf.parameters() if p.grad is not None]
+        norms.append(float(torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()))
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        losses.append(float(loss.detach()))
+    return losses, lrs, norms
+
+
+def _engine_steps(engine, batch, loss_fn, steps: int, micro: int):
+    """``steps`` updates of this DP rank's rows, ``micro`` rows per micro-batch;
+    ``loss_fn(engine, micro_batch, rows, scale)``. Returns this rank's loss and the
+    gradient norm, per step."""
+    from engine.controller.dispatch import take
+
+    losses, norms = [], []
+    engine.train()
+    for _ in range(steps):
+        scale = engine.global_loss_scale(batch.response_mask_BR)
+        total = 0.0
+        for start in range(0, len(batch), micro):
+            rows = slice(start, start + micro)
+            loss = loss_fn(engine, take(batch, rows), rows, scale)
+            engine.backward(loss)
+            total += float(loss.detach())
+        norms.append(engine.optimizer_step(1.0))
+        engine.lr_scheduler_step()
+        losses.append(total)
+    return losses, norms
+
+
+def _hf_copy(engine) -> dict:
+    """The engine's HF tensors, copied (some are views of the live parameters)."""
+    return {name: t.clone() for name, t in engine.hf_named_tensors()}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert set(a) == set(b), sorted(set(a) ^ set(b))
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _actor_run(rank, world_size, port, tp, model_dir, ckpt_dir, out_path):
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from engine.config import OptimConfig
+    from engine.controller.dispatch import take
+    from engine.device import DEVICES
+    from engine.train.forward import response_logprobs
+    from engine.train.megatron import MegatronEngine, hf_state_dict_from_checkpoint
+
+    _init(rank, world_size, port)
+    try:
+        parallel = MegatronParallel(tensor_model_parallel_size=tp)
+        optim = OptimConfig(**OPTIM)
+        cpu = DEVICES["cpu"]
+
+        def build():
+            return MegatronEngine.from_hf(
+                model_dir, parallel, optim, cpu, role="actor", total_steps=STEPS + 1
+            )
+
+        engine = build()
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        batch = _batch(hf.config.vocab_size)
+        valid = batch.attention_mask_BS.bool()
+        mask = batch.response_mask_BR
+        result = {"dp": engine.dp_size}
+
+        engine.eval()
+        with torch.no_grad():
+            inputs = (batch.input_ids_BS, batch.attention_mask_BS, batch.position_ids_BS)
+            ref = hf(*inputs[:2], position_ids=inputs[2]).logits
+            result["logit_err"] = (engine.logits(*inputs) - ref)[valid].abs().max().item()
+            logp, entropy = engine.response_logprobs(batch, 0.7, with_entropy=True)
+            ref_logp, ref_entropy = response_logprobs(hf, batch, torch.device("cpu"), 0.7, True)
+            result["logp_err"] = ((logp - ref_logp) * mask).abs().max().item()
+            result["entropy_err"] = ((entropy - ref_entropy) * mask).abs().max().item()
+
+        engine.train()  # the entropy has a graph only when asked (it costs memory)
+        _, plain = engine.response_logprobs(batch, 0.7, with_entropy=True)
+        _, graph = engine.response_logprobs(batch, 0.7, with_entropy=True, entropy_grad=True)
+        result["entropy_graph"] = (plain.requires_grad, graph.requires_grad)
+
+        # With entropy in the loss, the vocabulary-parallel entropy's gradient counts too.
+        def engine_loss(eng, micro, rows, scale):
+            lp, ent = eng.response_logprobs(micro, 0.7, with_entropy=True, entropy_grad=True)
+            m = micro.response_mask_BR
+            return (-(lp * m).sum() - 0.01 * (ent * m).sum()) / scale.num_tokens
+
+        def hf_loss(model, b):
+            lp, ent = response_logprobs(model, b, torch.device("cpu"), 0.7, True, True)
+            m = b.response_mask_BR
+            return (-(lp * m).sum() - 0.01 * (ent * m).sum()) / m.sum()
+
+        # This DP rank's rows: rank r of dp takes rows r::dp (2 micro-batches of 1 or 2 rows).
+        dp_rows = take(batch, slice(engine.dp_rank, None, engine.dp_size))
+        micro = max(1, len(dp_rows) // 2)
+        losses, norms = _engine_steps(engine, dp_rows, engine_loss, 2, micro)
+        engine.save(ckpt_dir, extra={"note": "after 2"})
+        saved_hf = _hf_copy(engine)
+        more_losses, more_norms = _engine_steps(engine, dp_rows, engine_loss, 1, micro)
+        losses, result["norms"] = losses + more_losses, norms + more_norms
+        summed = torch.tensor(losses)
+        dist.all_reduce(summed, group=engine.dp_group)
+        result["losses"] = summed.tolist()
+        result["lr_after"] = engine.lr
+        trained = _hf_copy(engine)
+
+        ref_losses, _, result["ref_norms"] = _hf_reference(hf, batch, hf_loss, STEPS, STEPS + 1)
+        result["ref_losses"] = ref_losses
+        hf_state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+        result["update_err"] = _max_diff(trained, hf_state)
+        initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        result["update_size"] = _max_diff(hf_state, {k: initial.state_dict()[k] for k in hf_state})
+
+        # Export: the trained tensors into a fresh HF model give the engine's logits.
+        exported = AutoModelForCausalLM.from_config(hf.config).eval()
+        missing, unexpected = exported.load_state_dict(trained, strict=False)
+        result["export_missing"] = [m for m in missing if m != "lm_head.weight"]
+        result["export_unexpected"] = list(unexpected)
+        exported.tie_weights()
+        engine.eval()
+        with torch.no_grad():
+            ours = engine.logits(*inputs)
+            theirs = exported(*inputs[:2], position_ids=inputs[2]).logits
+        result["export_logit_err"] = (ours - theirs)[valid].abs().max().item()
+
+        # Resume: a fresh engine loads the step-2 checkpoint and replays step 3.
+        resumed = build()
+        extra = resumed.load(ckpt_dir)
+        result["extra"] = extra
+        result["loaded_err"] = _max_diff(_hf_copy(resumed), saved_hf)
+        result["resumed_lr_step"] = resumed.lr_step
+        _engine_steps(resumed, dp_rows, engine_loss, 1, micro)
+        replayed = _hf_copy(resumed)
+        result["resume_equal"] = all(torch.equal(replayed[k], trained[k]) for k in trained)
+        if rank == 0:
+            offline = hf_state_dict_from_checkpoint(ckpt_dir)
+            result["offline_equal"] = set(offline) == set(saved_hf) and all(
+                torch.equal(offline[k], saved_hf[k]) for k in saved_hf
+            )
+        torch.save(result, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _check_actor(out_path, world_size):
+    results = [torch.load(f"{out_path}.{r}", weights_only=False) for r in range(world_size)]
+    r = results[0]
+    print(
+        {k: v for k, v in r.items() if any(w in k for w in ("err", "loss", "norm", "size"))}
+    )  # shown with -s
+    assert r["logit_err"] < 1e-5
+    assert r["logp_err"] < 1e-5 and r["entropy_err"] < 1e-5
+    assert r["entropy_graph"] == (False, True)
+    # The loss falls, and the engine's losses are the HF reference's.
+    assert r["losses"][2] < r["losses"][0] - 0.1
+    assert r["losses"] == pytest.approx(r["ref_losses"], abs=1e-5)
+    # The global gradient norm (over DP and TP slices, replicated weights counted once).
+    assert r["norms"] == pytest.approx(r["ref_norms"], rel=1e-5)
+    assert r["norms"][0] > 1.0  # so clipping to 1.0 acted
+    # The same weights after 3 AdamW steps (lr 1e-3, warmup then cosine, clip 1.0): float
+    # rounding differs (fused qkv, TP reductions, micro-batches), and Adam's first steps
+    # move every weight by about lr whatever its gradient's size, so near-zero gradients
+    # may move differently; 1e-4 is a tenth of one step, well below the update (~3e-3).
+    assert r["update_size"] > 2e-3
+    assert r["update_err"] < 1e-4
+    assert r["lr_after"] == pytest.approx(
+        1e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 2 / 3)))
+    )
+    assert r["export_missing"] == [] and r["export_unexpected"] == []
+    assert r["export_logit_err"] < 1e-5
+    assert r["extra"] == {"note": "after 2"}
+    assert r["loaded_err"] == 0.0 and r["resumed_lr_step"] == 2
+    assert r["offline_equal"]
+    for each in results:
+        assert each["resume_equal"]  # bit-exact: the same step from the same state
+
+
+@needs_megatron
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "world_size,tp",
+    [(1, 1), (2, 1), (2, 2), (4, 2)],
+    ids=["ws1-tp1", "ws2-dp2", "ws2-tp2", "ws4-tp2-dp2"],
+)
+def test_actor_engine_matches_hf(tiny_model_dir, tmp_path, world_size, tp):
+    out = str(tmp_path / "result")
+    _spawn(_actor_run, world_size, tp, str(tiny_model_dir), str(tmp_path / "ckpt"), out)
+    _check_actor(out, world_size)
+    results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
+    assert results[0]["dp"] == world_size // tp
+
+
+def _critic_run(rank, world_size, port, tp, model_dir, out_path):
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    from engine.config import OptimConfig
+    from engine.device import DEVICES
+    from engine.train.forward import response_values
+    from engine.train.megatron import MegatronEngine, hf_state_dict_from_checkpoint
+
+    _init(rank, world_size, port)
+    try:
+        engine = MegatronEngine.from_hf(
+            model_dir,
+            MegatronParallel(tensor_model_parallel_size=tp),
+            OptimConfig(**{**OPTIM, "lr": CRITIC_LR}),
+            DEVICES["cpu"],
+            role="critic",
+            total_steps=STEPS + 1,
+            seed=3,
+        )
+        start = _hf_copy(engine)
+        cfg = AutoConfig.from_pretrained(model_dir, num_labels=1)
+        hf = AutoModelForTokenClassification.from_config(cfg)
+        hf.dropout.p = 0.0  # HF's head drops 10% in training; the engine's value head does not
+        missing, unexpected = hf.load_state_dict(start, strict=False)
+        result = {"missing": list(missing), "unexpected": list(unexpected)}
+        result["head_std"] = start["score.weight"].std().item()
+        batch = _batch(cfg.vocab_size)
+        mask = batch.response_mask_BR
+        returns = torch.linspace(-1, 1, mask.numel()).reshape(mask.shape)
+        engine.eval()
+        hf.eval()
+        with torch.no_grad():
+            ours = engine.response_values(batch)
+            theirs = response_values(hf, batch, torch.device("cpu"))
+        result["value_err"] = ((ours - theirs) * mask).abs().max().item()
+
+        def engine_loss(eng, micro, rows, scale):
+            v = eng.response_values(micro)
+            m = micro.response_mask_BR
+            return 0.5 * (((v - returns[rows]) ** 2) * m).sum() / scale.num_tokens
+
+        def hf_loss(model, b):
+            v = response_values(model, b, torch.device("cpu"))
+            return (
+                0.5 * (((v - returns) ** 2) * b.response_mask_BR).sum() / b.response_mask_BR.sum()
+            )
+
+        result["losses"], result["norms"] = _engine_steps(engine, batch, engine_loss, STEPS, 2)
+        result["ref_losses"], _, result["ref_norms"] = _hf_reference(
+            hf, batch, hf_loss, STEPS, STEPS + 1, CRITIC_LR
+        )
+        trained = _hf_copy(engine)
+        result["update_err"] = _max_diff(trained, hf.state_dict())
+        # The checkpoint merges offline into a token-classification state dict.
+        engine.save(f"{out_path}.ckpt")
+        if rank == 0:
+            offline = hf_state_dict_from_checkpoint(f"{out_path}.ckpt")
+            result["offline_err"] = _max_diff(offline, trained)
+        torch.save(result, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_megatron
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size,tp", [(1, 1), (2, 2)], ids=["ws1-tp1", "ws2-tp2"])
+def test_critic_engine_matches_hf_token_classification(tiny_model_dir, tmp_path, world_size, tp):
+    out = str(tmp_path / "result")
+    _spawn(_critic_run, world_size, tp, str(tiny_model_dir), out)
+    r = torch.load(f"{out}.0", weights_only=False)
+    assert r["missing"] == [] and r["unexpected"] == []
+    assert 0.015 < r["head_std"] < 0.025  # a new head: N(0, initializer_range=0.02)
+    assert r["value_err"] < 1e-5
+    print({k: v for k, v in r.items() if any(w in k for w in ("err", "loss", "norm", "size"))})
+    assert r["losses"][-1] < r["losses"][0]
+    assert r["losses"] == pytest.approx(r["ref_losses"], abs=1e-5)
+    assert r["norms"] == pytest.approx(r["ref_norms"], rel=1e-5)
+    assert r["update_err"] < 1e-4
+    assert r["offline_err"] == 0.0
+
+
+def _variants_run(rank, world_size, port, tp, out_path):
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from engine.config import OptimConfig
+    from engine.device import DEVICES
+    from engine.train.forward import response_logprobs
+    from engine.train.megatron import MegatronEngine
+
+    _init(rank, world_size, port)
+    try:
+        variants = {
+            "qwen3": _config("qwen3", tie_word_embeddings=False),
+            "llama3-rope": _config(
+                "llama",
+                tie_word_embeddings=False,
+                max_position_embeddings=16384,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                },
+                rope_theta=500000.0,
+            ),
+        }
+        result = {}
+        for name, cfg in variants.items():
+            torch.manual_seed(1)
+            hf = AutoModelForCausalLM.from_config(cfg)
+            for p in hf.parameters():  # norms away from 1, so that a wrong norm shows
+                if p.dim() == 1:
+                    p.data.uniform_(0.5, 1.5)
+            engine = MegatronEngine.from_hf(
+                None,
+                MegatronParallel(tensor_model_parallel_size=tp),
+                OptimConfig(**OPTIM),
+                DEVICES["cpu"],
+                hf_config=cfg,
+                state_dict={k: v.clone() for k, v in hf.state_dict().items()},
+                total_steps=STEPS + 1,
+            )
+            batch = _batch(cfg.vocab_size)
+            valid = batch.attention_mask_BS.bool()
+            inputs = (batch.input_ids_BS, batch.attention_mask_BS, batch.position_ids_BS)
+            engine.eval()
+            hf.eval()
+            with torch.no_grad():
+                err = engine.logits(*inputs) - hf(*inputs[:2], position_ids=inputs[2]).logits
+            result[f"{name}_logit_err"] = err[valid].abs().max().item()
+
+            def engine_loss(eng, micro, rows, scale):
+                lp, _ = eng.response_logprobs(micro)
+                return -(lp * micro.response_mask_BR).sum() / scale.num_tokens
+
+            def hf_loss(model, b):
+                lp, _ = response_logprobs(model, b, torch.device("cpu"))
+                return -(lp * b.response_mask_BR).sum() / b.response_mask_BR.sum()
+
+            _, result[f"{name}_norms"] = _engine_steps(engine, batch, engine_loss, 2, 2)
+            *_, result[f"{name}_ref_norms"] = _hf_reference(hf, batch, hf_loss, 2, STEPS + 1)
+            result[f"{name}_update_err"] = _max_diff(_hf_copy(engine), hf.state_dict())
+        # A forward-only engine (the reference) from the last variant's trained weights.
+        reference = MegatronEngine.from_hf(
+            None,
+            MegatronParallel(tensor_model_parallel_size=tp),
+            None,
+            DEVICES["cpu"],
+            role="reference",
+            hf_config=cfg,
+            state_dict=hf.state_dict(),
+        )
+        hf.eval()
+        with torch.no_grad():
+            ours, _ = reference.response_logprobs(batch, 0.7)
+            theirs, _ = response_logprobs(hf, batch, torch.device("cpu"), 0.7)
+        result["reference_logp_err"] = ((ours - theirs) * batch.response_mask_BR).abs().max().item()
+        result["reference_trainable"] = any(p.requires_grad for p in reference.model.parameters())
+        # Roles in one process share Megatron's parallel state: other sizes are refused.
+        try:
+            MegatronEngine.from_hf(
+                None,
+                MegatronParallel(),
+                None,
+                DEVICES["cpu"],
+                role="reference",
+                hf_config=cfg,
+                state_dict=hf.state_dict(),
+            )
+        except EngineError as exc:
+            result["colocated_error"] = str(exc)
+        torch.save(result, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_megatron
+@pytest.mark.slow
+def test_qwen3_and_llama3_rope_at_tp2(tmp_path):
+    """Qwen3's q/k norms (their gradients are summed over TP ranks) and untied heads;
+    Llama with Llama 3.x RoPE scaling; a colocated role with other sizes is refused."""
+    out = str(tmp_path / "result")
+    _spawn(_variants_run, 2, 2, out)
+    r = torch.load(f"{out}.0", weights_only=False)
+    print(r)  # shown with -s
+    for name in ("qwen3", "llama3-rope"):
+        assert r[f"{name}_logit_err"] < 1e-5, name
+        assert r[f"{name}_update_err"] < 1e-4, name
+        assert r[f"{name}_norms"] == pytest.approx(r[f"{name}_ref_norms"], rel=1e-5), name
+    assert r["reference_logp_err"] < 1e-5 and not r["reference_trainable"]
+    assert "(tp, pp) (1, 1) requested, (2, 1) already in use" in r["colocated_error"]
