@@ -5,12 +5,15 @@ which cloud offers which accelerator); SkyPilot provisions, runs and recovers it
 
     recipe + plan ──► task config (a dict; ``render`` dumps it as ``task.yaml``)
         resources   accelerators NAME:COUNT with ordered fallbacks, infra, spot, disk,
-                    ports, image_id docker:<the accelerator's image>, job_recovery
+                    ports, image_id docker:<the accelerator's image>, job_recovery;
+                    cpus N+ for a cpu:N recipe
         num_nodes, envs (plain), secrets (names only: values go in secrets_overrides)
         file_mounts the checkpoint bucket at /checkpoints (the engine resumes from it)
         setup       templates/skypilot/setup.sh.j2: the recipe's setup steps, every node
         run         templates/skypilot/run.sh.j2: Ray on port 6379 across the nodes
                     (templates/ray/ray_cluster.sh inlined), the engine on rank 0
+    the site's profile (skypilot_profile.py, per infra): another image or none, and a
+    prelude run first in setup and run (e.g. a Slurm cluster without Pyxis)
 
 Two modes: a managed job (the default; ``sky.jobs.launch``, recovered after a
 preemption and restarted up to ``max_restarts_on_errors`` times after a failure), or a
@@ -31,6 +34,7 @@ import yaml
 
 from rlctl import __version__
 from rlctl.backends.base import Observed
+from rlctl.backends.skypilot_profile import NodeSoftware, for_infra, load_profile
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, get_accelerator, parse_accelerator_spec
 from rlctl.jobs import Job, JobState
@@ -279,9 +283,16 @@ def safe_name(job_id: str) -> str:
 class SkyPilotBackend:
     name = "skypilot"
 
-    def __init__(self, options: SkyPilotOptions | None = None) -> None:
+    def __init__(
+        self,
+        options: SkyPilotOptions | None = None,
+        profile: Mapping[str, NodeSoftware] | None = None,
+    ) -> None:
+        """``options``: this launch's (the CLI's); ``profile``: the site's settings by
+        infra (default: ``<RLCTL_HOME>/skypilot.yaml``, see skypilot_profile.py)."""
         self.options = options or SkyPilotOptions()
         self.infra = parse_infra(self.options.cloud)
+        self.software = for_infra(load_profile() if profile is None else profile, self.infra.value)
 
     # ---- rendering (no SkyPilot needed) ---------------------------------------
 
@@ -310,7 +321,9 @@ class SkyPilotBackend:
         if self.infra.value:
             resources["infra"] = self.infra.value
         if lay.accelerator is None:
-            resources["cpus"] = f"{max(2, lay.devices_per_node * 2)}+"
+            # cpu:N is N workers, one CPU each (the local backend runs the quickstart's
+            # two on two cores); asking for more refuses nodes the job fits on.
+            resources["cpus"] = f"{max(2, lay.devices_per_node)}+"
             image = f"rlctl/engine:{__version__}-cuda"  # CUDA torch runs on CPU too
         else:
             check_offered(lay.accelerator, self.infra)
@@ -326,7 +339,9 @@ class SkyPilotBackend:
             image = lay.accelerator.default_image
         resources["use_spot"] = opts.use_spot
         resources["disk_size"] = opts.disk_size_gb
-        resources["image_id"] = f"docker:{image}"
+        image_id = self.software.image_id(image)
+        if image_id is not None:  # None: the nodes' own software (the site's profile)
+            resources["image_id"] = image_id
         if opts.ports:
             resources["ports"] = [int(p) for p in opts.ports]
         if opts.cluster is None:
@@ -358,6 +373,7 @@ class SkyPilotBackend:
             job_id=job_id,
             recipe_name=spec.recipe.name,
             root=spec.paths.root,
+            prelude=list(self.software.prelude),
             setup=list(spec.setup),
         )
 
@@ -384,6 +400,7 @@ class SkyPilotBackend:
             recipe_name=spec.recipe.name,
             version=__version__,
             env=env,
+            prelude=list(self.software.prelude),
             root=spec.paths.root,
             ray_library=ray_library(),
             ray_port=ray_port,

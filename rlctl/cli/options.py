@@ -18,7 +18,8 @@ Cloud = Annotated[
     typer.Option(
         "--cloud",
         help="Run through SkyPilot on this cloud or Kubernetes (gcp, aws, azure, k8s, lambda,"
-        " runpod, nebius; with /region[/zone]). Implies --backend skypilot.",
+        " runpod, nebius; with /region[/zone]), or a Slurm cluster SkyPilot knows"
+        " (slurm/NAME). Implies --backend skypilot.",
     ),
 ]
 Cluster = Annotated[

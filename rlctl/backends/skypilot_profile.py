@@ -1,0 +1,109 @@
+"""Per-infra settings for the SkyPilot backend: ``<RLCTL_HOME>/skypilot.yaml``.
+
+By default every node runs rlctl's engine image (``image_id: docker:<image>``), which
+carries Python, the engine and its dependencies. Some infras cannot run it, or have the
+software already: a Slurm cluster without Pyxis (SkyPilot refuses docker images there),
+machines with a shared environment. For those, name the infra and say what the nodes
+run instead::
+
+    slurm/my-cluster:            # --cloud slurm/my-cluster (and its partitions)
+      image: none                # the nodes' own software, no container
+      prelude:                   # shell lines run first, in setup and run, on every node
+        - source /shared/envs/rl/bin/activate
+    k8s:                         # any Kubernetes context
+      image: registry.example.com/rlctl/engine:0.1.0-cuda
+
+The most specific entry whose infra is a prefix of ``--cloud`` applies (``slurm/a`` over
+``slurm``); a launch without ``--cloud`` uses none. The prelude is the site's own shell,
+written by the person who owns this file, and goes into the scripts as is.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlctl.errors import RlctlError
+from rlctl.home import rlctl_home
+
+PROFILE_FILE = "skypilot.yaml"
+NO_IMAGE = "none"
+
+
+@dataclass(frozen=True)
+class NodeSoftware:
+    """What the nodes of one infra run the job with."""
+
+    image: str | None = None  # None: the accelerator's rlctl image; "none": no container
+    prelude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.image is not None and (
+            not self.image.strip() or any(c.isspace() for c in self.image)
+        ):
+            raise RlctlError(f"skypilot profile: image {self.image!r} is not an image name")
+        for line in self.prelude:
+            if "\n" in line:
+                raise RlctlError("skypilot profile: a prelude entry holds a newline: one line each")
+
+    def image_id(self, default_image: str) -> str | None:
+        """SkyPilot's ``image_id``, or None to run on the nodes' own software."""
+        image = self.image or default_image
+        if image == NO_IMAGE:
+            return None
+        return image if image.startswith("docker:") else f"docker:{image}"
+
+
+def load_profile(path: Path | None = None) -> dict[str, NodeSoftware]:
+    """The profile's entries by infra (``slurm/my-cluster``); empty if there is no file."""
+    path = path or rlctl_home(create=False) / PROFILE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RlctlError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RlctlError(f"{path}: a mapping of infra (slurm/NAME, k8s, gcp, ...) to settings")
+    return {str(infra): entry(value, f"{path}: {infra}") for infra, value in raw.items()}
+
+
+def entry(raw: Any, source: str) -> NodeSoftware:
+    if not isinstance(raw, Mapping):
+        raise RlctlError(f"{source}: settings are a mapping (image:, prelude:)")
+    known = [f.name for f in fields(NodeSoftware)]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"fields: {', '.join(known)}"
+            raise RlctlError(f"{source}: unknown field {key!r}", hint=hint)
+        if key == "prelude":
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise RlctlError(f"{source}: prelude must be a list of shell lines")
+            values[key] = tuple(items)
+        elif value is not None:
+            values[key] = str(value)
+    return NodeSoftware(**values)
+
+
+def for_infra(profile: Mapping[str, NodeSoftware], infra: str | None) -> NodeSoftware:
+    """The most specific entry whose infra is a prefix of ``infra`` (by path segment);
+    defaults when none is."""
+    from rlctl.backends.skypilot import parse_infra
+
+    if not infra:
+        return NodeSoftware()
+    want = infra.split("/")
+    best: tuple[int, NodeSoftware] = (0, NodeSoftware())
+    for key, settings in profile.items():
+        have = (parse_infra(key).value or "").split("/")
+        if want[: len(have)] == have and len(have) > best[0]:
+            best = (len(have), settings)
+    return best[1]
