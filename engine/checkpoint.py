@@ -3,7 +3,8 @@
 A run directory (``trainer.default_local_dir``, a local path or a bucket URL) holds:
 
     global_step_<k>/
-        actor/  critic/       sharded model + optimizer, scheduler (engine/train/fsdp_checkpoint.py)
+        actor/  critic/       sharded model + optimizer, scheduler (engine/train/fsdp_checkpoint.py;
+                              strategy=megatron: per-rank files + meta.json, engine/train/megatron.py)
         rng/rank_<r>.pt       each worker's random state
         trainer_state.json    the step, the data loader's position, the KL controller
         config.yaml           the resolved engine config of the run

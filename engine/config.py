@@ -104,6 +104,20 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
+class MegatronConfig:
+    """``strategy=megatron``: Megatron-core's parallel sizes (verl's ``<role>.megatron.*``).
+    Data parallel is the rest of the world. The rules are in
+    ``engine.train.megatron_parallel`` (what the engine supports and why)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True  # GPUs; the CPU test path uses torch's AdamW
+
+
+@dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"  # see engine.algo.names.POLICY_LOSSES
     clip_cov_ratio: float = 0.0002  # Clip-Cov: fraction of tokens whose gradient is detached
@@ -143,6 +157,7 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     @property
     def clip_low(self) -> float:
@@ -200,10 +215,12 @@ PLACEMENTS = ("colocate", "separate")
 
 @dataclass
 class RefConfig:
+    strategy: str | None = None  # fsdp | fsdp2 | megatron; None: the actor's
     log_prob_micro_batch_size_per_gpu: int = 8
     log_prob_use_dynamic_bsz: bool | None = None  # None: the actor's use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor's ppo_max_token_len_per_gpu
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 @dataclass
@@ -233,6 +250,7 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     grad_clip: float = 1.0
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 # ---------------------------------------------------------------------------
@@ -372,6 +390,25 @@ class EngineConfig:
     def use_reference(self) -> bool:
         """A frozen reference policy is loaded only when some KL term needs it."""
         return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
+
+    @property
+    def ref_strategy(self) -> str:
+        """The reference's training backend: its own, or the actor's."""
+        arr = self.actor_rollout_ref
+        return arr.ref.strategy or arr.actor.strategy
+
+    def megatron_roles(self) -> dict[str, tuple[str, MegatronConfig]]:
+        """The roles this run builds with ``strategy=megatron``: role -> (config key of
+        its megatron section, the section)."""
+        arr = self.actor_rollout_ref
+        roles: dict[str, tuple[str, MegatronConfig]] = {}
+        if arr.actor.strategy == "megatron":
+            roles["actor"] = ("actor_rollout_ref.actor.megatron", arr.actor.megatron)
+        if self.use_reference and self.ref_strategy == "megatron":
+            roles["reference"] = ("actor_rollout_ref.ref.megatron", arr.ref.megatron)
+        if self.use_critic and self.critic.strategy == "megatron":
+            roles["critic"] = ("critic.megatron", self.critic.megatron)
+        return roles
 
     @property
     def update_is_on_policy(self) -> bool:
@@ -607,6 +644,13 @@ def _check_names(cfg: EngineConfig) -> list[str]:
     p += _choice(rollout.placement, PLACEMENTS, "actor_rollout_ref.rollout.placement", "placement")
     p += _choice(actor.strategy, TRAIN_STRATEGIES, "actor_rollout_ref.actor.strategy", "strategy")
     p += _choice(cfg.critic.strategy, TRAIN_STRATEGIES, "critic.strategy", "strategy")
+    if cfg.actor_rollout_ref.ref.strategy is not None:
+        p += _choice(
+            cfg.actor_rollout_ref.ref.strategy,
+            TRAIN_STRATEGIES,
+            "actor_rollout_ref.ref.strategy",
+            "strategy",
+        )
     p += _choice(cfg.data.truncation, TRUNCATION_MODES, "data.truncation", "truncation mode")
     p += _choice(
         cfg.reward_model.reward_manager,
@@ -932,4 +976,53 @@ def _trainer_rules(cfg: EngineConfig) -> list[str]:
     return p
 
 
-_CHECKS = (_check_names, _positive, _batch_sizes, _algorithm_rules, _sampling_rules, _trainer_rules)
+def _megatron_rules(cfg: EngineConfig) -> list[str]:
+    """The Megatron engine's parallel sizes, for each role that uses it."""
+    roles = cfg.megatron_roles()
+    if not roles:
+        return []
+    # Pure python (no torch): importable wherever this module is.
+    from engine.train.megatron_parallel import MegatronParallel
+
+    p = []
+    if cfg.trainer.device == "npu":
+        p.append(
+            "trainer.device=npu: the Megatron engine runs on NVIDIA/AMD GPUs (cuda) only; on"
+            f" Ascend set {' and '.join(_strategy_key(role) for role in roles)} to fsdp2"
+        )
+    for key, section in roles.values():
+        p += MegatronParallel.of(section).problems(cfg.world_size, key)
+    # Every role runs in the same worker processes, which hold one Megatron parallel state.
+    sizes = {
+        role: (section.tensor_model_parallel_size, section.pipeline_model_parallel_size)
+        for role, (_key, section) in roles.items()
+    }
+    if len(set(sizes.values())) > 1:
+        listed = "; ".join(
+            f"{roles[role][0]}: tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}"
+            for role, (tp, pp) in sizes.items()
+        )
+        p.append(
+            f"the Megatron roles share their worker processes and so one parallel layout, but"
+            f" their sizes differ ({listed}); give them the same sizes"
+        )
+    return p
+
+
+def _strategy_key(role: str) -> str:
+    return {
+        "actor": "actor_rollout_ref.actor.strategy",
+        "reference": "actor_rollout_ref.ref.strategy",
+        "critic": "critic.strategy",
+    }[role]
+
+
+_CHECKS = (
+    _check_names,
+    _positive,
+    _batch_sizes,
+    _algorithm_rules,
+    _sampling_rules,
+    _trainer_rules,
+    _megatron_rules,
+)

@@ -22,6 +22,11 @@ into place (casting to ``--dtype`` as it copies). A tied output embedding
 checkpoint holds. The config's ``use_cache`` (turned off for training) is turned
 back on.
 
+A role trained with ``strategy=megatron`` has per-rank files and ``meta.json`` instead
+of ``model/``: ``engine.train.megatron.hf_state_dict_from_checkpoint`` merges the tensor-
+parallel slices of data-parallel rank 0 into HF tensors (torch only, no Megatron-core),
+which fill the same model.
+
 Memory: the peak is the whole model once, at the export dtype, in this process's CPU
 memory, plus one safetensors shard (at most 5 GB) while it is written. Every shard
 of every rank is read into this one process: a 70B model exported in bfloat16 needs
@@ -54,6 +59,7 @@ MAX_SHARD_SIZE = "5GB"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 # Written by the model's own save_pretrained, never copied from the checkpoint's hf/.
 _MODEL_FILES = ("config.json", "generation_config.json")
+MEGATRON_META = "meta.json"  # engine.train.megatron's checkpoint marker, written last
 
 
 class ExportError(EngineError):
@@ -221,7 +227,10 @@ def _local_role(ckpt: str, role: str) -> Iterator[tuple[Path, Path | None]]:
     present = {r for r in ROLES if store.exists(r)}
     with tempfile.TemporaryDirectory(prefix="rlctl-export-") as tmp:
         local = Path(tmp)
-        if role in present:
+        if role in present and store.exists(f"{role}/{MEGATRON_META}"):
+            log.info("downloading %s/%s", path, role)  # per-rank files: the whole role
+            store.download_dir(role, local / role)
+        elif role in present:
             for part in ("model", "hf"):
                 if store.exists(f"{role}/{part}"):
                     log.info("downloading %s/%s/%s", path, role, part)
@@ -241,8 +250,10 @@ def _check_role(ckpt: Path, role: str, present: set[str], shown: str | None = No
         )
         raise ExportError(f"the checkpoint {shown} has no {role}/: {instead}")
     role_dir = ckpt / role
-    for part, what in (("model", "sharded weights"), ("hf", "Hugging Face config")):
-        if not (role_dir / part).is_dir():
+    # A Megatron role (strategy=megatron) has per-rank files and meta.json, not model/.
+    weights = MEGATRON_META if (role_dir / MEGATRON_META).is_file() else "model"
+    for part, what in ((weights, "sharded weights"), ("hf", "Hugging Face config")):
+        if not (role_dir / part).exists():
             raise ExportError(
                 f"{shown}/{role} has no {part}/ (the {what}): the checkpoint is damaged or was"
                 " not written by this engine; pass another global_step_<k> of the run"
@@ -270,9 +281,6 @@ def _tokenizer_dir(ckpt: Path, role: str) -> Path | None:
 def _load_model(role_dir: Path, role: str, dtype: str) -> Any:
     """The role's model, built from hf/config.json and filled from model/ in place."""
     import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from transformers import AutoConfig, GenerationConfig
 
     hf_dir = role_dir / "hf"
@@ -298,6 +306,48 @@ def _load_model(role_dir: Path, role: str, dtype: str) -> Any:
             model = _from_config(AutoModelForCausalLM, config, torch_dtype)
     model.tie_weights()  # skipped with initialisation: tied names must share one tensor
     model.eval()
+    if (role_dir / MEGATRON_META).is_file():
+        _fill_from_megatron(model, role_dir)
+    else:
+        _fill_from_dcp(model, role_dir, hf_dir)
+    if (hf_dir / "generation_config.json").is_file() and model.can_generate():
+        model.generation_config = GenerationConfig.from_pretrained(hf_dir)
+    return model
+
+
+def _fill_from_megatron(model: Any, role_dir: Path) -> None:
+    """A Megatron checkpoint's TP slices merged into HF tensors (no Megatron needed)."""
+    import torch
+
+    from engine.train.megatron import hf_state_dict_from_checkpoint
+
+    state = hf_state_dict_from_checkpoint(role_dir)
+    params = model.state_dict()
+    missing = sorted(set(params) - set(state))
+    if getattr(model.config, "tie_word_embeddings", False):
+        missing = [name for name in missing if name != "lm_head.weight"]  # the embedding's
+    unexpected = sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise ExportError(
+            f"the Megatron checkpoint {role_dir} does not fit the architecture in its"
+            f" hf/config.json (missing {_few(missing)}, unexpected {_few(unexpected)}): the"
+            " checkpoint is damaged; pass another global_step_<k> of the run"
+        )
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if params[name].shape != tensor.shape:
+                raise ExportError(
+                    f"{name} in {role_dir} has shape {tuple(tensor.shape)} but the"
+                    f" architecture expects {tuple(params[name].shape)}: the checkpoint is"
+                    " damaged"
+                )
+            params[name].copy_(tensor)
+
+
+def _fill_from_dcp(model: Any, role_dir: Path, hf_dir: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     model_dir = role_dir / "model"
     try:
@@ -324,9 +374,6 @@ def _load_model(role_dir: Path, role: str, dtype: str) -> Any:
         # "torch.distributed is ... uninitialized, assuming ... a single process": intended.
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
         dcp.load(wanted, checkpoint_id=str(model_dir), no_dist=True)
-    if (hf_dir / "generation_config.json").is_file() and model.can_generate():
-        model.generation_config = GenerationConfig.from_pretrained(hf_dir)
-    return model
 
 
 def _tensors_to_load(state: dict[str, Any], metadata: dict[str, Any], model_dir: Path) -> dict:

@@ -75,10 +75,17 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
         ),
         name="actor_rollout_ref",
     )
+    # Megatron roles with tensor parallelism: their TP ranks share rows (the worker names
+    # the reference "ref").
+    tp_sizes = {
+        {"reference": "ref"}.get(role, role): section.tensor_model_parallel_size
+        for role, (_key, section) in cfg.megatron_roles().items()
+    }
     return WorkerGroup(
         pool,
         WorkerHost,
         {"cfg": cfg, "roles": roles, "cpus_per_worker": cfg.trainer.cpus_per_worker},
+        tp_sizes=tp_sizes,
     )
 
 

@@ -9,6 +9,7 @@ decision, each role stays its own class.
 The controller calls a role's method through the group in one of two ways:
 
     group.call_split("actor", "log_probs", tokens)   # rank r gets chunk r; results concatenated
+                                                     # (Megatron TP = t: chunk r // t, see below)
     group.call_split("actor", "update", batch, gather=reduce_rank_metrics)
     group.call_all("actor", "save", path)            # every rank gets the same args; list of results
 """
@@ -100,9 +101,18 @@ class ResourcePool:
 
 
 class WorkerGroup:
-    def __init__(self, pool: ResourcePool, host_cls: type, host_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        pool: ResourcePool,
+        host_cls: type,
+        host_kwargs: dict[str, Any],
+        tp_sizes: dict[str, int] | None = None,
+    ) -> None:
         self.pool = pool
         self.world_size = pool.spec.world_size
+        # Roles whose ranks form tensor-parallel groups of t consecutive ranks (Megatron):
+        # the t ranks of a group work on the same rows.
+        self.tp_sizes = dict(tp_sizes or {})
         remote_cls = ray.remote(host_cls)
         spec = pool.spec
         self.workers = []
@@ -166,13 +176,18 @@ class WorkerGroup:
         gather: Callable[[list[Any]], Any] = dispatch.concat,
     ) -> Any:
         """Rank r runs role.method(chunk r of batch, *args); ``gather`` combines the
-        results (default: concatenate batches in rank order)."""
-        shards = dispatch.split(batch, self.world_size)
+        results (default: concatenate batches in rank order).
+
+        For a role with tensor-parallel size t the batch is split over the world / t
+        data-parallel groups: rank r gets chunk r // t, and only each group's first rank
+        (TP rank 0) is gathered, the others having computed the same result."""
+        tp = self.tp_sizes.get(role, 1)
+        shards = dispatch.split(batch, self.world_size // tp)
         refs = [
-            w.call.remote(role, method, shard, *args)
-            for w, shard in zip(self.workers, shards, strict=True)
+            w.call.remote(role, method, shards[rank // tp], *args)
+            for rank, w in enumerate(self.workers)
         ]
-        return gather(self.get(refs))
+        return gather(self.get(refs)[::tp])
 
     def shutdown(self) -> None:
         for worker in self.workers:

@@ -1,4 +1,5 @@
-"""Rollout with Hugging Face ``generate`` on the actor's own (FSDP) weights.
+"""Rollout with Hugging Face ``generate`` on the actor's own (FSDP) weights, or on a
+plain HF model of its own, synced from a Megatron actor (``sync_weights``).
 
 Slow next to vLLM/SGLang, but exact, dependency-free and runs anywhere torch
 does: the CPU quickstart, tests, and small models. Generation gathers the full
@@ -148,7 +149,19 @@ class HFRollout:
         return out[:, width:].tolist()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Nothing to copy: generation runs on the actor's module."""
+        """Copy full HF-named tensors into the module this rollout owns (a Megatron
+        actor's; an FSDP actor's module is generated with directly and never pushed).
+        Every parameter must arrive: a tied ``lm_head`` is the embedding's tensor."""
+        params = dict(self.module.named_parameters())
+        missing = set(params)
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in params:
+                    raise KeyError(f"the rollout model has no parameter {name!r} to sync")
+                params[name].copy_(tensor)
+                missing.discard(name)
+        if missing:
+            raise KeyError(f"weight sync left rollout parameters stale: {sorted(missing)[:5]}")
 
     def sleep(self) -> None:
         """Nothing to free: HF generate keeps no cache between calls."""

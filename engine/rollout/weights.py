@@ -109,7 +109,12 @@ def full_tensors(
         for name, tensor in model.state_dict().items()
         if not _skipped(name, skip_lm_head)
     )
-    pairs = _gathered(pairs, dtype, device)
+    yield from as_engine_names(_gathered(pairs, dtype, device), name_map)
+
+
+def as_engine_names(pairs: Iterable[NamedTensor], name_map: NameMap) -> Iterator[NamedTensor]:
+    """Full HF-named tensors (already gathered: FSDP's above, or the Megatron engine's
+    ``hf_named_tensors``) fused as ``name_map`` asks."""
     if name_map.fuse_qkv:
         pairs = fuse(pairs, "qkv")
     if name_map.fuse_gate_up:

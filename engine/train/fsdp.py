@@ -21,6 +21,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from engine.algo.aggregate import LossScale
 from engine.config import FSDPConfig, ModelConfig, OptimConfig
 from engine.device import DeviceSpec
+from engine.types import TokenBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,6 +47,12 @@ def load_hf_model(
             model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **common)
         finally:
             hf_logging.set_verbosity(verbosity)
+        # The token-classification head applies dropout (0.1 by default) in training:
+        # noise in value regression, and the values of the update would not be those
+        # the advantages were computed with. (transformers 5 ignores classifier_dropout=0.)
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
     else:
         raise ValueError(f"unknown model kind {kind!r}")
     model.config.use_cache = False
@@ -205,3 +212,117 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+class FSDPEngine:
+    """One role's FSDP2 model, optimizer and schedule on this rank, behind the method names
+    of ``engine.train.megatron.MegatronEngine``: the actor, critic and reference workers
+    call either backend through the same interface (``engine.train.engines``)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optim_cfg: OptimConfig | None,
+        device: DeviceSpec,
+        fsdp_cfg: FSDPConfig,
+    ) -> None:
+        self.module = module
+        self.device = device
+        self.fsdp_cfg = fsdp_cfg
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if optim_cfg is None:  # forward only (the reference)
+            module.eval()
+            return
+        self.optimizer = build_optimizer(module, optim_cfg)
+        total = max(1, optim_cfg.total_training_steps)
+        self.scheduler = build_scheduler(self.optimizer, optim_cfg, total)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @classmethod
+    def from_hf(
+        cls,
+        model_cfg: ModelConfig,
+        fsdp_cfg: FSDPConfig,
+        optim_cfg: OptimConfig | None,
+        device: DeviceSpec,
+        *,
+        kind: str = "causal_lm",
+        gradient_checkpointing: bool = False,
+    ) -> FSDPEngine:
+        model = load_hf_model(model_cfg, kind=kind)
+        if optim_cfg is None:
+            model.requires_grad_(False)
+        module = shard_model(model, fsdp_cfg, device, gradient_checkpointing=gradient_checkpointing)
+        return cls(module, optim_cfg, device, fsdp_cfg)
+
+    @property
+    def dp_size(self) -> int:
+        return dist.get_world_size()  # FSDP shards and averages over every rank
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0] if self.scheduler is not None else 0.0
+
+    def train(self) -> None:
+        self.module.train()
+
+    def eval(self) -> None:
+        self.module.eval()
+
+    def response_logprobs(
+        self,
+        tokens: TokenBatch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from engine.train.forward import response_logprobs
+
+        return response_logprobs(
+            self.module,
+            tokens,
+            self.device.torch_device(),
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+
+    def response_values(self, tokens: TokenBatch) -> torch.Tensor:
+        from engine.train.forward import response_values
+
+        return response_values(self.module, tokens, self.device.torch_device())
+
+    def global_loss_scale(self, mask_BR: torch.Tensor) -> LossScale:
+        return global_loss_scale(mask_BR, self.device)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Each rank holds part of the global sum; FSDP averages gradients over ranks."""
+        (loss * self.dp_size).backward()
+
+    def updating(self) -> contextlib.AbstractContextManager:
+        """Around an update: offloaded optimizer state comes to the device and goes back."""
+        return optimizer_on_device(self.optimizer, self.device, self.fsdp_cfg.optimizer_offload)
+
+    def optimizer_step(self, grad_clip: float) -> float:
+        return optimizer_step(self.module, self.optimizer, grad_clip)
+
+    def lr_scheduler_step(self) -> None:
+        self.scheduler.step()
+
+    def hf_named_tensors(self, dtype: torch.dtype | None = None):
+        """Full HF-named tensors, one gather at a time (collective: every rank calls it)."""
+        from engine.rollout.weights import full_tensors
+
+        return full_tensors(self.module, dtype=dtype, device=self.device.torch_device())
+
+    def save(self, path: str, extra: dict | None = None, tokenizer: object = None) -> None:
+        from engine.train.fsdp_checkpoint import save_role
+
+        save_role(path, self.module, self.optimizer, self.scheduler, extra or {}, tokenizer)
+
+    def load(self, path: str) -> dict:
+        """Restore in place; returns this rank's extras (those given to ``save``)."""
+        from engine.train.fsdp_checkpoint import load_role
+
+        return load_role(path, self.module, self.optimizer, self.scheduler)

@@ -1,7 +1,8 @@
 """The Megatron-core training backend: a ``GPTModel`` built from a Hugging Face config,
 tensor and data parallel, for the actor, the critic and the reference.
 
-The interface (what a worker calls in place of ``engine.train.fsdp``)::
+The interface (``engine.train.fsdp.FSDPEngine`` has the same methods; the actor, critic
+and reference workers get either from ``engine.train.engines``)::
 
     engine = MegatronEngine.from_hf(model_path, parallel, optim_cfg, device, role="actor")
     engine.eval()
@@ -14,6 +15,8 @@ The interface (what a worker calls in place of ``engine.train.fsdp``)::
         engine.backward(loss)                       # loss: this rank's part of the global sum
     grad_norm = engine.optimizer_step(grad_clip)    # clip and step; skipped if not finite
     engine.lr_scheduler_step()                      # once per training step, as fsdp's
+    with engine.updating(): ...                     # around an update (FSDP: optimizer offload)
+    engine.lr, engine.dp_size                       # the learning rate; ranks holding other rows
     engine.hf_named_tensors(dtype)                  # full HF-named tensors: rollout sync, export
     engine.save(path, extra, tokenizer); extra = engine.load(path)
     hf_state_dict_from_checkpoint(path)             # offline: merge a checkpoint's TP slices
@@ -74,7 +77,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +90,7 @@ from engine.algo.aggregate import LossScale
 from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
 from engine.config import OptimConfig
 from engine.device import DeviceSpec
-from engine.errors import ConfigError, EngineError
+from engine.errors import EngineError
 from engine.train import fsdp
 from engine.train.forward import trim_padding
 from engine.train.megatron_convert import (
@@ -100,140 +103,14 @@ from engine.train.megatron_convert import (
     tp_split_dim,
     transformer_config_kwargs,
 )
+from engine.train.megatron_parallel import CONFIG_KEYS, MegatronParallel
 from engine.types import TokenBatch
 
 ROLES = ("actor", "critic", "reference")
-CONFIG_KEY = "actor_rollout_ref.actor.megatron"
-# Where each role's sizes live in the engine config (named in error messages).
-CONFIG_KEYS = {
-    "actor": CONFIG_KEY,
-    "critic": "critic.megatron",
-    "reference": "actor_rollout_ref.ref.megatron",
-}
 # The local layer spec names its norms separately (not fused into the next linear).
 FUSED_NORMS = False
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 CHECKPOINT_FORMAT = 1
-
-
-# ---------------------------------------------------------------------------
-# parallel sizes
-
-
-@dataclass(frozen=True)
-class MegatronParallel:
-    """Parallel sizes, named as verl's ``<role>.megatron.*`` keys."""
-
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    sequence_parallel: bool = False
-    use_distributed_optimizer: bool = True
-
-    @classmethod
-    def of(cls, cfg: Any) -> MegatronParallel:
-        """From any object with these attribute names (the engine config's section)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
-
-    @property
-    def tp(self) -> int:
-        return self.tensor_model_parallel_size
-
-    @property
-    def model_parallel_size(self) -> int:
-        return (
-            self.tensor_model_parallel_size
-            * self.pipeline_model_parallel_size
-            * self.context_parallel_size
-        )
-
-    def data_parallel_size(self, world_size: int) -> int:
-        return world_size // self.model_parallel_size
-
-    def problems(self, world_size: int, key: str = CONFIG_KEY) -> list[str]:
-        """Rules that need only the sizes and the world size (config validation)."""
-        p = []
-        for name in (
-            "tensor_model_parallel_size",
-            "pipeline_model_parallel_size",
-            "context_parallel_size",
-            "expert_model_parallel_size",
-        ):
-            value = getattr(self, name)
-            if value < 1:
-                p.append(f"{key}.{name} must be >= 1, got {value}")
-        if p:
-            return p
-        if self.pipeline_model_parallel_size > 1:
-            p.append(
-                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size}:"
-                " pipeline parallelism is not supported by the Megatron engine yet (Megatron-"
-                "core's pipeline schedules are not wired); set it to 1 and split the model with"
-                " tensor_model_parallel_size"
-            )
-        if self.context_parallel_size > 1:
-            p.append(
-                f"{key}.context_parallel_size {self.context_parallel_size}: context parallelism"
-                " needs Transformer Engine's attention, which the Megatron engine does not use"
-                " yet; set it to 1"
-            )
-        if self.expert_model_parallel_size > 1:
-            p.append(
-                f"{key}.expert_model_parallel_size {self.expert_model_parallel_size}: expert"
-                " parallelism needs a mixture-of-experts model, and the Megatron engine converts"
-                " dense Llama/Qwen2/Qwen3 models only; set it to 1"
-            )
-        if self.sequence_parallel:
-            p.append(
-                f"{key}.sequence_parallel: needs Transformer Engine's layer spec; the Megatron"
-                " engine uses Megatron-core's local spec, whose RMSNorm (torch's) refuses"
-                " sequence parallelism; set it to false"
-            )
-        if world_size % self.model_parallel_size:
-            p.append(
-                f"the world size {world_size} (trainer.nnodes × trainer.n_gpus_per_node) must"
-                f" be a multiple of {key}.tensor_model_parallel_size × pipeline_model_parallel"
-                f"_size × context_parallel_size = {self.model_parallel_size}; change those"
-                " sizes or the number of devices"
-            )
-        return p
-
-    def model_problems(self, hf_config: Any, key: str = CONFIG_KEY) -> list[str]:
-        """Rules that need the model's shape (checked when the engine is built)."""
-        tp = self.tensor_model_parallel_size
-        shape = AttentionShape.of(hf_config)
-        p = []
-        for what, value, why in (
-            ("num_attention_heads", shape.num_heads, "each rank holds whole heads"),
-            ("num_key_value_heads", shape.num_kv_heads, "each rank holds whole query groups"),
-            ("intermediate_size", hf_config.intermediate_size, "the MLP is split by columns"),
-            ("vocab_size", hf_config.vocab_size, "the vocabulary is split; none is padded"),
-        ):
-            if value % tp:
-                p.append(
-                    f"{key}.tensor_model_parallel_size {tp} must divide the model's {what}"
-                    f" {value} ({why}); pick a divisor of {value}"
-                )
-        layers = hf_config.num_hidden_layers
-        if layers % self.pipeline_model_parallel_size:
-            p.append(
-                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size} must"
-                f" divide the model's num_hidden_layers {layers}"
-            )
-        try:
-            transformer_config_kwargs(hf_config)
-            gpt_model_kwargs(hf_config)
-        except ValueError as exc:
-            p.append(str(exc))
-        return p
-
-    def validate(self, world_size: int, hf_config: Any = None, key: str = CONFIG_KEY) -> None:
-        problems = self.problems(world_size, key)
-        if hf_config is not None and not problems:
-            problems = self.model_problems(hf_config, key)
-        if problems:
-            raise ConfigError(problems)
 
 
 # ---------------------------------------------------------------------------
@@ -704,6 +581,11 @@ class MegatronEngine:
         if self.ddp is None:
             raise EngineError(f"the {self.role} engine was built without an optimizer")
         (loss * self.layout.dp).backward()
+
+    def updating(self) -> contextlib.AbstractContextManager:
+        """Around an update (the FSDP engine brings offloaded optimizer state back here;
+        optimizer offload is not implemented for Megatron)."""
+        return contextlib.nullcontext()
 
     def optimizer_step(self, grad_clip: float) -> float:
         """Reduce gradients over DP (and q/k norms over TP), clip to ``grad_clip``, step.

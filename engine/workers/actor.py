@@ -1,4 +1,5 @@
-"""The actor role: the policy being trained, sharded with FSDP2."""
+"""The actor role: the policy being trained, with FSDP2 or Megatron-core
+(``actor_rollout_ref.actor.strategy``) behind one engine interface."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from engine.algo.policy_loss import PolicyLossInputs, compute_policy_loss
 from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
-from engine.train import fsdp
-from engine.train.forward import micro_batches, plan_micro_batches, response_logprobs
-from engine.train.fsdp_checkpoint import load_role, save_role
+from engine.train.engines import actor_engine
+from engine.train.forward import micro_batches, plan_micro_batches
 from engine.types import ActorBatch, TokenBatch
 
 
@@ -36,19 +36,10 @@ class ActorWorker:
         self.update_budget = cfg.token_budget("actor")
         self.log_prob_budget = cfg.token_budget("actor_log_prob")
         self.device = device
-        self.world_size = cfg.world_size
-        model = fsdp.load_hf_model(arr.model)
-        self.module = fsdp.shard_model(
-            model,
-            self.cfg.fsdp_config,
-            device,
-            gradient_checkpointing=arr.model.enable_gradient_checkpointing,
-        )
-        self.optimizer = fsdp.build_optimizer(self.module, self.cfg.optim)
-        self.scheduler = fsdp.build_scheduler(
-            self.optimizer, self.cfg.optim, max(1, self.cfg.optim.total_training_steps)
-        )
-        self.optimizer.zero_grad(set_to_none=True)
+        self.engine = actor_engine(cfg, device)
+        # What runs forward: the FSDP module (a colocated HF rollout generates with it),
+        # or Megatron's DDP wrapper.
+        self.module = self.engine.module
         self.tokenizer = tokenizer
         self.skipped_updates = 0  # non-finite gradient norms, over the run
         # Bumped whenever the weights change (update, checkpoint load): a colocated
@@ -59,13 +50,13 @@ class ActorWorker:
     @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
         """log π_θ of each response token under the current weights (PPO's π_old)."""
-        self.module.eval()
+        self.engine.eval()
         device = self.device.torch_device()
         micro = self.rollout_cfg.log_prob_micro_batch_size_per_gpu
         out = []
         for rows in plan_micro_batches(tokens, micro, self.log_prob_budget, device):
-            logp, _ = response_logprobs(
-                self.module, take(tokens, rows), device, temperature=self.rollout_cfg.temperature
+            logp, _ = self.engine.response_logprobs(
+                take(tokens, rows), temperature=self.rollout_cfg.temperature
             )
             out.append(logp.cpu())
         return torch.cat(out)
@@ -76,31 +67,30 @@ class ActorWorker:
         ``old_logprobs_BR`` the update must be on-policy (one epoch, one mini-batch):
         its own log-probs, detached, are π_old."""
         cfg = self.cfg
-        self.module.train()
+        self.engine.train()
         rows = len(batch.tokens)
-        mini = cfg.ppo_mini_batch_size * self.rollout_cfg.n // self.world_size
+        mini = cfg.ppo_mini_batch_size * self.rollout_cfg.n // self.engine.dp_size
         if batch.old_logprobs_BR is None and (cfg.ppo_epochs > 1 or mini < rows):
             raise ValueError("old log-probs may be left out only when the update is on-policy")
         metrics: dict[str, list[float]] = defaultdict(list)
-        offload = cfg.fsdp_config.optimizer_offload
-        with fsdp.optimizer_on_device(self.optimizer, self.device, offload):
+        with self.engine.updating():
             for _epoch in range(cfg.ppo_epochs):
                 for mini_rows in micro_batches(rows, mini):
                     self._update_mini_batch(take(batch, mini_rows), metrics)
-        self.scheduler.step()
+        self.engine.lr_scheduler_step()
         self.weights_version += 1
         result = {k: sum(v) / len(v) for k, v in metrics.items()}
-        result["actor/lr"] = self.scheduler.get_last_lr()[0]
+        result["actor/lr"] = self.engine.lr
         result["actor/skipped_updates"] = float(self.skipped_updates)
         result["actor/consecutive_skipped_updates"] = float(self.consecutive_skips)
         return result
 
     def save(self, path: str) -> None:
         counters = {"skipped": self.skipped_updates, "consecutive": self.consecutive_skips}
-        save_role(path, self.module, self.optimizer, self.scheduler, counters, self.tokenizer)
+        self.engine.save(path, counters, self.tokenizer)
 
     def load(self, path: str) -> None:
-        counters = load_role(path, self.module, self.optimizer, self.scheduler)
+        counters = self.engine.load(path)
         self.weights_version += 1
         self.skipped_updates = counters["skipped"]
         self.consecutive_skips = counters["consecutive"]
@@ -108,20 +98,19 @@ class ActorWorker:
     def _update_mini_batch(self, batch: ActorBatch, metrics: dict[str, list[float]]) -> None:
         cfg = self.cfg
         device = self.device.torch_device()
-        scale = fsdp.global_loss_scale(batch.tokens.response_mask_BR, self.device)
+        dp_size = self.engine.dp_size
+        scale = self.engine.global_loss_scale(batch.tokens.response_mask_BR)
         micro_rows = plan_micro_batches(
             batch.tokens, cfg.ppo_micro_batch_size_per_gpu, self.update_budget, device
         )
-        # This rank's parts of the mini-batch's losses; × world size they average to
-        # the global values over ranks (which is how the controller reduces metrics).
+        # This rank's parts of the mini-batch's losses; × the data-parallel size they
+        # average to the global values over ranks (how the controller reduces metrics).
         pg_loss = entropy_sum = kl_sum = 0.0
         for rows in micro_rows:
             micro = take(batch, rows)
             mask = micro.tokens.response_mask_BR.to(device)
-            logp, entropy = response_logprobs(
-                self.module,
+            logp, entropy = self.engine.response_logprobs(
                 micro.tokens,
-                device,
                 temperature=self.rollout_cfg.temperature,
                 with_entropy=True,
                 entropy_grad=cfg.entropy_coeff != 0,
@@ -149,18 +138,17 @@ class ActorWorker:
                 )
                 loss = loss + kl_term
                 kl_sum += kl_metrics["actor/kl_loss"]
-            # Each rank holds part of the global sum; FSDP averages gradients over ranks.
-            (loss * self.world_size).backward()
+            self.engine.backward(loss)  # this rank's part of the mini-batch's loss
             pg_loss += float(pg.loss.detach())
             entropy_sum += float(entropy_loss.detach())
             for k, v in pg.metrics.items():
                 metrics[k].append(float(v))
-        metrics["actor/pg_loss"].append(pg_loss * self.world_size)
-        metrics["actor/entropy"].append(entropy_sum * self.world_size)
+        metrics["actor/pg_loss"].append(pg_loss * dp_size)
+        metrics["actor/entropy"].append(entropy_sum * dp_size)
         if cfg.use_kl_loss:
-            metrics["actor/kl_loss"].append(kl_sum * self.world_size)
+            metrics["actor/kl_loss"].append(kl_sum * dp_size)
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
-        grad_norm = fsdp.optimizer_step(self.module, self.optimizer, cfg.grad_clip)
+        grad_norm = self.engine.optimizer_step(cfg.grad_clip)
         metrics["actor/grad_norm"].append(grad_norm)
         if math.isfinite(grad_norm):
             self.consecutive_skips = 0

@@ -1,4 +1,5 @@
-"""The critic role: a value function V(prefix) for GAE, trained on the returns."""
+"""The critic role: a value function V(prefix) for GAE, trained on the returns, with
+FSDP2 or Megatron-core (``critic.strategy``) behind one engine interface."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from engine.algo.value import value_loss
 from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
-from engine.train import fsdp
-from engine.train.forward import micro_batches, plan_micro_batches, response_values
-from engine.train.fsdp_checkpoint import load_role, save_role
+from engine.train.engines import critic_engine
+from engine.train.forward import micro_batches, plan_micro_batches
 from engine.types import CriticBatch, TokenBatch
 
 
@@ -23,7 +23,6 @@ class CriticWorker:
     ) -> None:
         self.cfg = cfg.critic
         self.device = device
-        self.world_size = cfg.world_size
         self.n = cfg.actor_rollout_ref.rollout.n
         self.mini_batch_size = (
             self.cfg.ppo_mini_batch_size or cfg.actor_rollout_ref.actor.ppo_mini_batch_size
@@ -32,58 +31,48 @@ class CriticWorker:
         self.max_response_length = float(cfg.data.max_response_length)
         self.log_prob_micro = cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
         self.token_budget = cfg.token_budget("critic")
-        model_cfg = self.cfg.model if self.cfg.model.path else cfg.actor_rollout_ref.model
-        model = fsdp.load_hf_model(model_cfg, kind="value")
-        self.module = fsdp.shard_model(
-            model,
-            self.cfg.fsdp_config,
-            device,
-            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-        )
-        self.optimizer = fsdp.build_optimizer(self.module, self.cfg.optim)
-        total = max(1, self.cfg.optim.total_training_steps)
-        self.scheduler = fsdp.build_scheduler(self.optimizer, self.cfg.optim, total)
+        self.engine = critic_engine(cfg, device)
+        self.module = self.engine.module
 
     @torch.no_grad()
     def values(self, tokens: TokenBatch) -> torch.Tensor:
-        self.module.eval()
+        self.engine.eval()
         device = self.device.torch_device()
         out = []
         for rows in plan_micro_batches(tokens, self.log_prob_micro, self.token_budget, device):
             micro = take(tokens, rows)
-            values = response_values(self.module, micro, device)
+            values = self.engine.response_values(micro)
             out.append((values * micro.response_mask_BR.to(values.device)).cpu())
         return torch.cat(out)
 
     def update(self, batch: CriticBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's shard, as the actor does."""
-        self.module.train()
-        mini = self.mini_batch_size * self.n // self.world_size
+        self.engine.train()
+        mini = self.mini_batch_size * self.n // self.engine.dp_size
         metrics: dict[str, list[float]] = defaultdict(list)
-        offload = self.cfg.fsdp_config.optimizer_offload
-        with fsdp.optimizer_on_device(self.optimizer, self.device, offload):
+        with self.engine.updating():
             for _epoch in range(self.ppo_epochs):
                 for mini_rows in micro_batches(len(batch.tokens), mini):
                     self._update_mini_batch(take(batch, mini_rows), metrics)
-        self.scheduler.step()
+        self.engine.lr_scheduler_step()
         result = {k: sum(v) / len(v) for k, v in metrics.items()}
-        result["critic/lr"] = self.scheduler.get_last_lr()[0]
+        result["critic/lr"] = self.engine.lr
         return result
 
     def save(self, path: str) -> None:
-        save_role(path, self.module, self.optimizer, self.scheduler, {})
+        self.engine.save(path, {})
 
     def load(self, path: str) -> None:
-        load_role(path, self.module, self.optimizer, self.scheduler)
+        self.engine.load(path)
 
     def _update_mini_batch(self, batch: CriticBatch, metrics: dict[str, list[float]]) -> None:
         device = self.device.torch_device()
-        scale = fsdp.global_loss_scale(batch.tokens.response_mask_BR, self.device)
+        scale = self.engine.global_loss_scale(batch.tokens.response_mask_BR)
         loss_sum = 0.0  # this rank's part of the mini-batch loss (see ActorWorker)
         micro_size = self.cfg.ppo_micro_batch_size_per_gpu
         for rows in plan_micro_batches(batch.tokens, micro_size, self.token_budget, device):
             micro = take(batch, rows)
-            values = response_values(self.module, micro.tokens, device)
+            values = self.engine.response_values(micro.tokens)
             loss, m = value_loss(
                 values,
                 micro.old_values_BR.to(device),
@@ -93,11 +82,9 @@ class CriticWorker:
                 scale,
                 loss_scale_factor=self.max_response_length,
             )
-            (loss * self.world_size).backward()
+            self.engine.backward(loss)
             loss_sum += float(loss.detach())
             metrics["critic/vf_clipfrac"].append(m["critic/vf_clipfrac"])
             metrics["critic/vpred_mean"].append(m["critic/vpred_mean"])
-        metrics["critic/vf_loss"].append(loss_sum * self.world_size)
-        metrics["critic/grad_norm"].append(
-            fsdp.optimizer_step(self.module, self.optimizer, self.cfg.grad_clip)
-        )
+        metrics["critic/vf_loss"].append(loss_sum * self.engine.dp_size)
+        metrics["critic/grad_norm"].append(self.engine.optimizer_step(self.cfg.grad_clip))

@@ -1,11 +1,17 @@
 """The rollout role: generates responses with the configured backend.
 
-``hf`` generates with the actor's own (FSDP) weights. ``vllm`` and ``sglang`` hold
-their own copy, in the same worker processes as the actor (colocated): before each
-generation the worker checks the actor's ``weights_version`` and, when the actor has
-changed since the last push (an update, a checkpoint load, or the start: the engine is
-built with dummy weights), pushes the new weights bucket by bucket. All ranks update
-in lockstep, so they all push in the same call, as the FSDP gathers require.
+``hf`` with an FSDP actor generates with the actor's own weights. ``vllm`` and
+``sglang`` hold their own copy, in the same worker processes as the actor (colocated):
+before each generation the worker checks the actor's ``weights_version`` and, when the
+actor has changed since the last push (an update, a checkpoint load, or the start: the
+engine is built with dummy weights), pushes the new weights bucket by bucket. All ranks
+update in lockstep, so they all push in the same call, as the gathers require.
+
+With a Megatron actor (``actor.strategy=megatron``) the weights live in Megatron's
+layout, which ``generate`` cannot run: ``hf`` then holds a plain Hugging Face model of
+its own (built from the model path, in the rollout dtype) and is synced like vLLM and
+SGLang, from the engine's ``hf_named_tensors`` (TP slices gathered, HF names) instead of
+the FSDP gathers.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from engine.config import EngineConfig
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.rollout.hf import eos_ids
-from engine.rollout.weights import ENGINE_NAME_MAPS, full_tensors
-from engine.train.fsdp import DTYPES
+from engine.rollout.weights import ENGINE_NAME_MAPS, as_engine_names, full_tensors
+from engine.train.fsdp import DTYPES, load_hf_model
 from engine.types import GenerationOutput, GenerationRequest
 
 
@@ -35,21 +41,25 @@ class RolloutWorker:
         self.cfg = rollout_cfg
         self.device = device
         self.actor = colocated["actor"]
+        self.megatron_actor = cfg.actor_rollout_ref.actor.strategy == "megatron"
         self.synced_version: int | None = None  # the actor's weights the engine holds
+        model = cfg.actor_rollout_ref.model
         if rollout_cfg.name == "hf":
             from engine.rollout.hf import HFRollout
 
+            # A Megatron actor's weights cannot generate: a plain HF copy, synced below.
+            module = self._own_hf_model(model) if self.megatron_actor else self.actor.module
             self.engine: Any = HFRollout(
-                self.actor.module,
+                module,
                 tokenizer,
                 device.torch_device(),
                 micro_batch_size=rollout_cfg.micro_batch_size,
             )
-            self.owns_weights = False
+            self.owns_weights = self.megatron_actor
             return
-        model = cfg.actor_rollout_ref.model
+        generation_config = _generation_config(model) if self.megatron_actor else self.actor.module
         common = {
-            "eos_token_ids": eos_ids(tokenizer, self.actor.module),
+            "eos_token_ids": eos_ids(tokenizer, generation_config),
             "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
             "seed": cfg.trainer.seed,
             "trust_remote_code": model.trust_remote_code,
@@ -83,12 +93,44 @@ class RolloutWorker:
     def sync_weights(self) -> None:
         """Push the actor's current weights into the engine, in the rollout dtype, as
         the engine names them (Hugging Face names, unfused)."""
-        self.engine.sync_weights(
-            full_tensors(
+        dtype = self.rollout_dtype
+        if self.megatron_actor:
+            pairs = self.actor.engine.hf_named_tensors(dtype)
+            if self.cfg.name != "hf":
+                pairs = as_engine_names(pairs, ENGINE_NAME_MAPS[self.cfg.name])
+        else:
+            pairs = full_tensors(
                 self.actor.module,
-                dtype=DTYPES[self.cfg.dtype] if self.device.supports_bf16 else None,
+                dtype=dtype,
                 device=self.device.torch_device(),
                 name_map=ENGINE_NAME_MAPS[self.cfg.name],
             )
-        )
+        self.engine.sync_weights(pairs)
         self.synced_version = self.actor.weights_version
+
+    @property
+    def rollout_dtype(self) -> Any:
+        return DTYPES[self.cfg.dtype] if self.device.supports_bf16 else None
+
+    def _own_hf_model(self, model_cfg: Any) -> Any:
+        """The HF rollout's own model for a Megatron actor, on the device in the rollout
+        dtype; its weights come from the actor at the first generation."""
+        module = load_hf_model(model_cfg)
+        module.requires_grad_(False)
+        return module.to(device=self.device.torch_device(), dtype=self.rollout_dtype)
+
+
+def _generation_config(model_cfg: Any) -> Any:
+    """An object with the model's ``generation_config`` (its EOS ids), read from the
+    model folder: a Megatron actor has no HF module to ask."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(
+            model_cfg.path, trust_remote_code=model_cfg.trust_remote_code
+        )
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        config = None
+    return SimpleNamespace(generation_config=config)

@@ -35,8 +35,13 @@ def one_problem(overrides: list[str]) -> str:
 
 
 def test_config_imports_without_torch_or_ray():
+    # Validating a Megatron config too: its rules (engine.train.megatron_parallel) are
+    # pure python, so rlctl checks such a recipe on a laptop without torch.
     code = (
         "import sys, engine.config, engine.main; "
+        "engine.config.load_config(['actor_rollout_ref.model.path=m', 'data.train_files=t',"
+        " 'actor_rollout_ref.actor.strategy=megatron', 'critic.strategy=megatron',"
+        " 'trainer.n_gpus_per_node=2']); "
         "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -363,3 +368,79 @@ def test_main_print_config_is_yaml_of_the_overrides():
     result = run_main("--print-config", *GRPO)
     assert result.returncode == 0, result.stderr
     assert "adv_estimator: grpo" in result.stdout
+
+
+MEGATRON = [*GRPO, "actor_rollout_ref.actor.strategy=megatron"]
+
+
+def test_megatron_sections_and_the_reference_following_the_actor():
+    cfg = load_config(
+        [
+            *MEGATRON,
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false",
+        ]
+    )
+    assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 1
+    assert not cfg.actor_rollout_ref.actor.megatron.use_distributed_optimizer
+    assert cfg.actor_rollout_ref.ref.strategy is None and cfg.ref_strategy == "megatron"
+    assert list(cfg.megatron_roles()) == ["actor", "reference"]  # no critic under GRPO
+    own = load_config([*MEGATRON, "actor_rollout_ref.ref.strategy=fsdp2"])
+    assert own.ref_strategy == "fsdp2"
+    for key in (
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+        "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size",
+        "critic.megatron.sequence_parallel",
+    ):
+        assert key in config_keys()
+    (p,) = problems([*GRPO, "actor_rollout_ref.ref.strategy=megatrn"])
+    assert p.startswith("actor_rollout_ref.ref.strategy:") and "megatron" in p
+
+
+def test_megatron_tensor_parallel_must_fit_the_devices():
+    tp2 = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"
+    assert (
+        load_config([*MEGATRON, tp2]).megatron_roles()["actor"][1].tensor_model_parallel_size == 2
+    )
+    p = one_problem([*MEGATRON, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"])
+    assert p.startswith("the world size 2 (trainer.nnodes × trainer.n_gpus_per_node)")
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in p
+
+
+def test_megatron_rules_report_every_problem_with_its_key():
+    found = problems(
+        [
+            *MEGATRON,
+            "trainer.device=npu",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.context_parallel_size=0",
+        ]
+    )
+    assert len(found) == 4, found
+    assert "trainer.device=npu" in found[0] and "actor_rollout_ref.ref.strategy" in found[0]
+    assert found[1] == (
+        "actor_rollout_ref.actor.megatron.context_parallel_size must be >= 1, got 0"
+    )
+    assert found[2].startswith("actor_rollout_ref.ref.megatron.pipeline_model_parallel_size 2:")
+    assert "share their worker processes" in found[3]
+    assert "pipeline_model_parallel_size=2" in found[3]
+
+
+def test_megatron_critic_is_checked_only_when_there_is_one():
+    sequence = "critic.megatron.sequence_parallel=true"
+    assert load_config([*GRPO, "critic.strategy=megatron", sequence]).megatron_roles() == {}
+    ppo = [*GRPO, "algorithm.adv_estimator=gae", "critic.strategy=megatron"]
+    assert list(load_config(ppo).megatron_roles()) == ["critic"]
+    p = one_problem([*ppo, sequence])
+    assert p.startswith("critic.megatron.sequence_parallel:") and "set it to false" in p
+    # The critic shares the actor's processes: its sizes must fit the world and the actor's.
+    world, shared = problems(
+        [
+            *ppo,
+            "actor_rollout_ref.actor.strategy=megatron",
+            "critic.megatron.tensor_model_parallel_size=3",
+        ]
+    )
+    assert "world size 2" in world and "critic.megatron.tensor_model_parallel_size" in world
+    assert "critic.megatron: tensor_model_parallel_size=3" in shared

@@ -74,3 +74,33 @@ def test_take_and_rows():
     assert batch_rows(tokens) == 4
     assert batch_rows(SamplingParams()) is None
     assert take(tokens, slice(1, 3)).input_ids_BS.tolist() == tokens.input_ids_BS[1:3].tolist()
+
+
+def test_call_split_gives_tensor_parallel_ranks_the_same_rows():
+    """A Megatron role with TP = 2 on 4 ranks: ranks 0, 1 get the first half of the rows,
+    ranks 2, 3 the second; the result is gathered from TP rank 0 of each group only."""
+    from types import SimpleNamespace
+
+    from engine.controller.worker_group import WorkerGroup
+
+    sent: dict[int, list[int]] = {}
+
+    def worker(rank: int) -> SimpleNamespace:
+        def remote(role, method, shard, *args):
+            sent[rank] = shard
+            return [f"{role}.{method}@{rank}:{x}" for x in shard]
+
+        return SimpleNamespace(call=SimpleNamespace(remote=remote))
+
+    group = WorkerGroup.__new__(WorkerGroup)  # no Ray: stand-in workers
+    group.world_size = 4
+    group.tp_sizes = {"actor": 2}
+    group.workers = [worker(r) for r in range(4)]
+    group.get = lambda refs: refs
+    rows = list(range(8))
+    out = group.call_split("actor", "log_probs", rows, gather=lambda rs: [x for r in rs for x in r])
+    assert sent == {0: [0, 1, 2, 3], 1: [0, 1, 2, 3], 2: [4, 5, 6, 7], 3: [4, 5, 6, 7]}
+    assert out == [f"actor.log_probs@{0 if x < 4 else 2}:{x}" for x in rows]
+    # Other roles (the rollout, an FSDP critic) still split over every rank.
+    group.call_split("rollout", "generate", rows, gather=lambda rs: rs)
+    assert sent == {r: [2 * r, 2 * r + 1] for r in range(4)}

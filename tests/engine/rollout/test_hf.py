@@ -100,3 +100,30 @@ def test_length_limit_and_sampling_settings(model_and_tokenizer):
     greedy = SamplingParams(do_sample=False, max_new_tokens=5)
     first = rollout.generate(GenerationRequest(ids, greedy)).response_ids
     assert rollout.generate(GenerationRequest(ids, greedy)).response_ids == first
+
+
+def test_sync_weights_fills_an_owned_model(model_and_tokenizer, tiny_model_dir):
+    """With a Megatron actor the HF rollout generates on a model of its own, filled from
+    the engine's HF-named tensors (a tied lm_head arrives as the embedding)."""
+    source, tokenizer = model_and_tokenizer
+    own = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in own.parameters():
+            p.zero_()
+    rollout = HFRollout(own, tokenizer, torch.device("cpu"))
+    pairs = [(n, p.detach().clone()) for n, p in source.named_parameters()]
+    assert source.config.tie_word_embeddings and "lm_head.weight" not in dict(pairs)
+    rollout.sync_weights(iter(pairs))
+    mine = own.state_dict()
+    for name, tensor in source.state_dict().items():
+        assert mine[name].equal(tensor), name
+    greedy = SamplingParams(do_sample=False, max_new_tokens=6)
+    request = GenerationRequest(prompts(tokenizer, ["1+1", "2+3"]), greedy)
+    assert (
+        rollout.generate(request).response_ids
+        == HFRollout(source, tokenizer, torch.device("cpu")).generate(request).response_ids
+    )
+    with pytest.raises(KeyError, match="stale"):
+        rollout.sync_weights(iter(pairs[1:]))
+    with pytest.raises(KeyError, match=r"no parameter 'model\.extra'"):
+        rollout.sync_weights(iter([("model.extra", torch.zeros(1))]))

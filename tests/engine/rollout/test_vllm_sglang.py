@@ -682,3 +682,37 @@ def test_rollout_role_pushes_the_actors_weights_when_they_change(
                 assert torch.equal(tensor, after[name]), name
     finally:
         del host
+
+
+def test_rollout_role_pushes_a_megatron_actors_hf_tensors():
+    """With strategy=megatron the push reads the actor engine's ``hf_named_tensors`` (TP
+    slices gathered, HF names) in the rollout dtype, not the FSDP gathers, and marks the
+    version it holds. The engine here is a stand-in; the real one runs in
+    tests/e2e/test_megatron_cpu.py (HF rollout) and needs megatron-core."""
+    from types import SimpleNamespace
+
+    from engine.device import DEVICES
+    from engine.workers.rollout import RolloutWorker
+
+    weights = {
+        "model.layers.0.self_attn.q_proj.weight": torch.ones(2, 2),
+        "model.layers.0.mlp.gate_proj.weight": torch.zeros(3, 2),
+    }
+    asked: list[object] = []
+
+    def hf_named_tensors(dtype=None):
+        asked.append(dtype)
+        yield from weights.items()
+
+    pushed: list[list[str]] = []
+    role = RolloutWorker.__new__(RolloutWorker)  # no engine to build: the push alone
+    role.cfg = SimpleNamespace(name="vllm", dtype="bfloat16")
+    role.device = DEVICES["cpu"]
+    role.megatron_actor = True
+    role.actor = SimpleNamespace(
+        engine=SimpleNamespace(hf_named_tensors=hf_named_tensors), weights_version=3
+    )
+    role.engine = SimpleNamespace(sync_weights=lambda pairs: pushed.append([n for n, _ in pairs]))
+    role.sync_weights()
+    assert pushed == [list(weights)] and role.synced_version == 3
+    assert asked == [None]  # the CPU has no bf16 rollout: float32 as trained

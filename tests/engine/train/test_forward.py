@@ -119,3 +119,17 @@ def test_every_rank_runs_the_same_number_of_micro_batches():
     mp.spawn(_ranks_agree_on_the_count, args=(2, port, out), nprocs=2)
     assert out[1] == [slice(0, 1), slice(1, 2), slice(2, 3), slice(3, 4)]
     assert out[0] == [slice(0, 1), slice(1, 2), slice(2, 3), slice(3, 4)]
+
+
+def test_value_model_has_no_dropout_in_training(tiny_model_dir):
+    """PPO's value loss compares the update's values with those the advantages used: a
+    value head with dropout (HF's token-classification default) would add noise to both."""
+    from engine.config import ModelConfig
+    from engine.train.forward import response_values
+    from engine.train.fsdp import load_hf_model
+
+    model = load_hf_model(ModelConfig(path=str(tiny_model_dir)), kind="value").train()
+    batch = ragged([5, 3], [4, 2])
+    with torch.no_grad():
+        first, second = (response_values(model, batch, CPU) for _ in range(2))
+    torch.testing.assert_close(first, second, rtol=0, atol=0)

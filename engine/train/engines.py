@@ -1,0 +1,80 @@
+"""Which training backend builds a role: ``strategy`` fsdp/fsdp2 → ``FSDPEngine``,
+megatron → ``MegatronEngine`` (imported only then: megatron-core is an extra).
+
+Both expose the same methods (``engine.train.megatron``'s module docstring lists them),
+so the actor, critic and reference workers hold one ``engine`` and never branch on the
+backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.config import EngineConfig, ModelConfig
+from engine.device import DeviceSpec
+from engine.train.fsdp import FSDPEngine
+
+
+def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
+    arr = cfg.actor_rollout_ref
+    actor = arr.actor
+    if actor.strategy == "megatron":
+        return _megatron(cfg, device, "actor", arr.model, actor.megatron, actor.optim)
+    return FSDPEngine.from_hf(
+        arr.model,
+        actor.fsdp_config,
+        actor.optim,
+        device,
+        gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+    )
+
+
+def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
+    arr = cfg.actor_rollout_ref
+    if cfg.ref_strategy == "megatron":
+        return _megatron(cfg, device, "reference", arr.model, arr.ref.megatron, None)
+    return FSDPEngine.from_hf(arr.model, arr.ref.fsdp_config, None, device)
+
+
+def critic_model(cfg: EngineConfig) -> ModelConfig:
+    """The critic's own model, or the actor's when ``critic.model.path`` is empty."""
+    return cfg.critic.model if cfg.critic.model.path else cfg.actor_rollout_ref.model
+
+
+def critic_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
+    critic = cfg.critic
+    model_cfg = critic_model(cfg)
+    if critic.strategy == "megatron":
+        return _megatron(cfg, device, "critic", model_cfg, critic.megatron, critic.optim)
+    return FSDPEngine.from_hf(
+        model_cfg,
+        critic.fsdp_config,
+        critic.optim,
+        device,
+        kind="value",
+        gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+    )
+
+
+def _megatron(
+    cfg: EngineConfig,
+    device: DeviceSpec,
+    role: str,
+    model_cfg: ModelConfig,
+    section: Any,
+    optim_cfg: Any,
+) -> Any:
+    from engine.train.megatron import MegatronEngine, MegatronParallel
+
+    return MegatronEngine.from_hf(
+        model_cfg.path,
+        MegatronParallel.of(section),
+        optim_cfg,
+        device,
+        role=role,
+        dtype=model_cfg.dtype,
+        gradient_checkpointing=model_cfg.enable_gradient_checkpointing and optim_cfg is not None,
+        total_steps=max(1, optim_cfg.total_training_steps) if optim_cfg is not None else 1,
+        seed=cfg.trainer.seed,
+        trust_remote_code=model_cfg.trust_remote_code,
+    )

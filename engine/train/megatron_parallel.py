@@ -1,0 +1,144 @@
+"""The Megatron engine's parallel sizes and the rules on them, without torch.
+
+``engine.config`` validates ``<role>.megatron.*`` with these rules before anything heavy
+is imported (``rlctl`` checks recipes on a laptop without torch); the rules that need
+the model's shape import the converter lazily. ``engine.train.megatron`` re-exports
+``MegatronParallel``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from engine.errors import ConfigError
+
+CONFIG_KEY = "actor_rollout_ref.actor.megatron"
+# Where each role's sizes live in the engine config (named in error messages).
+CONFIG_KEYS = {
+    "actor": CONFIG_KEY,
+    "critic": "critic.megatron",
+    "reference": "actor_rollout_ref.ref.megatron",
+}
+
+
+@dataclass(frozen=True)
+class MegatronParallel:
+    """Parallel sizes, named as verl's ``<role>.megatron.*`` keys."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+
+    @classmethod
+    def of(cls, cfg: Any) -> MegatronParallel:
+        """From any object with these attribute names (the engine config's section)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def model_parallel_size(self) -> int:
+        return (
+            self.tensor_model_parallel_size
+            * self.pipeline_model_parallel_size
+            * self.context_parallel_size
+        )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        return world_size // self.model_parallel_size
+
+    def problems(self, world_size: int, key: str = CONFIG_KEY) -> list[str]:
+        """Rules that need only the sizes and the world size (config validation)."""
+        p = []
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+            "expert_model_parallel_size",
+        ):
+            value = getattr(self, name)
+            if value < 1:
+                p.append(f"{key}.{name} must be >= 1, got {value}")
+        if p:
+            return p
+        if self.pipeline_model_parallel_size > 1:
+            p.append(
+                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size}:"
+                " pipeline parallelism is not supported by the Megatron engine yet (Megatron-"
+                "core's pipeline schedules are not wired); set it to 1 and split the model with"
+                " tensor_model_parallel_size"
+            )
+        if self.context_parallel_size > 1:
+            p.append(
+                f"{key}.context_parallel_size {self.context_parallel_size}: context parallelism"
+                " needs Transformer Engine's attention, which the Megatron engine does not use"
+                " yet; set it to 1"
+            )
+        if self.expert_model_parallel_size > 1:
+            p.append(
+                f"{key}.expert_model_parallel_size {self.expert_model_parallel_size}: expert"
+                " parallelism needs a mixture-of-experts model, and the Megatron engine converts"
+                " dense Llama/Qwen2/Qwen3 models only; set it to 1"
+            )
+        if self.sequence_parallel:
+            p.append(
+                f"{key}.sequence_parallel: needs Transformer Engine's layer spec; the Megatron"
+                " engine uses Megatron-core's local spec, whose RMSNorm (torch's) refuses"
+                " sequence parallelism; set it to false"
+            )
+        if world_size % self.model_parallel_size:
+            p.append(
+                f"the world size {world_size} (trainer.nnodes × trainer.n_gpus_per_node) must"
+                f" be a multiple of {key}.tensor_model_parallel_size × pipeline_model_parallel"
+                f"_size × context_parallel_size = {self.model_parallel_size}; change those"
+                " sizes or the number of devices"
+            )
+        return p
+
+    def model_problems(self, hf_config: Any, key: str = CONFIG_KEY) -> list[str]:
+        """Rules that need the model's shape (checked when the engine is built)."""
+        from engine.train.megatron_convert import (
+            AttentionShape,
+            gpt_model_kwargs,
+            transformer_config_kwargs,
+        )
+
+        tp = self.tensor_model_parallel_size
+        shape = AttentionShape.of(hf_config)
+        p = []
+        for what, value, why in (
+            ("num_attention_heads", shape.num_heads, "each rank holds whole heads"),
+            ("num_key_value_heads", shape.num_kv_heads, "each rank holds whole query groups"),
+            ("intermediate_size", hf_config.intermediate_size, "the MLP is split by columns"),
+            ("vocab_size", hf_config.vocab_size, "the vocabulary is split; none is padded"),
+        ):
+            if value % tp:
+                p.append(
+                    f"{key}.tensor_model_parallel_size {tp} must divide the model's {what}"
+                    f" {value} ({why}); pick a divisor of {value}"
+                )
+        layers = hf_config.num_hidden_layers
+        if layers % self.pipeline_model_parallel_size:
+            p.append(
+                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size} must"
+                f" divide the model's num_hidden_layers {layers}"
+            )
+        try:
+            transformer_config_kwargs(hf_config)
+            gpt_model_kwargs(hf_config)
+        except ValueError as exc:
+            p.append(str(exc))
+        return p
+
+    def validate(self, world_size: int, hf_config: Any = None, key: str = CONFIG_KEY) -> None:
+        problems = self.problems(world_size, key)
+        if hf_config is not None and not problems:
+            problems = self.model_problems(hf_config, key)
+        if problems:
+            raise ConfigError(problems)
