@@ -9,8 +9,9 @@ The same configuration runs through each system in turn, each in its own process
 2. TRL's ``GRPOTrainer`` (trl 1.16.0, ``pip install -e ".[bench]"``), one process,
    two threads;
 3. the floor: one process, two threads, one Hugging Face ``generate`` of the same 64
-   completions and one forward/backward/AdamW step on them per iteration. No scoring,
-   no Ray, no FSDP: the least any implementation can spend on a step.
+   completions and one forward/backward/AdamW step on them per iteration, with the
+   same activation checkpointing setting. No scoring, no Ray, no FSDP: the least any
+   implementation can spend on a step of this configuration.
 
 Every system gets the tiny Qwen2 model (``engine.models.tiny``), the synthetic sums
 task (``engine.data.synthetic``) in the same order (no shuffling), 8 prompts × 8
@@ -423,6 +424,9 @@ def child_floor(setup: Setup, out: Path) -> None:
     torch.manual_seed(setup.seed)
     tokenizer = AutoTokenizer.from_pretrained(setup.model_dir)
     model = AutoModelForCausalLM.from_pretrained(setup.model_dir, dtype=torch.float32)
+    if setup.gradient_checkpointing:  # the same configuration as the other systems
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
+        (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay)
     eos = model.generation_config.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -464,7 +468,11 @@ def child_floor(setup: Setup, out: Path) -> None:
         # Any advantages do: the floor measures the work, not the learning.
         advantages = torch.randn(len(prompt_ids), 1)
         model.train()
-        logits = model(input_ids=sequences, attention_mask=attention).logits[:, width - 1 : -1]
+        # The LM head only where a completion token is predicted (as TRL and the engine).
+        r_len = completion.shape[1]
+        logits = model(
+            input_ids=sequences, attention_mask=attention, logits_to_keep=r_len + 1
+        ).logits[:, :-1]
         logp = torch.gather(F.log_softmax(logits, -1), 2, completion[..., None]).squeeze(-1)
         mask = completion_mask.float()
         loss = -(advantages * logp * mask).sum() / mask.sum()
@@ -669,7 +677,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-gradient-checkpointing",
         action="store_true",
-        help="turn activation checkpointing off in the engine and TRL (both default to on)",
+        help="turn activation checkpointing off in the engine, TRL and the floor (default: on)",
     )
     parser.add_argument(
         "--workdir",
