@@ -26,10 +26,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlctl.errors import RlctlError
-from rlctl.home import rlctl_home
+from rlctl.home import read_site_file, rlctl_home
 
 PROFILE_FILE = "skypilot.yaml"
 NO_IMAGE = "none"
@@ -62,14 +60,8 @@ class NodeSoftware:
 def load_profile(path: Path | None = None) -> dict[str, NodeSoftware]:
     """The profile's entries by infra (``slurm/my-cluster``); empty if there is no file."""
     path = path or rlctl_home(create=False) / PROFILE_FILE
-    if not path.is_file():
-        return {}
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RlctlError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise RlctlError(f"{path}: a mapping of infra (slurm/NAME, k8s, gcp, ...) to settings")
+    shape = "a mapping of infra (slurm/NAME, k8s, gcp, ...) to settings"
+    raw = read_site_file(PROFILE_FILE, shape, path) or {}
     return {str(infra): entry(value, f"{path}: {infra}") for infra, value in raw.items()}
 
 

@@ -33,7 +33,7 @@ from rlctl import __version__
 from rlctl.backends.base import Observed
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, parse_accelerator_spec
-from rlctl.home import rlctl_home
+from rlctl.home import read_site_file, rlctl_home
 from rlctl.jobs import Job, JobState
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec
@@ -126,14 +126,9 @@ class SlurmProfile:
 def load_profile(path: Path | None = None) -> SlurmProfile:
     """The profile at ``path`` (default ``<RLCTL_HOME>/slurm.yaml``); defaults if absent."""
     path = path or rlctl_home(create=False) / PROFILE_FILE
-    if not path.is_file():
+    raw = read_site_file(PROFILE_FILE, "a Slurm profile is a mapping of fields", path)
+    if raw is None:
         return SlurmProfile()
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RlctlError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise RlctlError(f"{path}: a Slurm profile is a mapping of fields")
     return profile_from_mapping(raw, source=str(path))
 
 
