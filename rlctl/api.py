@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.backends import get_backend
+from rlctl.bundled import bundled_dir
 from rlctl.errors import RlctlError
 from rlctl.jobs import SUBMISSION_INCOMPLETE, Job, JobState, JobStore
 from rlctl.recipe import Recipe, load_recipe
 from rlctl.spec import JobSpec, build_spec
 
-BUNDLED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+BUNDLED_RECIPES = bundled_dir("recipes")
 # A PENDING job with no handle this old was never submitted (the CLI died mid-launch).
 STALE_SUBMISSION_S = 600.0
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+from rlctl.bundled import bundled_dir
+
+TEMPLATES = bundled_dir("templates")
 
 
 def _shjoin(argv: Iterable[str]) -> str:
