@@ -57,6 +57,7 @@ class NameMap:
 
 # The engines' load_weights take unfused HF names (see the module docstring).
 ENGINE_NAME_MAPS = {
+    "hf": NameMap(),  # the HF rollout's own copy (a Megatron actor's): plain HF names
     "vllm": NameMap(),
     "sglang": NameMap(),
     "fused": NameMap(fuse_qkv=True, fuse_gate_up=True),

@@ -10,8 +10,8 @@ update in lockstep, so they all push in the same call, as the gathers require.
 With a Megatron actor (``actor.strategy=megatron``) the weights live in Megatron's
 layout, which ``generate`` cannot run: ``hf`` then holds a plain Hugging Face model of
 its own (built from the model path, in the rollout dtype) and is synced like vLLM and
-SGLang, from the engine's ``hf_named_tensors`` (TP slices gathered, HF names) instead of
-the FSDP gathers.
+SGLang. Either training engine hands out full HF-named tensors (``hf_named_tensors``:
+FSDP's shards gathered, or Megatron's TP slices merged), one at a time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.rollout.hf import eos_ids
-from engine.rollout.weights import ENGINE_NAME_MAPS, as_engine_names, full_tensors
+from engine.rollout.weights import ENGINE_NAME_MAPS, as_engine_names
 from engine.train.fsdp import DTYPES, load_hf_model
 from engine.types import GenerationOutput, GenerationRequest
 
@@ -93,19 +93,8 @@ class RolloutWorker:
     def sync_weights(self) -> None:
         """Push the actor's current weights into the engine, in the rollout dtype, as
         the engine names them (Hugging Face names, unfused)."""
-        dtype = self.rollout_dtype
-        if self.megatron_actor:
-            pairs = self.actor.engine.hf_named_tensors(dtype)
-            if self.cfg.name != "hf":
-                pairs = as_engine_names(pairs, ENGINE_NAME_MAPS[self.cfg.name])
-        else:
-            pairs = full_tensors(
-                self.actor.module,
-                dtype=dtype,
-                device=self.device.torch_device(),
-                name_map=ENGINE_NAME_MAPS[self.cfg.name],
-            )
-        self.engine.sync_weights(pairs)
+        pairs = self.actor.engine.hf_named_tensors(self.rollout_dtype)  # FSDP or Megatron
+        self.engine.sync_weights(as_engine_names(pairs, ENGINE_NAME_MAPS[self.cfg.name]))
         self.synced_version = self.actor.weights_version
 
     @property
