@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
+from engine.controller.dispatch import take
 from engine.types import TokenBatch
 
 
@@ -160,3 +162,16 @@ def plan_micro_batches(
     if max_tokens is None:
         return micro_batches(len(tokens), size)
     return token_budget_micro_batches(tokens, max_tokens, device)
+
+
+def forward_in_micro_batches(
+    tokens: TokenBatch,
+    size: int,
+    max_tokens: int | None,
+    device: torch.device,
+    forward: Callable[[TokenBatch], torch.Tensor],
+) -> torch.Tensor:
+    """``forward`` (a per-response-token quantity) over the micro-batches of ``tokens``
+    (``plan_micro_batches``), gathered on the CPU in row order."""
+    rows = plan_micro_batches(tokens, size, max_tokens, device)
+    return torch.cat([forward(take(tokens, r)).cpu() for r in rows])

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train.engines import actor_engine
-from engine.train.forward import micro_batches, plan_micro_batches
+from engine.train.forward import forward_in_micro_batches, micro_batches, plan_micro_batches
 from engine.types import ActorBatch, TokenBatch
 
 
@@ -51,15 +51,13 @@ class ActorWorker:
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
         """log π_θ of each response token under the current weights (PPO's π_old)."""
         self.engine.eval()
-        device = self.device.torch_device()
-        micro = self.rollout_cfg.log_prob_micro_batch_size_per_gpu
-        out = []
-        for rows in plan_micro_batches(tokens, micro, self.log_prob_budget, device):
-            logp, _ = self.engine.response_logprobs(
-                take(tokens, rows), temperature=self.rollout_cfg.temperature
-            )
-            out.append(logp.cpu())
-        return torch.cat(out)
+        return forward_in_micro_batches(
+            tokens,
+            self.rollout_cfg.log_prob_micro_batch_size_per_gpu,
+            self.log_prob_budget,
+            self.device.torch_device(),
+            lambda micro: self.engine.response_logprobs(micro, self.rollout_cfg.temperature)[0],
+        )
 
     def update(self, batch: ActorBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's shard; one optimizer step per

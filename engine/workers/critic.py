@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train.engines import critic_engine
-from engine.train.forward import micro_batches, plan_micro_batches
+from engine.train.forward import forward_in_micro_batches, micro_batches, plan_micro_batches
 from engine.types import CriticBatch, TokenBatch
 
 
@@ -37,13 +37,15 @@ class CriticWorker:
     @torch.no_grad()
     def values(self, tokens: TokenBatch) -> torch.Tensor:
         self.engine.eval()
-        device = self.device.torch_device()
-        out = []
-        for rows in plan_micro_batches(tokens, self.log_prob_micro, self.token_budget, device):
-            micro = take(tokens, rows)
+
+        def masked_values(micro: TokenBatch) -> torch.Tensor:
             values = self.engine.response_values(micro)
-            out.append((values * micro.response_mask_BR.to(values.device)).cpu())
-        return torch.cat(out)
+            return values * micro.response_mask_BR.to(values.device)
+
+        device = self.device.torch_device()
+        return forward_in_micro_batches(
+            tokens, self.log_prob_micro, self.token_budget, device, masked_values
+        )
 
     def update(self, batch: CriticBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's shard, as the actor does."""

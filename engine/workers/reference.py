@@ -8,10 +8,9 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train.engines import reference_engine
-from engine.train.forward import plan_micro_batches
+from engine.train.forward import forward_in_micro_batches
 from engine.types import TokenBatch
 
 
@@ -30,9 +29,10 @@ class ReferenceWorker:
 
     @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
-        device = self.device.torch_device()
-        out = []
-        for rows in plan_micro_batches(tokens, self.micro_batch_size, self.token_budget, device):
-            logp, _ = self.engine.response_logprobs(take(tokens, rows), self.temperature)
-            out.append(logp.cpu())
-        return torch.cat(out)
+        return forward_in_micro_batches(
+            tokens,
+            self.micro_batch_size,
+            self.token_budget,
+            self.device.torch_device(),
+            lambda micro: self.engine.response_logprobs(micro, self.temperature)[0],
+        )
