@@ -1,6 +1,7 @@
 """Whole engine runs on CPU: a real Ray cluster, two workers in one FSDP (gloo) group,
 HF rollout, rule rewards, and the algorithms of the loop."""
 
+import importlib.util
 import json
 import math
 import os
@@ -26,25 +27,37 @@ BASE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def synthetic_data(tmp_path_factory):
-    from engine.data.synthetic import write_synthetic_dataset
-
-    return write_synthetic_dataset(tmp_path_factory.mktemp("synthetic"), n_train=512, n_val=32)
-
-
 def read_metrics(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
-def test_grpo_learns_the_synthetic_task(tiny_model_dir, synthetic_data, tmp_path):
-    """Through the real command line. A zero learning rate or a flipped gradient sign
-    leaves the score at its random-policy level (about 0.01) and fails the margin."""
+def _has_megatron() -> bool:
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# megatron-core is not in this repository's environment (its numpy<2 pin): install it
+# into a side directory and put that on PYTHONPATH (tests/e2e/test_megatron_cpu.py).
+MEGATRON = pytest.param(
+    ["actor_rollout_ref.actor.strategy=megatron"],
+    marks=pytest.mark.skipif(not _has_megatron(), reason="megatron-core is not installed"),
+    id="megatron",
+)
+
+
+@pytest.mark.parametrize("strategy", [pytest.param([], id="fsdp2"), MEGATRON])
+def test_grpo_learns_the_synthetic_task(strategy, tiny_model_dir, synthetic_data, tmp_path):
+    """Through the real command line (a subprocess: its Ray workers inherit PYTHONPATH).
+    A zero learning rate or a flipped gradient sign leaves the score at its random-policy
+    level (about 0.01) and fails the margin."""
     train, val = synthetic_data
     run_dir = tmp_path / "run"
     overrides = [
         *BASE,
+        *strategy,
         f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"data.train_files={train}",
         f"data.val_files={val}",
@@ -60,7 +73,9 @@ def test_grpo_learns_the_synthetic_task(tiny_model_dir, synthetic_data, tmp_path
         "trainer.save_freq=100",  # only the last step: what the export reads
         f"trainer.export_hf_dir={tmp_path / 'hf'}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    repo = str(Path(__file__).parents[2])
+    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     result = subprocess.run(
         [sys.executable, "-m", "engine.main", *overrides],
         capture_output=True,
