@@ -424,23 +424,41 @@ class EngineConfig:
         )
 
     def token_budget(self, role: str) -> int | None:
-        """Padded tokens per micro-batch for ``role`` (actor, actor_log_prob,
-        ref_log_prob, critic) when it packs micro-batches by tokens, else None."""
-        arr = self.actor_rollout_ref
-        actor = arr.actor
-        dynamic, budget = actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu
-        own: tuple[bool | None, int | None] = (None, None)
-        if role == "actor_log_prob":
-            own = (arr.rollout.log_prob_use_dynamic_bsz, arr.rollout.log_prob_max_token_len_per_gpu)
-        elif role == "ref_log_prob":
-            own = (arr.ref.log_prob_use_dynamic_bsz, arr.ref.log_prob_max_token_len_per_gpu)
-        elif role == "critic":
-            own = (self.critic.use_dynamic_bsz, self.critic.ppo_max_token_len_per_gpu)
-        elif role != "actor":
-            raise ValueError(f"unknown role {role!r}")
-        dynamic = dynamic if own[0] is None else own[0]
-        budget = budget if own[1] is None else own[1]
+        """Padded tokens per micro-batch for ``role`` (a key of ``TOKEN_BUDGET_KEYS``)
+        when it packs micro-batches by tokens, else None. A role's unset (null) keys
+        take the actor's."""
+        if role not in TOKEN_BUDGET_KEYS:
+            raise ValueError(f"unknown role {role!r}; valid: {', '.join(TOKEN_BUDGET_KEYS)}")
+        own = [_selected(self, key) for key in TOKEN_BUDGET_KEYS[role]]
+        actor = [_selected(self, key) for key in TOKEN_BUDGET_KEYS["actor"]]
+        dynamic, budget = (a if o is None else o for o, a in zip(own, actor, strict=True))
         return budget if dynamic else None
+
+
+# Each role's (use_dynamic_bsz, max_token_len) keys; the actor's are the defaults.
+TOKEN_BUDGET_KEYS = {
+    "actor": (
+        "actor_rollout_ref.actor.use_dynamic_bsz",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    ),
+    "actor_log_prob": (
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    ),
+    "ref_log_prob": (
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+    ),
+    "critic": ("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
+}
+
+
+def _selected(cfg: Any, key: str) -> Any:
+    """The value at a dotted key."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -803,28 +821,14 @@ def _batch_sizes(cfg: EngineConfig) -> list[str]:
     return p + _token_budgets(cfg)
 
 
-def _selected(cfg: EngineConfig, key: str) -> Any:
-    value: Any = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _token_budgets(cfg: EngineConfig) -> list[str]:
     """With use_dynamic_bsz, one whole sequence must fit a micro-batch's budget."""
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
-    keys = {
-        "actor": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "actor_log_prob": "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-        "ref_log_prob": "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
-        "critic": "critic.ppo_max_token_len_per_gpu",
-    }
-    if not cfg.use_critic:
-        del keys["critic"]
-    if not cfg.use_reference:
-        del keys["ref_log_prob"]
+    skipped = {"critic": not cfg.use_critic, "ref_log_prob": not cfg.use_reference}
     p = []
-    for role, key in keys.items():
+    for role, (_, key) in TOKEN_BUDGET_KEYS.items():
+        if skipped.get(role):
+            continue
         budget = cfg.token_budget(role)
         if budget is not None and budget < longest:
             inherited = role != "actor" and _selected(cfg, key) is None
