@@ -27,14 +27,13 @@ from engine.config import RolloutConfig
 from engine.errors import EngineError
 from engine.rollout.tp import gather_group_rows, new_tp_group, tp_layout
 from engine.rollout.translate import (
-    engine_args_for,
+    EngineSettings,
+    explain_kv_cache_errors,
     finish_row,
-    is_kv_cache_error,
-    kv_cache_error,
     sampling_params_for,
 )
 from engine.rollout.versions import check_version
-from engine.rollout.weights import DEFAULT_BUCKET_BYTES, bucketize
+from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest
 
 
@@ -53,26 +52,13 @@ def parse_output(
 
 class SGLangRollout:
     def __init__(
-        self,
-        cfg: RolloutConfig,
-        model_path: str,
-        *,
-        eos_token_ids: set[int],
-        max_model_len: int,
-        seed: int = 0,
-        trust_remote_code: bool = False,
-        load_format: str = "auto",
-        local_world_size: int | None = None,
-        local_rank: int = 0,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        self, cfg: RolloutConfig, settings: EngineSettings, *, local_rank: int = 0
     ) -> None:
         check_version("sglang")
-        if not eos_token_ids:
-            raise ValueError("no EOS token ids: responses would never end")
         self.cfg = cfg
-        self.eos_token_ids = set(eos_token_ids)
-        self.bucket_bytes = bucket_bytes
-        self.layout = tp_layout(cfg.tensor_model_parallel_size, local_world_size)
+        self.eos_token_ids = set(settings.eos_token_ids)
+        self.bucket_bytes = settings.bucket_bytes
+        self.layout = tp_layout(cfg.tensor_model_parallel_size, settings.local_world_size)
         self.group = new_tp_group(self.layout)
         self.engine: Any = None
         if self.layout.tp_rank == 0:
@@ -89,26 +75,11 @@ class SGLangRollout:
                     " tensor_model_parallel_size=1"
                 )
 
-            args = engine_args_for(
-                cfg,
-                model_path,
-                cfg.tensor_model_parallel_size,
-                backend="sglang",
-                max_model_len=max_model_len,
-                seed=seed,
-                trust_remote_code=trust_remote_code,
-                load_format=load_format,
-            )
+            args = settings.engine_args(cfg, "sglang")
             # Ray pins one device per worker; a TP group's owner starts at its own.
-            args["base_gpu_id"] = local_rank if cfg.tensor_model_parallel_size > 1 else 0
-            try:
+            args["base_gpu_id"] = local_rank if tp > 1 else 0
+            with explain_kv_cache_errors("sglang", cfg, settings.max_model_len):
                 self.engine = sglang.Engine(**args)
-            except (ValueError, RuntimeError) as error:
-                if is_kv_cache_error(error):
-                    raise kv_cache_error(
-                        "sglang", error, cfg, cfg.tensor_model_parallel_size, max_model_len
-                    ) from error
-                raise
         self._asleep: set[str] = set()
         self.sleep()
 

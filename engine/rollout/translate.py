@@ -1,7 +1,9 @@
 """Our rollout settings in each inference engine's terms, and their outputs back in ours.
 
 Pure functions (no vLLM or SGLang import), so that every translation is tested on
-any machine. The backends (engine.rollout.vllm, engine.rollout.sglang) call them.
+any machine. The backends (engine.rollout.vllm, engine.rollout.sglang) call them, both
+built from one ``EngineSettings`` and both explaining a KV cache that does not fit
+through ``explain_kv_cache_errors``.
 
 Semantics kept identical to the HF backend, so the algorithms see the same batch
 whichever backend generated it:
@@ -18,11 +20,15 @@ whichever backend generated it:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from engine.config import RolloutConfig
 from engine.errors import EngineError
 from engine.rollout.base import trim_response
+from engine.rollout.weights import DEFAULT_BUCKET_BYTES
 from engine.types import SamplingParams
 
 BACKENDS = ("vllm", "sglang")
@@ -149,6 +155,39 @@ def engine_args_for(
     raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """What a colocated engine (vLLM or SGLang) is built from besides the rollout config:
+    the model and the run's choices, decided once by the rollout role
+    (engine.workers.rollout) whichever backend it builds."""
+
+    model_path: str
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    seed: int = 0
+    trust_remote_code: bool = False
+    load_format: str = "auto"
+    local_world_size: int | None = None  # devices per node; None: TP is not checked against it
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def __post_init__(self) -> None:
+        if not self.eos_token_ids:
+            raise ValueError("no EOS token ids: responses would never end")
+
+    def engine_args(self, cfg: RolloutConfig, backend: str) -> dict[str, Any]:
+        """``engine_args_for`` with these settings, one engine per TP group of ``cfg``."""
+        return engine_args_for(
+            cfg,
+            self.model_path,
+            cfg.tensor_model_parallel_size,
+            backend=backend,
+            max_model_len=self.max_model_len,
+            seed=self.seed,
+            trust_remote_code=self.trust_remote_code,
+            load_format=self.load_format,
+        )
+
+
 # Fragments of the engines' messages when the KV cache (or the weights) do not fit.
 _KV_CACHE_MESSAGES = (
     "kv cache",
@@ -188,6 +227,21 @@ def kv_cache_error(
             tp=tp,
         )
     )
+
+
+@contextmanager
+def explain_kv_cache_errors(backend: str, cfg: RolloutConfig, max_model_len: int) -> Iterator[None]:
+    """Around an engine's constructor: a KV cache that does not fit comes out in the
+    engine's own words (its flags, not our keys), so it is raised again as an
+    ``EngineError`` naming the settings to change. Any other error passes unchanged."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as error:
+        if is_kv_cache_error(error):
+            raise kv_cache_error(
+                backend, error, cfg, cfg.tensor_model_parallel_size, max_model_len
+            ) from error
+        raise
 
 
 def finish_row(

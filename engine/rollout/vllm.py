@@ -27,14 +27,13 @@ import torch
 from engine.config import RolloutConfig
 from engine.rollout.tp import gather_group_rows, new_tp_group, tp_layout
 from engine.rollout.translate import (
-    engine_args_for,
+    EngineSettings,
+    explain_kv_cache_errors,
     finish_row,
-    is_kv_cache_error,
-    kv_cache_error,
     sampling_params_for,
 )
 from engine.rollout.versions import check_version
-from engine.rollout.weights import DEFAULT_BUCKET_BYTES, bucketize
+from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest
 
 
@@ -67,50 +66,22 @@ def check_platform(vllm_version: str, cfg: RolloutConfig, *, hip: bool | None = 
 
 class VLLMRollout:
     def __init__(
-        self,
-        cfg: RolloutConfig,
-        model_path: str,
-        *,
-        eos_token_ids: set[int],
-        max_model_len: int,
-        seed: int = 0,
-        trust_remote_code: bool = False,
-        load_format: str = "auto",
-        local_world_size: int | None = None,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        sleep_level: int = 1,
+        self, cfg: RolloutConfig, settings: EngineSettings, *, sleep_level: int = 1
     ) -> None:
         """``sleep_level`` 1 keeps a CPU copy of the weights while asleep; 2 drops them
         (less host memory) and so needs ``sync_weights`` before every ``wake``."""
         check_platform(check_version("vllm"), cfg)
         from vllm import LLM
 
-        if not eos_token_ids:
-            raise ValueError("no EOS token ids: responses would never end")
         self.cfg = cfg
-        self.eos_token_ids = set(eos_token_ids)
-        self.bucket_bytes = bucket_bytes
+        self.eos_token_ids = set(settings.eos_token_ids)
+        self.bucket_bytes = settings.bucket_bytes
         self.sleep_level = sleep_level
-        self.layout = tp_layout(cfg.tensor_model_parallel_size, local_world_size)
+        self.layout = tp_layout(cfg.tensor_model_parallel_size, settings.local_world_size)
         self.group = new_tp_group(self.layout)
-        args = engine_args_for(
-            cfg,
-            model_path,
-            cfg.tensor_model_parallel_size,
-            backend="vllm",
-            max_model_len=max_model_len,
-            seed=seed,
-            trust_remote_code=trust_remote_code,
-            load_format=load_format,
-        )
-        try:
+        args = settings.engine_args(cfg, "vllm")
+        with explain_kv_cache_errors("vllm", cfg, settings.max_model_len):
             self.llm = LLM(**args)
-        except (ValueError, RuntimeError) as error:
-            if is_kv_cache_error(error):
-                raise kv_cache_error(
-                    "vllm", error, cfg, cfg.tensor_model_parallel_size, max_model_len
-                ) from error
-            raise
         self._asleep: set[str] = set()  # of {"weights", "kv_cache"}
         self.sleep()  # the actor trains first; the engine wakes to generate
 

@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.rollout.hf import eos_ids
+from engine.rollout.translate import EngineSettings
 from engine.rollout.weights import ENGINE_NAME_MAPS, as_engine_names
 from engine.train.fsdp import DTYPES, load_hf_model
 from engine.types import GenerationOutput, GenerationRequest
@@ -58,25 +59,26 @@ class RolloutWorker:
             self.owns_weights = self.megatron_actor
             return
         generation_config = _generation_config(model) if self.megatron_actor else self.actor.module
-        common = {
-            "eos_token_ids": eos_ids(tokenizer, generation_config),
-            "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
-            "seed": cfg.trainer.seed,
-            "trust_remote_code": model.trust_remote_code,
+        settings = EngineSettings(
+            model_path=model.path,
+            eos_token_ids=frozenset(eos_ids(tokenizer, generation_config)),
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            seed=cfg.trainer.seed,
+            trust_remote_code=model.trust_remote_code,
             # The first generation pushes the actor's weights: no second read from disk.
-            "load_format": "dummy",
-            "local_world_size": cfg.trainer.n_gpus_per_node,
-            "bucket_bytes": rollout_cfg.update_weights_bucket_megabytes * 2**20,
-        }
+            load_format="dummy",
+            local_world_size=cfg.trainer.n_gpus_per_node,
+            bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * 2**20,
+        )
         if rollout_cfg.name == "vllm":
             from engine.rollout.vllm import VLLMRollout
 
-            self.engine = VLLMRollout(rollout_cfg, model.path, **common)
+            self.engine = VLLMRollout(rollout_cfg, settings)
         elif rollout_cfg.name == "sglang":
             from engine.rollout.sglang import SGLangRollout
 
             local_rank = device.torch_device().index or 0
-            self.engine = SGLangRollout(rollout_cfg, model.path, local_rank=local_rank, **common)
+            self.engine = SGLangRollout(rollout_cfg, settings, local_rank=local_rank)
         else:
             raise EngineError(f"unknown actor_rollout_ref.rollout.name {rollout_cfg.name!r}")
         self.owns_weights = True

@@ -21,6 +21,7 @@ from engine.errors import EngineError
 from engine.rollout.base import trim_response
 from engine.rollout.tp import TPLayout, gather_group_rows, merge_rows, tp_layout
 from engine.rollout.translate import (
+    EngineSettings,
     engine_args_for,
     finish_row,
     is_kv_cache_error,
@@ -37,6 +38,11 @@ from engine.rollout.versions import (
 from engine.types import GenerationRequest, SamplingParams, TokenBatch
 
 EOS = {2, 5}
+
+
+def _settings(model_path: str = "/m", eos=frozenset({2}), max_model_len: int = 64):
+    return EngineSettings(model_path, eos_token_ids=frozenset(eos), max_model_len=max_model_len)
+
 
 # ---------------------------------------------------------------------------
 # sampling parameters
@@ -383,7 +389,7 @@ def fake_vllm(monkeypatch):
 
 def test_vllm_backend_glue(fake_vllm):
     cfg = RolloutConfig(name="vllm", calculate_log_probs=True, free_cache_engine=True)
-    rollout = fake_vllm.VLLMRollout(cfg, "/m", eos_token_ids={2}, max_model_len=64)
+    rollout = fake_vllm.VLLMRollout(cfg, _settings())
     llm = FakeLLM.instances[0]
     assert llm.kwargs["gpu_memory_utilization"] == cfg.gpu_memory_utilization
     assert llm.calls == [("sleep", 1)]  # built, then asleep while the actor trains
@@ -452,7 +458,7 @@ def fake_sglang(monkeypatch):
 
 def test_sglang_backend_glue(fake_sglang):
     cfg = RolloutConfig(name="sglang", calculate_log_probs=True)
-    rollout = fake_sglang.SGLangRollout(cfg, "/m", eos_token_ids={2}, max_model_len=64)
+    rollout = fake_sglang.SGLangRollout(cfg, _settings())
     engine = FakeSGLangEngine.instances[0]
     assert engine.kwargs["mem_fraction_static"] == cfg.gpu_memory_utilization
     assert engine.calls == [("release", ("kv_cache", "weights"))]
@@ -491,7 +497,57 @@ def test_engine_cannot_fit_is_explained(fake_vllm, monkeypatch):
 
     monkeypatch.setattr(sys.modules["vllm"], "LLM", refuse)
     with pytest.raises(EngineError, match="gpu_memory_utilization"):
-        fake_vllm.VLLMRollout(RolloutConfig(name="vllm"), "/m", eos_token_ids={2}, max_model_len=64)
+        fake_vllm.VLLMRollout(RolloutConfig(name="vllm"), _settings())
+
+
+@pytest.mark.parametrize(
+    "library,refusal",
+    [
+        ("vllm", ValueError("No available memory for the cache blocks.")),
+        (
+            "sglang",
+            RuntimeError("Not enough memory. Please try to increase --mem-fraction-static."),
+        ),
+    ],
+)
+def test_both_backends_explain_a_kv_cache_that_does_not_fit(library, refusal, request, monkeypatch):
+    """One helper (``explain_kv_cache_errors``) around either engine's constructor: the
+    engine's out-of-memory message becomes an EngineError naming our keys and the
+    backend, chained to the original; any other constructor error passes unchanged."""
+    backend = request.getfixturevalue(f"fake_{library}")
+    engine_attr, rollout_attr = {
+        "vllm": ("LLM", "VLLMRollout"),
+        "sglang": ("Engine", "SGLangRollout"),
+    }[library]
+    rollout_cls = getattr(backend, rollout_attr)
+    raised: list[Exception] = [refusal]
+
+    def refuse(**kwargs):
+        raise raised[0]
+
+    monkeypatch.setattr(sys.modules[library], engine_attr, refuse)
+    cfg = RolloutConfig(name=library, gpu_memory_utilization=0.35)
+    with pytest.raises(EngineError, match=f"the {library} rollout engine") as caught:
+        rollout_cls(cfg, _settings(max_model_len=96))
+    assert caught.value.__cause__ is refusal
+    assert "0.35" in str(caught.value) and "96" in str(caught.value)
+
+    raised[0] = ValueError("unknown architecture Foo")
+    with pytest.raises(ValueError, match="unknown architecture") as caught:
+        rollout_cls(cfg, _settings())
+    assert caught.value is raised[0]
+
+
+def test_engine_settings_need_eos_and_feed_the_engine_args():
+    with pytest.raises(ValueError, match="no EOS"):
+        _settings(eos=frozenset())
+    cfg = RolloutConfig(name="vllm", tensor_model_parallel_size=2)
+    settings = EngineSettings(
+        "/q", eos_token_ids=frozenset({2}), max_model_len=128, seed=5, load_format="dummy"
+    )
+    assert settings.engine_args(cfg, "vllm") == engine_args_for(
+        cfg, "/q", 2, backend="vllm", max_model_len=128, seed=5, load_format="dummy"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -587,10 +643,10 @@ def _build(library, cfg, model_dir, eos):
     if library == "vllm":
         from engine.rollout.vllm import VLLMRollout
 
-        return VLLMRollout(cfg, model_dir, eos_token_ids=eos, max_model_len=256)
+        return VLLMRollout(cfg, _settings(model_dir, eos, max_model_len=256))
     from engine.rollout.sglang import SGLangRollout
 
-    return SGLangRollout(cfg, model_dir, eos_token_ids=eos, max_model_len=256)
+    return SGLangRollout(cfg, _settings(model_dir, eos, max_model_len=256))
 
 
 # ---------------------------------------------------------------------------
