@@ -13,6 +13,7 @@ import ray
 
 from engine.checkpoint import CheckpointManager, is_remote, read_trainer_state
 from engine.config import EngineConfig
+from engine.controller.dispatch import ModelParallelLayout
 from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
 from engine.device import DEVICES
 from engine.errors import EngineError
@@ -75,17 +76,19 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
         ),
         name="actor_rollout_ref",
     )
-    # Megatron roles with tensor parallelism: their TP ranks share rows (the worker names
-    # the reference "ref").
-    tp_sizes = {
-        {"reference": "ref"}.get(role, role): section.tensor_model_parallel_size
+    # Megatron roles split their model over ranks, which then share rows (the worker
+    # names the reference "ref").
+    layouts = {
+        {"reference": "ref"}.get(role, role): ModelParallelLayout(
+            tp=section.tensor_model_parallel_size, pp=section.pipeline_model_parallel_size
+        )
         for role, (_key, section) in cfg.megatron_roles().items()
     }
     return WorkerGroup(
         pool,
         WorkerHost,
         {"cfg": cfg, "roles": roles, "cpus_per_worker": cfg.trainer.cpus_per_worker},
-        tp_sizes=tp_sizes,
+        layouts=layouts,
     )
 
 

@@ -1124,24 +1124,30 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
 
 def _megatron_sizes(m: ModelShape, layout: _Layout) -> list[tuple[int, int, int]]:
     """(TP, PP, EP) to try: TP a power of two within a node dividing the query heads and
-    KV heads (Megatron shards query groups), PP a power of two up to half the layers,
-    EP the largest power of two dividing the experts and D / PP. Smallest TP × PP first,
-    then the larger TP (TP within a node, PP across nodes)."""
+    KV heads (Megatron shards query groups), PP up to half the layers where the engine
+    can form the stages (``pipeline_stage_layers``: ⌈L/PP⌉ each, the rest on the last),
+    EP the largest power of two dividing the experts and D / PP. Smallest TP × PP
+    first, then the larger TP (TP within a node, PP across nodes)."""
+    from engine.train.megatron_parallel import pipeline_stage_layers
+
     d = layout.devices
     sizes = []
+    pps = [
+        pp
+        for pp in range(1, max(1, m.num_layers // 2) + 1)
+        if pipeline_stage_layers(m.num_layers, pp) is not None
+    ]
     tp = 1
     while tp <= min(layout.per_node, 8):
         heads_ok = m.num_attention_heads % tp == 0 and (
             bool(m.kv_latent_dim) or m.num_kv_heads % tp == 0
         )
-        pp = 1
-        while heads_ok and pp <= max(1, m.num_layers // 2):
+        for pp in pps if heads_ok else []:
             if d % (tp * pp) == 0:
                 ep, room = 1, d // pp
                 while m.is_moe and m.num_experts % (2 * ep) == 0 and room % (2 * ep) == 0:
                     ep *= 2
                 sizes.append((tp, pp, ep))
-            pp *= 2
         tp *= 2
     return sorted(sizes, key=lambda x: (x[0] * x[1], -x[0]))
 
@@ -1428,11 +1434,10 @@ def _reasoning(
             f"host RAM: the offloaded state takes {_fmt(t.state.host)} per device,"
             f" {_fmt(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
         )
-    if c.backend == "megatron" and (c.pp > 1 or c.ep > 1):
+    if c.backend == "megatron" and c.ep > 1:
         lines.append(
-            f"megatron PP {c.pp} / EP {c.ep}: sized here, but the engine runs tensor and data"
-            " parallelism only so far (engine/train/megatron_parallel.py); its config check"
-            " refuses this plan at launch"
+            f"megatron EP {c.ep}: sized here, but the engine converts dense models only so far"
+            " (engine/train/megatron_parallel.py); its config check refuses this plan at launch"
         )
     lines.append(f"image: {acc.default_image}")
     return lines

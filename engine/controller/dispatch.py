@@ -10,6 +10,7 @@ rank order and the controller's row order survives the round trip.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -76,3 +77,28 @@ def concat(shards: list[T]) -> T:
             },
         )
     return first  # shared by all rows (None, SamplingParams, ...)
+
+
+@dataclass(frozen=True)
+class ModelParallelLayout:
+    """How a role's ranks share rows when its model is split (Megatron): ranks in
+    Megatron's order (tensor parallel fastest, then data parallel, pipeline slowest).
+    The tp × pp ranks of one model replica receive the same rows, and its result is
+    taken from the last pipeline stage's first TP rank (earlier stages return
+    placeholders; TP ranks compute the same result)."""
+
+    tp: int = 1
+    pp: int = 1
+
+    def data_parallel(self, world_size: int) -> int:
+        return world_size // (self.tp * self.pp)
+
+    def shard(self, rank: int, world_size: int) -> int:
+        """The data-parallel shard that ``rank`` receives."""
+        return (rank // self.tp) % self.data_parallel(world_size)
+
+    def output_ranks(self, world_size: int) -> list[int]:
+        """The ranks whose results are gathered, in shard order."""
+        dp = self.data_parallel(world_size)
+        last_stage = (self.pp - 1) * self.tp * dp
+        return [last_stage + d * self.tp for d in range(dp)]

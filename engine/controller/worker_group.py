@@ -106,13 +106,13 @@ class WorkerGroup:
         pool: ResourcePool,
         host_cls: type,
         host_kwargs: dict[str, Any],
-        tp_sizes: dict[str, int] | None = None,
+        layouts: dict[str, dispatch.ModelParallelLayout] | None = None,
     ) -> None:
         self.pool = pool
         self.world_size = pool.spec.world_size
-        # Roles whose ranks form tensor-parallel groups of t consecutive ranks (Megatron):
-        # the t ranks of a group work on the same rows.
-        self.tp_sizes = dict(tp_sizes or {})
+        # Roles whose model is split over ranks (Megatron TP/PP): the ranks of one model
+        # replica work on the same rows.
+        self.layouts = dict(layouts or {})
         remote_cls = ray.remote(host_cls)
         spec = pool.spec
         self.workers = []
@@ -178,16 +178,18 @@ class WorkerGroup:
         """Rank r runs role.method(chunk r of batch, *args); ``gather`` combines the
         results (default: concatenate batches in rank order).
 
-        For a role with tensor-parallel size t the batch is split over the world / t
-        data-parallel groups: rank r gets chunk r // t, and only each group's first rank
-        (TP rank 0) is gathered, the others having computed the same result."""
-        tp = self.tp_sizes.get(role, 1)
-        shards = dispatch.split(batch, self.world_size // tp)
+        For a role whose model is split (``dispatch.ModelParallelLayout``) the batch is
+        split over its data-parallel replicas, every rank of a replica gets the replica's
+        chunk, and one rank per replica is gathered."""
+        layout = self.layouts.get(role, dispatch.ModelParallelLayout())
+        world = self.world_size
+        shards = dispatch.split(batch, layout.data_parallel(world))
         refs = [
-            w.call.remote(role, method, shards[rank // tp], *args)
+            w.call.remote(role, method, shards[layout.shard(rank, world)], *args)
             for rank, w in enumerate(self.workers)
         ]
-        return gather(self.get(refs)[::tp])
+        results = self.get(refs)
+        return gather([results[rank] for rank in layout.output_ranks(world)])
 
     def shutdown(self) -> None:
         for worker in self.workers:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -299,6 +300,13 @@ class FSDPEngine:
     def backward(self, loss: torch.Tensor) -> None:
         """Each rank holds part of the global sum; FSDP averages gradients over ranks."""
         (loss * self.dp_size).backward()
+
+    def forward_backward(
+        self, micro_batches: Sequence[Any], step: Callable[[Any], torch.Tensor]
+    ) -> None:
+        """Gradients of ``step(micro)``, each micro-batch's loss, accumulated in order."""
+        for micro in micro_batches:
+            self.backward(step(micro))
 
     def updating(self) -> contextlib.AbstractContextManager:
         """Around an update: offloaded optimizer state comes to the device and goes back."""

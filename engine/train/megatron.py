@@ -1,5 +1,5 @@
 """The Megatron-core training backend: a ``GPTModel`` built from a Hugging Face config,
-tensor and data parallel, for the actor, the critic and the reference.
+tensor, pipeline and data parallel, for the actor, the critic and the reference.
 
 The interface (``engine.train.fsdp.FSDPEngine`` has the same methods; the actor, critic
 and reference workers get either from ``engine.train.engines``)::
@@ -10,23 +10,35 @@ and reference workers get either from ``engine.train.engines``)::
         logp_BR, _ = engine.response_logprobs(tokens, temperature)   # critic: response_values
     engine.train()
     scale = engine.global_loss_scale(mask_BR)       # normalisers over the data-parallel group
-    for micro in micro_batches:                     # gradients accumulate
+    def step(micro):                                # one micro-batch's loss: this rank's
         logp_BR, entropy_BR = engine.response_logprobs(micro, temperature, with_entropy=True)
-        engine.backward(loss)                       # loss: this rank's part of the global sum
+        return loss                                 # part of the global sum
+    engine.forward_backward(micro_batches, step)    # gradients accumulate (PP: 1F1B order)
     grad_norm = engine.optimizer_step(grad_clip)    # clip and step; skipped if not finite
     engine.lr_scheduler_step()                      # once per training step, as fsdp's
     with engine.updating(): ...                     # around an update (FSDP: optimizer offload)
     engine.lr, engine.dp_size                       # the learning rate; ranks holding other rows
     engine.hf_named_tensors(dtype)                  # full HF-named tensors: rollout sync, export
     engine.save(path, extra, tokenizer); extra = engine.load(path)
-    hf_state_dict_from_checkpoint(path)             # offline: merge a checkpoint's TP slices
+    hf_state_dict_from_checkpoint(path)             # offline: merge TP slices and stages
 
 How it is built:
 
 - **Parallel state.** ``megatron.core.parallel_state`` is initialised on the process group
-  the host already joined (gloo on CPU, nccl/RCCL on GPUs): tensor-parallel groups of
-  ``tp`` consecutive ranks, data parallel over the rest. Every Megatron role of a process
-  shares it, so colocated roles must use the same sizes.
+  the host already joined (gloo on CPU, nccl/RCCL on GPUs), in Megatron's rank order:
+  tensor-parallel groups of ``tp`` consecutive ranks, then data parallel, pipeline stages
+  slowest (so stages span nodes and TP stays within one). Every Megatron role of a
+  process shares it, so colocated roles must use the same sizes.
+- **Pipeline stages** (``megatron_pipeline``). Each stage builds ``GPTModel`` with its
+  share of the layers (``pre_process`` on the first: the embedding; ``post_process`` on
+  the last: the final norm and the head; tied embeddings get Megatron's copy on the
+  last stage, its gradient all-reduced with the first's). ``forward_backward`` runs
+  the micro-batches in 1F1B order with activations and gradients sent between
+  neighbouring stages; the loss and the per-token results (log-probs, values) exist on
+  the last stage only: earlier stages return zeros of the same shape, and the
+  controller gathers the last stage's (``engine.controller.dispatch.
+  ModelParallelLayout``). Megatron-core's own schedules are not used: they allocate CUDA
+  tensors even at one stage and want the loss as their callback.
 - **Model.** ``TransformerConfig``/``GPTModel`` arguments come from
   ``megatron_convert`` (Llama, Mistral, Qwen2, Qwen3). The layer spec is Megatron-core's
   local one (its own parallel linears and torch RMSNorm) with the core attention replaced
@@ -47,23 +59,23 @@ How it is built:
   ``DistributedOptimizer`` when ``use_distributed_optimizer``, fp32 master weights for
   bf16). On CPU — *a fallback, not Megatron's optimizer* — ``torch.optim.AdamW`` over the
   Megatron parameters, fed from the DDP buffers, with the global norm computed over TP
-  slices: Megatron-core 0.13/0.14's optimizers allocate CUDA tensors in their constructors
-  (``torch.tensor(..., device='cuda')`` in ``FP32Optimizer``/``MixedPrecisionOptimizer``,
+  slices and pipeline stages: Megatron-core 0.13/0.14's optimizers allocate CUDA tensors
+  in their constructors (``torch.tensor(..., device='cuda')`` in ``FP32Optimizer``/``MixedPrecisionOptimizer``,
   and the gradient-norm code), so they cannot be built on a CPU-only torch. Both decay
   every parameter (``no_weight_decay_cond`` returns False), as ``fsdp.build_optimizer``
   does, so that the two backends train alike. The learning rate follows
   ``fsdp.lr_multiplier`` (warmup, then constant or cosine).
-- **Checkpoints.** One file per rank (``rank_<r>.pt``, written atomically: its TP slices,
-  the optimizer state, the schedule step, the caller's extras), ``meta.json`` (the layout;
-  written last by rank 0, so it marks a complete checkpoint) and ``hf/`` (config and
-  tokenizer). Loading needs the same parallel layout; ``hf_state_dict_from_checkpoint``
+- **Checkpoints.** One file per rank (``rank_<r>.pt``, written atomically: its TP slices
+  named by their place in the whole model, the optimizer state, the schedule step, the
+  caller's extras), ``meta.json`` (the layout; written last by rank 0, so it marks a
+  complete checkpoint) and ``hf/`` (config and tokenizer). Loading needs the same parallel layout; ``hf_state_dict_from_checkpoint``
   turns any of them back into a Hugging Face state dict without Megatron.
 
-Not supported yet (each refused up front by ``MegatronParallel.problems``): pipeline
-parallelism (Megatron-core's pipeline schedules are not wired), context parallelism and
-sequence parallelism (they need Transformer Engine's attention and norms: the local
-spec's attention asserts ``context_parallel_size == 1`` and its RMSNorm, torch's, asserts
-``not sequence_parallel``), expert parallelism (no MoE conversion yet). Gradient
+Not supported yet (each refused up front by ``MegatronParallel.problems``): context
+parallelism and sequence parallelism (they need Transformer Engine's attention and norms:
+the local spec's attention asserts ``context_parallel_size == 1`` and its RMSNorm,
+torch's, asserts ``not sequence_parallel``), expert parallelism (no MoE conversion yet),
+virtual (interleaved) pipeline stages and uneven stages. Gradient
 checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
 ``torch.cuda.get_rng_state``. Costs on GPUs, against Transformer Engine's spec: unfused
 norms and linears, a (B, 1, S, S) boolean mask per forward, and the LM head run over every
@@ -76,7 +88,8 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -103,7 +116,8 @@ from engine.train.megatron_convert import (
     tp_split_dim,
     transformer_config_kwargs,
 )
-from engine.train.megatron_parallel import CONFIG_KEYS, MegatronParallel
+from engine.train.megatron_parallel import CONFIG_KEYS, MegatronParallel, pipeline_stage_layers
+from engine.train.megatron_pipeline import Stage, StageLink, one_f_one_b, shift_layer
 from engine.types import TokenBatch
 
 ROLES = ("actor", "critic", "reference")
@@ -111,6 +125,8 @@ ROLES = ("actor", "critic", "reference")
 FUSED_NORMS = False
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 CHECKPOINT_FORMAT = 1
+# Layout fields that checkpoints written before pipeline parallelism leave out.
+_ONE_STAGE = {"pp": 1, "pp_rank": 0}
 
 
 # ---------------------------------------------------------------------------
@@ -339,6 +355,8 @@ class _Layout:
     tp_rank: int
     dp: int
     dp_rank: int
+    pp: int = 1
+    pp_rank: int = 0
 
 
 class MegatronEngine:
@@ -369,6 +387,7 @@ class MegatronEngine:
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         self.model_parallel_group = ps.get_model_parallel_group()
+        self.pp_group = ps.get_pipeline_model_parallel_group()
         self.layout = _Layout(
             world_size=dist.get_world_size(),
             rank=dist.get_rank(),
@@ -376,7 +395,15 @@ class MegatronEngine:
             tp_rank=ps.get_tensor_model_parallel_rank(),
             dp=ps.get_data_parallel_world_size(),
             dp_rank=ps.get_data_parallel_rank(),
+            pp=ps.get_pipeline_model_parallel_world_size(),
+            pp_rank=ps.get_pipeline_model_parallel_rank(),
         )
+        self.stage = _stage(hf_config)
+        self.link = StageLink()
+        # (stage input, stage output) of each micro-batch whose backward is still to come:
+        # the input's gradient goes to the previous stage, the output's comes from the next.
+        self._in_flight: deque[tuple[torch.Tensor | None, torch.Tensor]] = deque()
+        self._scheduling = False  # inside forward_backward with pipeline stages
         self.lr_step = 0  # schedule steps taken
         self.optimizer: Any = None
         # Megatron's optimizer on accelerators; on CPU torch's AdamW (see the module doc).
@@ -493,16 +520,37 @@ class MegatronEngine:
     # -- forward ----------------------------------------------------------------
 
     def _forward(self, input_ids_BS, attention_mask_BS, position_ids_BS) -> torch.Tensor:
-        """The model's output, batch first: (B, S, V/tp) logits, or (B, S, 1) values."""
+        """The stage's output: on the last stage the model's, batch first ((B, S, V/tp)
+        logits, or (B, S, 1) values); on earlier stages the (S, B, H) hidden states, also
+        sent to the next stage. Stages after the first take their input from the previous
+        one. Inside ``forward_backward`` the (input, output) pair is kept for the
+        micro-batch's backward."""
         device = self.device.torch_device()
         ids = input_ids_BS.to(device)
         mask = attention_mask_BS.to(device)
         check_consecutive_positions(position_ids_BS.to(device), mask)
         b, s = ids.shape
         positions = torch.arange(s, device=device).expand(b, s)
-        return self.module(
+        stage_input = None
+        if not self.stage.first:
+            shape = (s, b, self.hf_config.hidden_size)
+            dtype = self.model.config.params_dtype
+            stage_input = self.link.recv(shape, dtype, device, self.stage.prev_rank)
+            stage_input.requires_grad_(torch.is_grad_enabled())
+            self.model.set_input_tensor(stage_input)
+        out = self.module(
             input_ids=ids, position_ids=positions, attention_mask=attention_mask_B1SS(mask)
         )
+        if not self.stage.last:
+            self.link.send(out, self.stage.next_rank)
+        if self._scheduling and torch.is_grad_enabled():
+            self._in_flight.append((stage_input, out))
+        return out
+
+    def _stage_placeholder(self, tokens: TokenBatch) -> torch.Tensor:
+        """What a stage before the last returns for per-token results it does not compute
+        (they come from the last stage; the controller gathers them there)."""
+        return torch.zeros(tokens.responses_BR.shape, device=self.device.torch_device())
 
     def logits(self, input_ids_BS, attention_mask_BS, position_ids_BS) -> torch.Tensor:
         """(B, S, V) logits over the whole vocabulary (gathered over TP ranks)."""
@@ -511,6 +559,8 @@ class MegatronEngine:
         if self.role == "critic":
             raise EngineError("the critic has a value head, not logits: use response_values")
         out = self._forward(input_ids_BS, attention_mask_BS, position_ids_BS)
+        if not self.stage.last:
+            return None  # with pipeline stages, only the last one has logits
         return gather_from_tensor_model_parallel_region(out) if self.layout.tp > 1 else out
 
     def response_logprobs(
@@ -529,6 +579,9 @@ class MegatronEngine:
         out = self._forward(
             trimmed.input_ids_BS, trimmed.attention_mask_BS, trimmed.position_ids_BS
         )
+        if not self.stage.last:
+            zeros = self._stage_placeholder(tokens)
+            return zeros, zeros if with_entropy else None
         logits_BRV = out[:, -kept - 1 : -1, :].float()
         if temperature != 1.0:
             logits_BRV = logits_BRV / temperature
@@ -557,6 +610,8 @@ class MegatronEngine:
         out = self._forward(
             trimmed.input_ids_BS, trimmed.attention_mask_BS, trimmed.position_ids_BS
         )
+        if not self.stage.last:
+            return self._stage_placeholder(tokens)
         return _pad_responses(out[:, -kept - 1 : -1, 0].float(), r_len)
 
     # -- backward and update ------------------------------------------------------
@@ -577,10 +632,51 @@ class MegatronEngine:
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradient of ``loss``, this DP rank's part of a global sum.
 
-        DDP averages gradients over the data-parallel group; × dp_size undoes that mean."""
+        DDP averages gradients over the data-parallel group; × dp_size undoes that mean.
+        With pipeline stages this is the backward of the oldest micro-batch still in
+        flight: the last stage starts from ``loss``, earlier stages (whose ``loss`` came
+        from placeholders and is ignored) from the gradient the next stage sends; every
+        stage but the first sends its input's gradient on."""
         if self.ddp is None:
             raise EngineError(f"the {self.role} engine was built without an optimizer")
-        (loss * self.layout.dp).backward()
+        if self.stage.count == 1:
+            (loss * self.layout.dp).backward()
+            return
+        if not self._scheduling:
+            raise EngineError("with pipeline stages, backward runs inside forward_backward")
+        stage_input, out = self._in_flight.popleft()
+        if self.stage.last:
+            (loss * self.layout.dp).backward()
+        else:
+            grad = self.link.recv(out.shape, out.dtype, out.device, self.stage.next_rank)
+            torch.autograd.backward(out, grad)
+        if stage_input is not None:
+            self.link.send(stage_input.grad, self.stage.prev_rank)
+
+    def forward_backward(
+        self, micro_batches: Sequence[Any], step: Callable[[Any], torch.Tensor]
+    ) -> None:
+        """Gradients of ``step(micro)`` (the micro-batch's loss, computed from this
+        engine's ``response_logprobs``/``response_values``) accumulated over all
+        micro-batches. With pipeline stages, in 1F1B order (``megatron_pipeline``)."""
+        if self.stage.count == 1:
+            for micro in micro_batches:
+                self.backward(step(micro))
+            return
+        losses: deque[torch.Tensor] = deque()
+        self._scheduling = True
+        try:
+            with self.link.batched():
+                for op, i in one_f_one_b(self.stage.index, self.stage.count, len(micro_batches)):
+                    if op == "F":
+                        losses.append(step(micro_batches[i]))
+                    else:
+                        self.backward(losses.popleft())
+        finally:
+            self._scheduling = False
+            in_flight, self._in_flight = len(self._in_flight), deque()
+        if in_flight:
+            raise EngineError("forward_backward: each step must run exactly one forward")
 
     def updating(self) -> contextlib.AbstractContextManager:
         """Around an update (the FSDP engine brings offloaded optimizer state back here;
@@ -612,10 +708,11 @@ class MegatronEngine:
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             p.grad = p.main_grad  # the DDP buffer's view, reduced over DP
-        # Replicated parameters (norms, the value head) count once over the TP group.
+        # Replicated parameters (norms, the value head) count once over the TP group; the
+        # last stage's copy of tied embeddings (``shared``) is the first stage's.
         squares = torch.zeros((), dtype=torch.float64)
         for p in params:
-            if param_is_not_tensor_parallel_duplicate(p):
+            if param_is_not_tensor_parallel_duplicate(p) and not getattr(p, "shared", False):
                 squares += p.grad.double().pow(2).sum()
         dist.all_reduce(squares, group=self.model_parallel_group)
         grad_norm = float(squares.sqrt())
@@ -644,16 +741,45 @@ class MegatronEngine:
 
     # -- weights out --------------------------------------------------------------
 
-    def _full_megatron_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Megatron name, full tensor): TP slices gathered; every rank takes part in the
-        same order and gets every tensor."""
+    def _stage_parameters(self, with_shared: bool = False) -> Iterator[tuple[str, nn.Parameter]]:
+        """This stage's parameters by their global Megatron names (layers numbered in the
+        whole model); the last stage's copy of tied embeddings (``shared``) only when
+        asked."""
         for name, param in self.model.named_parameters():
-            tensor = param.detach()
-            if self.layout.tp > 1 and _is_tp_split(name, self.role):
-                slices = [torch.empty_like(tensor) for _ in range(self.layout.tp)]
-                dist.all_gather(slices, tensor.contiguous(), group=self.tp_group)
-                tensor = merge_from_tp(name, slices)
-            yield name, tensor
+            if with_shared or not getattr(param, "shared", False):
+                yield shift_layer(name, self.stage.layer_offset), param
+
+    def _gathered(self, name: str, param: torch.Tensor) -> torch.Tensor:
+        """The full tensor of this rank's slice (the TP group takes part)."""
+        tensor = param.detach()
+        if self.layout.tp > 1 and _is_tp_split(name, self.role):
+            slices = [torch.empty_like(tensor) for _ in range(self.layout.tp)]
+            dist.all_gather(slices, tensor.contiguous(), group=self.tp_group)
+            tensor = merge_from_tp(name, slices)
+        return tensor
+
+    def _full_megatron_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(global Megatron name, full tensor): TP slices gathered, and with pipeline
+        stages each stage's tensors broadcast to the others, stage by stage, one tensor at
+        a time. Every rank takes part in the same order and gets every tensor."""
+        if self.stage.count == 1:
+            for name, param in self._stage_parameters():
+                yield name, self._gathered(name, param)
+            return
+        device = self.device.torch_device()
+        for stage in range(self.stage.count):
+            src = dist.get_global_rank(self.pp_group, stage)
+            mine = list(self._stage_parameters()) if stage == self.stage.index else []
+            tp = self.layout.tp
+            specs = [[(n, _full_shape(n, p.shape, tp, self.role), p.dtype) for n, p in mine]]
+            dist.broadcast_object_list(specs, src=src, group=self.pp_group)
+            for i, (name, shape, dtype) in enumerate(specs[0]):
+                if mine:
+                    tensor = self._gathered(*mine[i]).contiguous()
+                else:
+                    tensor = torch.empty(shape, dtype=dtype, device=device)
+                dist.broadcast(tensor, src=src, group=self.pp_group)
+                yield name, tensor
 
     def hf_named_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Any]]:
         """Full Hugging Face (name, tensor) pairs, one parameter at a time (collective: call
@@ -676,7 +802,15 @@ class MegatronEngine:
             "format": CHECKPOINT_FORMAT,
             "layout": layout,
             "role": self.role,
-            "model": {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()},
+            "model": {
+                n: p.detach().cpu().clone() for n, p in self._stage_parameters(with_shared=True)
+            },
+            # Copies of another stage's tensors (tied embeddings): left out of exports.
+            "shared": [
+                n
+                for n, p in self._stage_parameters(with_shared=True)
+                if getattr(p, "shared", False)
+            ],
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "lr_step": self.lr_step,
             "extra": extra or {},
@@ -703,7 +837,7 @@ class MegatronEngine:
         if not (path / "meta.json").exists():
             raise EngineError(f"{path} is not a complete Megatron checkpoint (no meta.json)")
         state = torch.load(path / f"rank_{self.layout.rank}.pt", weights_only=False)
-        saved, now = state["layout"], asdict(self.layout)
+        saved, now = {**_ONE_STAGE, **state["layout"]}, asdict(self.layout)
         if saved != now:
             raise EngineError(
                 f"checkpoint {path} was written with layout {saved}; this run is {now}. Resume"
@@ -711,7 +845,7 @@ class MegatronEngine:
                 " (hf_state_dict_from_checkpoint) and start from the Hugging Face weights"
             )
         with torch.no_grad():
-            params = dict(self.model.named_parameters())
+            params = dict(self._stage_parameters(with_shared=True))
             if set(params) != set(state["model"]):
                 raise EngineError(f"checkpoint {path} holds other parameters than this model")
             for name, tensor in state["model"].items():
@@ -776,6 +910,11 @@ def _build_gpt(
     kw.pop("activation")  # "silu"
     if recompute:
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    stage_layers = pipeline_stage_layers(
+        hf_config.num_hidden_layers, parallel.pipeline_model_parallel_size
+    )
+    if stage_layers is not None and len(set(stage_layers)) > 1:  # the last stage holds fewer
+        kw["num_layers_in_last_pipeline_stage"] = stage_layers[-1]
     config = TransformerConfig(
         **kw,
         activation_func=F.silu,
@@ -783,6 +922,7 @@ def _build_gpt(
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         sequence_parallel=False,
         params_dtype=dtype,
+        pipeline_dtype=dtype,  # what travels between stages
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=device.type == "cpu",
         # Every weight is loaded next, but only the initialisers mark TP-split weights
@@ -795,20 +935,59 @@ def _build_gpt(
     gpt_kw = gpt_model_kwargs(hf_config)
     if role == "critic":
         gpt_kw["share_embeddings_and_output_weights"] = False
-    model = GPTModel(
-        config=config, transformer_layer_spec=spec, pre_process=True, post_process=True, **gpt_kw
-    )
-    if role == "critic":
-        model.output_layer = ValueHead(
-            hf_config.hidden_size, dtype, model.embedding.word_embeddings.weight.device
+    stage = _stage(hf_config)
+    # With tied embeddings over several stages GPTModel moves the last stage's copy to
+    # CUDA to all-reduce it with the first's (``weight.data.cuda()``); on CPU it stays.
+    keep_on_cpu = device.type == "cpu" and stage.count > 1
+    with _tensor_cuda_is_identity() if keep_on_cpu else contextlib.nullcontext():
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            pre_process=stage.first,
+            post_process=stage.last,
+            **gpt_kw,
         )
+    built = len(model.decoder.layers)
+    if built != stage.layers:
+        raise EngineError(
+            f"Megatron built {built} layers on pipeline stage {stage.index}; the engine"
+            f" expects {stage.layers} (num_hidden_layers / pipeline_model_parallel_size)"
+        )
+    if role == "critic" and stage.last:
+        device_of_model = next(model.parameters()).device
+        model.output_layer = ValueHead(hf_config.hidden_size, dtype, device_of_model)
     return model
+
+
+@contextlib.contextmanager
+def _tensor_cuda_is_identity() -> Iterator[None]:
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+
+
+def _stage(hf_config: Any) -> Stage:
+    """The pipeline stage this rank holds (parallel state initialised)."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_pipeline_model_parallel_group()
+    stages = ps.get_pipeline_model_parallel_world_size()
+    layers = pipeline_stage_layers(hf_config.num_hidden_layers, stages)
+    if layers is None:  # MegatronParallel.model_problems refuses this before the build
+        raise EngineError(f"{hf_config.num_hidden_layers} layers cannot form {stages} stages")
+    return Stage.of(
+        ps.get_pipeline_model_parallel_rank(), layers, dist.get_process_group_ranks(group)
+    )
 
 
 def _load_hf_weights(
     model: nn.Module, hf_state: dict[str, torch.Tensor], hf_config: Any, role: str, seed: int
 ) -> None:
-    """This rank's TP slices of the HF weights into ``model``."""
+    """This rank's share of the HF weights into ``model``: its pipeline stage's
+    tensors, its TP slices."""
     from megatron.core import parallel_state as ps
 
     tp = ps.get_tensor_model_parallel_world_size()
@@ -823,9 +1002,18 @@ def _load_hf_weights(
     full = hf_to_megatron(
         body, AttentionShape.of(hf_config), tie_word_embeddings=tied, fused_norms=FUSED_NORMS
     )
-    mine = {name: split_for_tp(name, t, tp)[tp_rank] for name, t in full.items()}
+    stage = _stage(hf_config)
     if role == "critic":
-        mine.update(_value_head_state(head, hf_config, seed))
+        full.update(_value_head_state(head, hf_config, seed))
+    elif tied and stage.count > 1:  # the last stage's copy of the embeddings
+        full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
+    mine = {
+        shift_layer(name, -stage.layer_offset): t
+        if role == "critic" and name in VALUE_HEAD
+        else split_for_tp(name, t, tp)[tp_rank]
+        for name, t in full.items()
+        if stage.holds(name)
+    }
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(mine))
     unexpected = sorted(set(mine) - set(params))
@@ -873,6 +1061,14 @@ def _wrap_ddp(model: nn.Module, parallel: MegatronParallel, device: DeviceSpec) 
     return ddp
 
 
+def _full_shape(name: str, shape: torch.Size, tp: int, role: str) -> tuple[int, ...]:
+    """The shape of the full tensor of a TP slice of ``shape``."""
+    full = list(shape)
+    if tp > 1 and _is_tp_split(name, role):
+        full[tp_split_dim(name)] *= tp
+    return tuple(full)
+
+
 def _is_tp_split(name: str, role: str) -> bool:
     """Whether this rank holds a TP slice of ``name`` (the critic's head is replicated)."""
     if role == "critic" and name in VALUE_HEAD:
@@ -899,19 +1095,24 @@ def _to_hf_pairs(
 
 def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """A Hugging Face state dict from a Megatron checkpoint directory, on one process and
-    without Megatron: the TP slices of data-parallel rank 0, merged and renamed."""
+    without Megatron: data-parallel rank 0's TP slices merged, its pipeline stages joined
+    (their files name layers globally), copies of tied embeddings left out, renamed."""
     from transformers import AutoConfig
 
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
-    ranks = sorted((r for r in meta["ranks"] if r["dp_rank"] == 0), key=lambda r: r["tp_rank"])
-    states = [torch.load(path / f"rank_{r['rank']}.pt", weights_only=False)["model"] for r in ranks]
-    hf_config = AutoConfig.from_pretrained(path / "hf")
     role = meta["role"]
-
-    def merged(name: str) -> torch.Tensor:
-        slices = [s[name] for s in states]
-        return merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]
-
-    pairs = ((name, merged(name)) for name in states[0])
-    return dict(_to_hf_pairs(pairs, AttentionShape.of(hf_config), role))
+    ranks = [{**_ONE_STAGE, **r} for r in meta["ranks"] if r["dp_rank"] == 0]
+    merged: dict[str, torch.Tensor] = {}
+    for pp_rank in sorted({r["pp_rank"] for r in ranks}):
+        stage = sorted((r for r in ranks if r["pp_rank"] == pp_rank), key=lambda r: r["tp_rank"])
+        files = [torch.load(path / f"rank_{r['rank']}.pt", weights_only=False) for r in stage]
+        shared = set(files[0].get("shared", ()))
+        for name in files[0]["model"]:
+            if name not in shared:
+                slices = [f["model"][name] for f in files]
+                merged[name] = (
+                    merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]
+                )
+    hf_config = AutoConfig.from_pretrained(path / "hf")
+    return dict(_to_hf_pairs(iter(merged.items()), AttentionShape.of(hf_config), role))

@@ -22,6 +22,20 @@ CONFIG_KEYS = {
 }
 
 
+def pipeline_stage_layers(num_layers: int, stages: int) -> list[int] | None:
+    """How many layers each pipeline stage holds: equal shares when ``stages`` divides
+    ``num_layers``, else ⌈L/p⌉ on every stage but the last, which takes the rest
+    (Megatron's ``num_layers_in_last_pipeline_stage``; 126 layers over 16 stages: 15 × 8
+    and 6). None when that leaves the last stage nothing."""
+    if stages < 1 or num_layers < stages:
+        return None
+    if num_layers % stages == 0:
+        return [num_layers // stages] * stages
+    per = -(-num_layers // stages)
+    last = num_layers - per * (stages - 1)
+    return [per] * (stages - 1) + [last] if last >= 1 else None
+
+
 @dataclass(frozen=True)
 class MegatronParallel:
     """Parallel sizes, named as verl's ``<role>.megatron.*`` keys."""
@@ -67,13 +81,6 @@ class MegatronParallel:
                 p.append(f"{key}.{name} must be >= 1, got {value}")
         if p:
             return p
-        if self.pipeline_model_parallel_size > 1:
-            p.append(
-                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size}:"
-                " pipeline parallelism is not supported by the Megatron engine yet (Megatron-"
-                "core's pipeline schedules are not wired); set it to 1 and split the model with"
-                " tensor_model_parallel_size"
-            )
         if self.context_parallel_size > 1:
             p.append(
                 f"{key}.context_parallel_size {self.context_parallel_size}: context parallelism"
@@ -123,11 +130,14 @@ class MegatronParallel:
                     f"{key}.tensor_model_parallel_size {tp} must divide the model's {what}"
                     f" {value} ({why}); pick a divisor of {value}"
                 )
-        layers = hf_config.num_hidden_layers
-        if layers % self.pipeline_model_parallel_size:
+        layers, pp = hf_config.num_hidden_layers, self.pipeline_model_parallel_size
+        if pipeline_stage_layers(layers, pp) is None:
+            fits = [n for n in range(1, layers + 1) if pipeline_stage_layers(layers, n)]
             p.append(
-                f"{key}.pipeline_model_parallel_size {self.pipeline_model_parallel_size} must"
-                f" divide the model's num_hidden_layers {layers}"
+                f"{key}.pipeline_model_parallel_size {pp} cannot split the model's"
+                f" {layers} layers (num_hidden_layers): every stage but the last holds"
+                f" ⌈{layers}/{pp}⌉ and the last must keep at least one; sizes that work near"
+                f" it: {', '.join(map(str, _nearest(fits, pp)))}"
             )
         try:
             transformer_config_kwargs(hf_config)
@@ -142,3 +152,7 @@ class MegatronParallel:
             problems = self.model_problems(hf_config, key)
         if problems:
             raise ConfigError(problems)
+
+
+def _nearest(values: list[int], target: int, count: int = 4) -> list[int]:
+    return sorted(sorted(values, key=lambda v: (abs(v - target), v))[:count])

@@ -104,7 +104,10 @@ class ActorWorker:
         # This rank's parts of the mini-batch's losses; × the data-parallel size they
         # average to the global values over ranks (how the controller reduces metrics).
         pg_loss = entropy_sum = kl_sum = 0.0
-        for rows in micro_rows:
+
+        def step(rows: slice) -> torch.Tensor:
+            """One micro-batch's loss (the engine runs its backward)."""
+            nonlocal pg_loss, entropy_sum, kl_sum
             micro = take(batch, rows)
             mask = micro.tokens.response_mask_BR.to(device)
             logp, entropy = self.engine.response_logprobs(
@@ -136,11 +139,13 @@ class ActorWorker:
                 )
                 loss = loss + kl_term
                 kl_sum += kl_metrics["actor/kl_loss"]
-            self.engine.backward(loss)  # this rank's part of the mini-batch's loss
             pg_loss += float(pg.loss.detach())
             entropy_sum += float(entropy_loss.detach())
             for k, v in pg.metrics.items():
                 metrics[k].append(float(v))
+            return loss  # this rank's part of the mini-batch's loss
+
+        self.engine.forward_backward(micro_rows, step)
         metrics["actor/pg_loss"].append(pg_loss * dp_size)
         metrics["actor/entropy"].append(entropy_sum * dp_size)
         if cfg.use_kl_loss:

@@ -72,7 +72,9 @@ class CriticWorker:
         scale = self.engine.global_loss_scale(batch.tokens.response_mask_BR)
         loss_sum = 0.0  # this rank's part of the mini-batch loss (see ActorWorker)
         micro_size = self.cfg.ppo_micro_batch_size_per_gpu
-        for rows in plan_micro_batches(batch.tokens, micro_size, self.token_budget, device):
+
+        def step(rows: slice) -> torch.Tensor:
+            nonlocal loss_sum
             micro = take(batch, rows)
             values = self.engine.response_values(micro.tokens)
             loss, m = value_loss(
@@ -84,9 +86,12 @@ class CriticWorker:
                 scale,
                 loss_scale_factor=self.max_response_length,
             )
-            self.engine.backward(loss)
             loss_sum += float(loss.detach())
             metrics["critic/vf_clipfrac"].append(m["critic/vf_clipfrac"])
             metrics["critic/vpred_mean"].append(m["critic/vpred_mean"])
+            return loss
+
+        rows = plan_micro_batches(batch.tokens, micro_size, self.token_budget, device)
+        self.engine.forward_backward(rows, step)
         metrics["critic/vf_loss"].append(loss_sum * self.engine.dp_size)
         metrics["critic/grad_norm"].append(self.engine.optimizer_step(self.cfg.grad_clip))

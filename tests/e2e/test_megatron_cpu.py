@@ -1,5 +1,5 @@
 """Whole engine runs with the Megatron-core training backend on CPU (gloo, 2 workers:
-TP=1 × DP=2, and TP=2 × DP=1):
+TP=1 × DP=2, TP=2 × DP=1, and two pipeline stages, PP=2 × DP=1):
 ``actor_rollout_ref.actor.strategy=megatron`` (the reference follows it) and
 ``critic.strategy=megatron``, HF rollout on its own model synced from the actor.
 
@@ -103,23 +103,33 @@ def fsdp_grpo(ray_cluster, tiny_model_dir, synthetic_data, tmp_path_factory):
     return run(tiny_model_dir, train, tmp_path_factory.mktemp("fsdp"), *GRPO_KL)
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+def _sizes(roles: tuple[str, ...], tp: int, pp: int) -> list[str]:
+    return [
+        f"{role}.megatron.{name}={size}"
+        for role in roles
+        for name, size in (
+            ("tensor_model_parallel_size", tp),
+            ("pipeline_model_parallel_size", pp),
+        )
+    ]
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)], ids=["dp2", "tp2", "pp2"])
 def test_megatron_grpo_takes_the_fsdp_update(
-    tp, fsdp_grpo, tiny_model_dir, synthetic_data, tmp_path
+    tp, pp, fsdp_grpo, tiny_model_dir, synthetic_data, tmp_path
 ):
-    """Same config and seed, FSDP2 then Megatron (TP 1: DP 2; TP 2: both ranks hold the
-    same rows). Both backends start from the same HF weights in float32 and the rollout
-    samples the same responses, so every metric of the update agrees to float32
-    rounding (measured: ≤ 4e-6 relative at TP 1 and TP 2). Step 2 samples again after
-    the weight sync into the rollout's own model: equal scores and equal losses show
-    the push carried the updated weights. A wrong loss scale, a missing DP average, TP ranks
-    given different rows or a stale rollout model each move these by far more."""
+    """Same config and seed, FSDP2 then Megatron (TP 1: DP 2; TP 2 or PP 2: both ranks
+    hold the same rows; with PP the stages run 1F1B and the last one answers). Both
+    backends start from the same HF weights in float32 and the rollout samples the same
+    responses, so every metric of the update agrees to float32 rounding (measured: ≤ 4e-6
+    relative). Step 2 samples again after the weight sync into the rollout's own model
+    (with PP, each stage's layers broadcast to the other): equal scores and equal losses
+    show the push carried the updated weights. A wrong loss scale, a missing DP average,
+    ranks of one replica given different rows, metrics read from a stage that holds
+    placeholders or a stale rollout model each move these by far more."""
     train, _ = synthetic_data
     fsdp = fsdp_grpo
-    sizes = [
-        f"actor_rollout_ref.{role}.megatron.tensor_model_parallel_size={tp}"
-        for role in ("actor", "ref")
-    ]
+    sizes = _sizes(("actor_rollout_ref.actor", "actor_rollout_ref.ref"), tp, pp)
     megatron = run(
         tiny_model_dir,
         train,
@@ -146,9 +156,10 @@ def test_megatron_grpo_takes_the_fsdp_update(
     ckpt = tmp_path / "megatron" / "global_step_2" / "actor"
     assert (ckpt / "meta.json").is_file() and not (ckpt / "model").exists()
     layouts = json.loads((ckpt / "meta.json").read_text())["ranks"]
-    assert [(r["tp_rank"], r["dp_rank"]) for r in layouts] == (
-        [(0, 0), (0, 1)] if tp == 1 else [(0, 0), (1, 0)]
+    expected = {(1, 1): [(0, 0, 0), (0, 1, 0)], (2, 1): [(0, 0, 0), (1, 0, 0)]}.get(
+        (tp, pp), [(0, 0, 0), (0, 0, 1)]
     )
+    assert [(r["tp_rank"], r["dp_rank"], r["pp_rank"]) for r in layouts] == expected
     from transformers import AutoModelForCausalLM
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
@@ -158,7 +169,7 @@ def test_megatron_grpo_takes_the_fsdp_update(
     assert moved > 1e-3  # it trained (lr 2e-3, 4 AdamW steps)
 
 
-PPO = [
+PPO_BASE = [
     *MEGATRON,
     "critic.strategy=megatron",
     "algorithm.adv_estimator=gae",
@@ -172,15 +183,19 @@ PPO = [
 ]
 
 
+@pytest.mark.parametrize("pp", [1, 2], ids=["dp2", "pp2"])
 def test_megatron_ppo_with_a_megatron_critic_resumes_exactly(
-    ray_cluster, tiny_model_dir, synthetic_data, tmp_path
+    pp, ray_cluster, tiny_model_dir, synthetic_data, tmp_path
 ):
-    """PPO with GAE: Megatron actor and critic. A run saved at step 2 and resumed to step
-    3 logs the same step 3 as a run that went straight to step 3 (the critic's value
-    head, both optimizers' state, the schedule, counters and the random state restored)."""
+    """PPO with GAE: Megatron actor and critic (with PP 2, each over two stages). A run
+    saved at step 2 and resumed to step 3 logs the same step 3 as a run that went
+    straight to step 3 (the critic's value head, both optimizers' state, the schedule,
+    counters and the random state restored)."""
     train, _ = synthetic_data
+    roles = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+    ppo = [*PPO_BASE, *_sizes(roles, 1, pp)]
     straight = run(
-        tiny_model_dir, train, tmp_path / "straight", *PPO, "trainer.total_training_steps=3"
+        tiny_model_dir, train, tmp_path / "straight", *ppo, "trainer.total_training_steps=3"
     )
     assert [r["step"] for r in straight] == [1, 2, 3]
     for record in straight:
@@ -190,11 +205,11 @@ def test_megatron_ppo_with_a_megatron_critic_resumes_exactly(
     assert straight[-1]["critic/lr"] == pytest.approx(1e-3)
 
     run_dir = tmp_path / "resumed"
-    first = run(tiny_model_dir, train, run_dir, *PPO, "trainer.total_training_steps=2")
+    first = run(tiny_model_dir, train, run_dir, *ppo, "trainer.total_training_steps=2")
     critic = run_dir / "global_step_2" / "critic"
     assert (critic / "meta.json").is_file() and (critic / "rank_1.pt").is_file()
     assert (run_dir / "global_step_2" / "COMPLETE").is_file()
-    resumed = run(tiny_model_dir, train, run_dir, *PPO, "trainer.total_training_steps=3")
+    resumed = run(tiny_model_dir, train, run_dir, *ppo, "trainer.total_training_steps=3")
     assert [r["step"] for r in resumed] == [1, 2, 3]
     for a, b in zip(first, straight[:2], strict=True):
         assert _run_metrics(a) == _run_metrics(b)

@@ -414,6 +414,7 @@ def test_megatron_rules_report_every_problem_with_its_key():
             "trainer.device=npu",
             "actor_rollout_ref.actor.use_kl_loss=true",
             "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2",
+            "actor_rollout_ref.ref.megatron.expert_model_parallel_size=2",
             "actor_rollout_ref.actor.megatron.context_parallel_size=0",
         ]
     )
@@ -422,7 +423,8 @@ def test_megatron_rules_report_every_problem_with_its_key():
     assert found[1] == (
         "actor_rollout_ref.actor.megatron.context_parallel_size must be >= 1, got 0"
     )
-    assert found[2].startswith("actor_rollout_ref.ref.megatron.pipeline_model_parallel_size 2:")
+    assert found[2].startswith("actor_rollout_ref.ref.megatron.expert_model_parallel_size 2:")
+    # Pipeline stages are allowed, but colocated roles must agree on them.
     assert "share their worker processes" in found[3]
     assert "pipeline_model_parallel_size=2" in found[3]
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.controller.dispatch import batch_rows, concat, split, take
+from engine.controller.dispatch import ModelParallelLayout, batch_rows, concat, split, take
 from engine.types import ActorBatch, GenerationRequest, SamplingParams, TokenBatch
 
 
@@ -76,14 +76,12 @@ def test_take_and_rows():
     assert take(tokens, slice(1, 3)).input_ids_BS.tolist() == tokens.input_ids_BS[1:3].tolist()
 
 
-def test_call_split_gives_tensor_parallel_ranks_the_same_rows():
-    """A Megatron role with TP = 2 on 4 ranks: ranks 0, 1 get the first half of the rows,
-    ranks 2, 3 the second; the result is gathered from TP rank 0 of each group only."""
+def _stand_in_group(world_size: int, layouts: dict, sent: dict):
+    """A WorkerGroup without Ray: each stand-in worker records the shard it was sent
+    and answers with its rank."""
     from types import SimpleNamespace
 
     from engine.controller.worker_group import WorkerGroup
-
-    sent: dict[int, list[int]] = {}
 
     def worker(rank: int) -> SimpleNamespace:
         def remote(role, method, shard, *args):
@@ -92,15 +90,48 @@ def test_call_split_gives_tensor_parallel_ranks_the_same_rows():
 
         return SimpleNamespace(call=SimpleNamespace(remote=remote))
 
-    group = WorkerGroup.__new__(WorkerGroup)  # no Ray: stand-in workers
-    group.world_size = 4
-    group.tp_sizes = {"actor": 2}
-    group.workers = [worker(r) for r in range(4)]
+    group = WorkerGroup.__new__(WorkerGroup)
+    group.world_size = world_size
+    group.layouts = layouts
+    group.workers = [worker(r) for r in range(world_size)]
     group.get = lambda refs: refs
+    return group
+
+
+def _flat(results):
+    return [x for r in results for x in r]
+
+
+def test_call_split_gives_tensor_parallel_ranks_the_same_rows():
+    """A Megatron role with TP = 2 on 4 ranks: ranks 0, 1 get the first half of the rows,
+    ranks 2, 3 the second; the result is gathered from TP rank 0 of each group only."""
+    sent: dict[int, list[int]] = {}
+    group = _stand_in_group(4, {"actor": ModelParallelLayout(tp=2)}, sent)
     rows = list(range(8))
-    out = group.call_split("actor", "log_probs", rows, gather=lambda rs: [x for r in rs for x in r])
+    out = group.call_split("actor", "log_probs", rows, gather=_flat)
     assert sent == {0: [0, 1, 2, 3], 1: [0, 1, 2, 3], 2: [4, 5, 6, 7], 3: [4, 5, 6, 7]}
     assert out == [f"actor.log_probs@{0 if x < 4 else 2}:{x}" for x in rows]
     # Other roles (the rollout, an FSDP critic) still split over every rank.
     group.call_split("rollout", "generate", rows, gather=lambda rs: rs)
     assert sent == {r: [2 * r, 2 * r + 1] for r in range(4)}
+
+
+def test_call_split_with_pipeline_stages_gathers_the_last_stage():
+    """TP 2 × DP 2 × PP 2 on 8 ranks, in Megatron's order (TP fastest, PP slowest):
+    stage 0 is ranks 0-3, stage 1 ranks 4-7; replica d is ranks {2d, 2d+1, 4+2d, 5+2d}.
+    Every rank of a replica gets its rows; the last stage's TP rank 0 answers."""
+    sent: dict[int, list[int]] = {}
+    layout = ModelParallelLayout(tp=2, pp=2)
+    group = _stand_in_group(8, {"actor": layout}, sent)
+    rows = list(range(4))
+    out = group.call_split("actor", "update", rows, gather=_flat)
+    first, second = [0, 1], [2, 3]
+    assert sent == {
+        0: first, 1: first, 2: second, 3: second,
+        4: first, 5: first, 6: second, 7: second,
+    }  # fmt: skip
+    assert out == ["actor.update@4:0", "actor.update@4:1", "actor.update@6:2", "actor.update@6:3"]
+    assert layout.output_ranks(8) == [4, 6]
+    # PP 4 alone: one replica over all ranks, answered by the last.
+    assert ModelParallelLayout(pp=4).output_ranks(4) == [3]
+    assert [ModelParallelLayout(pp=2).shard(r, 4) for r in range(4)] == [0, 1, 0, 1]

@@ -74,17 +74,23 @@ def test_parallel_sizes_against_the_world():
     (p,) = MegatronParallel(tensor_model_parallel_size=0).problems(world_size=2)
     assert p == "actor_rollout_ref.actor.megatron.tensor_model_parallel_size must be >= 1, got 0"
 
+    # Pipeline stages are supported: TP 2 × PP 2 × DP 2.
+    pipelined = MegatronParallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert pipelined.problems(world_size=8) == []
+    assert pipelined.data_parallel_size(8) == 2
+    (p,) = pipelined.problems(world_size=6)
+    assert "world size 6" in p and "= 4" in p
+
     problems = MegatronParallel(
-        pipeline_model_parallel_size=2,
         context_parallel_size=2,
         expert_model_parallel_size=2,
         sequence_parallel=True,
     ).problems(world_size=4, key="critic.megatron")
-    assert len(problems) == 4
-    assert problems[0].startswith("critic.megatron.pipeline_model_parallel_size 2:")
-    assert "context_parallel_size 2" in problems[1] and "set it to 1" in problems[1]
-    assert "mixture-of-experts" in problems[2]
-    assert "sequence_parallel" in problems[3] and "set it to false" in problems[3]
+    assert len(problems) == 3
+    assert problems[0].startswith("critic.megatron.context_parallel_size 2:")
+    assert "set it to 1" in problems[0]
+    assert "mixture-of-experts" in problems[1]
+    assert "sequence_parallel" in problems[2] and "set it to false" in problems[2]
 
     with pytest.raises(ConfigError, match="world size 3"):
         MegatronParallel(tensor_model_parallel_size=2).validate(world_size=3)
@@ -105,6 +111,18 @@ def test_parallel_sizes_against_the_model():
     assert "sliding-window" in p
     with pytest.raises(ConfigError, match="num_attention_heads 6"):
         MegatronParallel(tensor_model_parallel_size=4).validate(4, _config(num_attention_heads=6))
+    # Pipeline stages: 7 layers go 2, 2, 2, 1 over 4 stages; 28 layers cannot form 8.
+    assert (
+        MegatronParallel(pipeline_model_parallel_size=4).model_problems(
+            _config(num_hidden_layers=7)
+        )
+        == []
+    )
+    (p,) = MegatronParallel(pipeline_model_parallel_size=8).model_problems(
+        _config(num_hidden_layers=28)
+    )
+    assert p.startswith("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 8")
+    assert "28 layers" in p and "sizes that work near it: 4, 7, 9, 10" in p
 
 
 def test_parallel_of_a_config_section():
@@ -272,11 +290,14 @@ def _engine_steps(engine, batch, loss_fn, steps: int, micro: int):
     for _ in range(steps):
         scale = engine.global_loss_scale(batch.response_mask_BR)
         total = 0.0
-        for start in range(0, len(batch), micro):
-            rows = slice(start, start + micro)
+
+        def step(rows, scale=scale):
+            nonlocal total
             loss = loss_fn(engine, take(batch, rows), rows, scale)
-            engine.backward(loss)
             total += float(loss.detach())
+            return loss
+
+        engine.forward_backward([slice(s, s + micro) for s in range(0, len(batch), micro)], step)
         norms.append(engine.optimizer_step(1.0))
         engine.lr_scheduler_step()
         losses.append(total)
@@ -293,19 +314,19 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _actor_run(rank, world_size, port, tp, model_dir, ckpt_dir, out_path):
+def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from engine.config import OptimConfig
-    from engine.controller.dispatch import take
+    from engine.controller.dispatch import ModelParallelLayout, take
     from engine.device import DEVICES
     from engine.train.forward import response_logprobs
     from engine.train.megatron import MegatronEngine, hf_state_dict_from_checkpoint
 
     _init(rank, world_size, port)
     try:
-        parallel = MegatronParallel(tensor_model_parallel_size=tp)
+        parallel = MegatronParallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         optim = OptimConfig(**OPTIM)
         cpu = DEVICES["cpu"]
 
@@ -320,13 +341,26 @@ def _actor_run(rank, world_size, port, tp, model_dir, ckpt_dir, out_path):
         batch = _batch(hf.config.vocab_size)
         valid = batch.attention_mask_BS.bool()
         mask = batch.response_mask_BR
-        result = {"dp": engine.dp_size}
+        # Results are checked on the rank the controller gathers: the last pipeline
+        # stage's first TP rank (earlier stages return placeholders).
+        result = {
+            "dp": engine.dp_size,
+            "stage_layers": engine.stage.layers,
+            "output": engine.stage.last and engine.layout.tp_rank == 0 and engine.dp_rank == 0,
+        }
+        # The controller's dispatch rule agrees with Megatron's rank layout.
+        layout = ModelParallelLayout(tp=tp, pp=pp)
+        result["dispatch_agrees"] = layout.shard(rank, world_size) == engine.dp_rank and (
+            rank in layout.output_ranks(world_size)
+        ) == (engine.stage.last and engine.layout.tp_rank == 0)
 
         engine.eval()
         with torch.no_grad():
             inputs = (batch.input_ids_BS, batch.attention_mask_BS, batch.position_ids_BS)
             ref = hf(*inputs[:2], position_ids=inputs[2]).logits
-            result["logit_err"] = (engine.logits(*inputs) - ref)[valid].abs().max().item()
+            logits = engine.logits(*inputs)
+            if engine.stage.last:
+                result["logit_err"] = (logits - ref)[valid].abs().max().item()
             logp, entropy = engine.response_logprobs(batch, 0.7, with_entropy=True)
             ref_logp, ref_entropy = response_logprobs(hf, batch, torch.device("cpu"), 0.7, True)
             result["logp_err"] = ((logp - ref_logp) * mask).abs().max().item()
@@ -379,7 +413,8 @@ def _actor_run(rank, world_size, port, tp, model_dir, ckpt_dir, out_path):
         with torch.no_grad():
             ours = engine.logits(*inputs)
             theirs = exported(*inputs[:2], position_ids=inputs[2]).logits
-        result["export_logit_err"] = (ours - theirs)[valid].abs().max().item()
+        if engine.stage.last:
+            result["export_logit_err"] = (ours - theirs)[valid].abs().max().item()
 
         # Resume: a fresh engine loads the step-2 checkpoint and replays step 3.
         resumed = build()
@@ -390,7 +425,7 @@ def _actor_run(rank, world_size, port, tp, model_dir, ckpt_dir, out_path):
         _engine_steps(resumed, dp_rows, engine_loss, 1, micro)
         replayed = _hf_copy(resumed)
         result["resume_equal"] = all(torch.equal(replayed[k], trained[k]) for k in trained)
-        if rank == 0:
+        if result["output"]:
             offline = hf_state_dict_from_checkpoint(ckpt_dir)
             result["offline_equal"] = set(offline) == set(saved_hf) and all(
                 torch.equal(offline[k], saved_hf[k]) for k in saved_hf
@@ -402,7 +437,7 @@ def _actor_run(rank, world_size, port, tp, model_dir, ckpt_dir, out_path):
 
 def _check_actor(out_path, world_size):
     results = [torch.load(f"{out_path}.{r}", weights_only=False) for r in range(world_size)]
-    r = results[0]
+    (r,) = [each for each in results if each["output"]]
     print(
         {k: v for k, v in r.items() if any(w in k for w in ("err", "loss", "norm", "size"))}
     )  # shown with -s
@@ -431,24 +466,49 @@ def _check_actor(out_path, world_size):
     assert r["offline_equal"]
     for each in results:
         assert each["resume_equal"]  # bit-exact: the same step from the same state
+        assert each["dispatch_agrees"]
 
 
 @needs_megatron
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "world_size,tp",
-    [(1, 1), (2, 1), (2, 2), (4, 2)],
-    ids=["ws1-tp1", "ws2-dp2", "ws2-tp2", "ws4-tp2-dp2"],
+    "world_size,tp,pp",
+    [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1), (2, 1, 2), (4, 2, 2), (4, 1, 2), (4, 1, 4)],
+    ids=[
+        "ws1-tp1",
+        "ws2-dp2",
+        "ws2-tp2",
+        "ws4-tp2-dp2",
+        "ws2-pp2",
+        "ws4-tp2-pp2",
+        "ws4-pp2-dp2",
+        "ws4-pp4",
+    ],
 )
-def test_actor_engine_matches_hf(tiny_model_dir, tmp_path, world_size, tp):
+def test_actor_engine_matches_hf(tiny_model_dir, tmp_path, world_size, tp, pp):
     out = str(tmp_path / "result")
-    _spawn(_actor_run, world_size, tp, str(tiny_model_dir), str(tmp_path / "ckpt"), out)
+    _spawn(_actor_run, world_size, tp, pp, str(tiny_model_dir), str(tmp_path / "ckpt"), out)
     _check_actor(out, world_size)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
-    assert results[0]["dp"] == world_size // tp
+    assert results[0]["dp"] == world_size // (tp * pp)
 
 
-def _critic_run(rank, world_size, port, tp, model_dir, out_path):
+@needs_megatron
+@pytest.mark.slow
+def test_uneven_pipeline_stages_match_hf(tmp_path):
+    """3 layers over 2 stages: 2 on the first, 1 on the last (Megatron's
+    ``num_layers_in_last_pipeline_stage``); the same checks as the even stages."""
+    from engine.models.tiny import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "model", seed=1, num_layers=3)
+    out = str(tmp_path / "result")
+    _spawn(_actor_run, 2, 1, 2, str(model_dir), str(tmp_path / "ckpt"), out)
+    _check_actor(out, 2)
+    results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
+    assert [r["stage_layers"] for r in results] == [2, 1]
+
+
+def _critic_run(rank, world_size, port, tp, pp, model_dir, out_path):
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForTokenClassification
 
@@ -461,7 +521,7 @@ def _critic_run(rank, world_size, port, tp, model_dir, out_path):
     try:
         engine = MegatronEngine.from_hf(
             model_dir,
-            MegatronParallel(tensor_model_parallel_size=tp),
+            MegatronParallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
             OptimConfig(**{**OPTIM, "lr": CRITIC_LR}),
             DEVICES["cpu"],
             role="critic",
@@ -474,6 +534,7 @@ def _critic_run(rank, world_size, port, tp, model_dir, out_path):
         hf.dropout.p = 0.0  # HF's head drops 10% in training; the engine's value head does not
         missing, unexpected = hf.load_state_dict(start, strict=False)
         result = {"missing": list(missing), "unexpected": list(unexpected)}
+        result["output"] = engine.stage.last and engine.layout.tp_rank == 0
         result["head_std"] = start["score.weight"].std().item()
         batch = _batch(cfg.vocab_size)
         mask = batch.response_mask_BR
@@ -504,7 +565,7 @@ def _critic_run(rank, world_size, port, tp, model_dir, out_path):
         result["update_err"] = _max_diff(trained, hf.state_dict())
         # The checkpoint merges offline into a token-classification state dict.
         engine.save(f"{out_path}.ckpt")
-        if rank == 0:
+        if result["output"]:
             offline = hf_state_dict_from_checkpoint(f"{out_path}.ckpt")
             result["offline_err"] = _max_diff(offline, trained)
         torch.save(result, f"{out_path}.{rank}")
@@ -514,11 +575,16 @@ def _critic_run(rank, world_size, port, tp, model_dir, out_path):
 
 @needs_megatron
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size,tp", [(1, 1), (2, 2)], ids=["ws1-tp1", "ws2-tp2"])
-def test_critic_engine_matches_hf_token_classification(tiny_model_dir, tmp_path, world_size, tp):
+@pytest.mark.parametrize(
+    "world_size,tp,pp", [(1, 1, 1), (2, 2, 1), (2, 1, 2)], ids=["ws1-tp1", "ws2-tp2", "ws2-pp2"]
+)
+def test_critic_engine_matches_hf_token_classification(
+    tiny_model_dir, tmp_path, world_size, tp, pp
+):
     out = str(tmp_path / "result")
-    _spawn(_critic_run, world_size, tp, str(tiny_model_dir), out)
-    r = torch.load(f"{out}.0", weights_only=False)
+    _spawn(_critic_run, world_size, tp, pp, str(tiny_model_dir), out)
+    results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
+    (r,) = [each for each in results if each["output"]]
     assert r["missing"] == [] and r["unexpected"] == []
     assert 0.015 < r["head_std"] < 0.025  # a new head: N(0, initializer_range=0.02)
     assert r["value_err"] < 1e-5
