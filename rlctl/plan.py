@@ -216,6 +216,8 @@ class Plan:
                 out[f"{role}.megatron.tensor_model_parallel_size"] = self.train_tp
                 out[f"{role}.megatron.pipeline_model_parallel_size"] = self.train_pp
                 out[f"{role}.megatron.expert_model_parallel_size"] = self.train_ep
+                # The activation estimate divides by TP: that holds with the sequence split.
+                out[f"{role}.megatron.sequence_parallel"] = self.train_tp > 1
         if self.use_reference:
             out[f"{arr}.ref.log_prob_micro_batch_size_per_gpu"] = (
                 self.log_prob_micro_batch_size_per_device

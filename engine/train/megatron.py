@@ -1,5 +1,6 @@
 """The Megatron-core training backend: a ``GPTModel`` built from a Hugging Face config,
-tensor, pipeline and data parallel, for the actor, the critic and the reference.
+tensor (with sequence), pipeline and data parallel, for the actor, the critic and the
+reference.
 
 The interface (``engine.train.fsdp.FSDPEngine`` has the same methods; the actor, critic
 and reference workers get either from ``engine.train.engines``)::
@@ -41,10 +42,11 @@ How it is built:
   tensors even at one stage and want the loss as their callback.
 - **Model.** ``TransformerConfig``/``GPTModel`` arguments come from
   ``megatron_convert`` (Llama, Mistral, Qwen2, Qwen3). The layer spec is Megatron-core's
-  local one (its own parallel linears and torch RMSNorm) with the core attention replaced
-  by ``SDPAttention`` (``torch.nn.functional.scaled_dot_product_attention`` with an explicit
-  causal + padding mask: memory-efficient kernels on GPUs, and runs on CPU). Transformer
-  Engine is not used. Megatron's rotary embedding takes positions 0..S-1 and ignores
+  local one (its own parallel linears) with the core attention replaced by
+  ``SDPAttention`` (``torch.nn.functional.scaled_dot_product_attention`` with an explicit
+  causal + padding mask: memory-efficient kernels on GPUs, and runs on CPU) and torch's
+  RMSNorm in the norm slots (``TorchRMSNorm``). Transformer Engine is not used; modules
+  Megatron does not place itself are moved to the device after the build. Megatron's rotary embedding takes positions 0..S-1 and ignores
   ``position_ids``; rotary attention depends only on position differences, so for rows
   whose tokens are consecutive (left-padded prompt, right-padded response) this equals
   HF's ``position_ids`` (checked per batch).
@@ -71,12 +73,14 @@ How it is built:
   complete checkpoint) and ``hf/`` (config and tokenizer). Loading needs the same parallel layout; ``hf_state_dict_from_checkpoint``
   turns any of them back into a Hugging Face state dict without Megatron.
 
+- **Sequence parallelism** (with TP > 1): Megatron's parallel linears split and gather
+  the sequence; the norms are ``TorchRMSNorm`` (the local spec's wrapper refuses it),
+  sequences are padded to a multiple of TP, and the critic's head gathers first.
+
 Not supported yet (each refused up front by ``MegatronParallel.problems``): context
-parallelism and sequence parallelism (they need Transformer Engine's attention and norms:
-the local spec's attention asserts ``context_parallel_size == 1`` and its RMSNorm,
-torch's, asserts ``not sequence_parallel``), expert parallelism (no MoE conversion yet),
-virtual (interleaved) pipeline stages and uneven stages. Gradient
-checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
+parallelism (it needs Transformer Engine's attention: the local spec's asserts
+``context_parallel_size == 1``), expert parallelism (no MoE conversion yet), virtual
+(interleaved) pipeline stages. Gradient checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
 ``torch.cuda.get_rng_state``. Costs on GPUs, against Transformer Engine's spec: unfused
 norms and linears, a (B, 1, S, S) boolean mask per forward, and the LM head run over every
 position (GPTModel has no ``logits_to_keep``).
@@ -250,16 +254,37 @@ class SDPAttention(nn.Module):
 
 
 class ValueHead(nn.Linear):
-    """The critic's head: one output per position, replicated on every TP rank (its input,
-    the final hidden states, is replicated without sequence parallelism)."""
+    """The critic's head: one output per position, replicated on every TP rank. Under
+    sequence parallelism its input, the final hidden states, is split over the TP ranks
+    by sequence and is gathered first; every rank then computes the same values, so the
+    gradient going back is each rank's own slice (not a sum over ranks)."""
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, hidden_size: int, dtype: torch.dtype, device: torch.device, sequence_parallel: bool
+    ) -> None:
         super().__init__(hidden_size, 1, bias=True, dtype=dtype, device=device)
+        self.sequence_parallel = sequence_parallel
 
     def forward(  # GPTModel calls its output layer with these keywords
         self, input_: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None
     ) -> tuple[torch.Tensor, None]:
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            input_ = gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=False)
         return super().forward(input_), None
+
+
+class TorchRMSNorm(nn.RMSNorm):
+    """torch's RMSNorm in Megatron's norm slots (the local spec's own wrapper refuses
+    sequence parallelism). Under sequence parallelism a rank normalises its slice of the
+    sequence, so the weight's gradient is partial: the ``sequence_parallel`` mark makes
+    ``finalize_model_grads`` sum it over the TP group."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        if config.sequence_parallel:
+            self.weight.sequence_parallel = True
 
 
 # ---------------------------------------------------------------------------
@@ -524,16 +549,23 @@ class MegatronEngine:
         logits, or (B, S, 1) values); on earlier stages the (S, B, H) hidden states, also
         sent to the next stage. Stages after the first take their input from the previous
         one. Inside ``forward_backward`` the (input, output) pair is kept for the
-        micro-batch's backward."""
+        micro-batch's backward. Under sequence parallelism the sequence is padded on the
+        right to a multiple of the TP size (masked keys; the model's output is cut back)
+        and what travels between stages is each rank's slice of it."""
         device = self.device.torch_device()
         ids = input_ids_BS.to(device)
         mask = attention_mask_BS.to(device)
         check_consecutive_positions(position_ids_BS.to(device), mask)
         b, s = ids.shape
-        positions = torch.arange(s, device=device).expand(b, s)
+        sp = self.model.config.sequence_parallel
+        if sp and s % self.layout.tp:
+            ids = F.pad(ids, (0, -s % self.layout.tp))
+            mask = F.pad(mask, (0, -s % self.layout.tp))
+        padded = ids.shape[1]
+        positions = torch.arange(padded, device=device).expand(b, padded)
         stage_input = None
         if not self.stage.first:
-            shape = (s, b, self.hf_config.hidden_size)
+            shape = (padded // self.layout.tp if sp else padded, b, self.hf_config.hidden_size)
             dtype = self.model.config.params_dtype
             stage_input = self.link.recv(shape, dtype, device, self.stage.prev_rank)
             stage_input.requires_grad_(torch.is_grad_enabled())
@@ -545,7 +577,7 @@ class MegatronEngine:
             self.link.send(out, self.stage.next_rank)
         if self._scheduling and torch.is_grad_enabled():
             self._in_flight.append((stage_input, out))
-        return out
+        return out[:, :s] if self.stage.last and padded != s else out
 
     def _stage_placeholder(self, tokens: TokenBatch) -> torch.Tensor:
         """What a stage before the last returns for per-token results it does not compute
@@ -905,6 +937,7 @@ def _build_gpt(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     kw = transformer_config_kwargs(hf_config)
     kw.pop("activation")  # "silu"
@@ -920,7 +953,7 @@ def _build_gpt(
         activation_func=F.silu,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
-        sequence_parallel=False,
+        sequence_parallel=parallel.sequence_parallel_in_effect,
         params_dtype=dtype,
         pipeline_dtype=dtype,  # what travels between stages
         bf16=dtype == torch.bfloat16,
@@ -931,7 +964,12 @@ def _build_gpt(
         gradient_accumulation_fusion=False,
     )
     spec = get_gpt_layer_local_spec(qk_layernorm=kw["qk_layernorm"], normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    layer = spec.submodules
+    layer.self_attention.submodules.core_attention = SDPAttention
+    layer.input_layernorm = layer.pre_mlp_layernorm = TorchRMSNorm
+    if kw["qk_layernorm"]:  # Qwen3; per head, after the (gathered) qkv projection
+        layer.self_attention.submodules.q_layernorm = TorchRMSNorm
+        layer.self_attention.submodules.k_layernorm = TorchRMSNorm
     gpt_kw = gpt_model_kwargs(hf_config)
     if role == "critic":
         gpt_kw["share_embeddings_and_output_weights"] = False
@@ -939,24 +977,29 @@ def _build_gpt(
     # With tied embeddings over several stages GPTModel moves the last stage's copy to
     # CUDA to all-reduce it with the first's (``weight.data.cuda()``); on CPU it stays.
     keep_on_cpu = device.type == "cpu" and stage.count > 1
+    # The stage's layers and the final norm, given as a block so that the final norm is
+    # ours too (the block's default is the wrapper that refuses sequence parallelism).
+    block = TransformerBlockSubmodules(layer_specs=[spec] * stage.layers, layer_norm=TorchRMSNorm)
     with _tensor_cuda_is_identity() if keep_on_cpu else contextlib.nullcontext():
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=block,
             pre_process=stage.first,
             post_process=stage.last,
             **gpt_kw,
         )
-    built = len(model.decoder.layers)
-    if built != stage.layers:
+    first_layer = model.decoder.layers[0].layer_number - 1  # Megatron numbers from 1
+    if first_layer != stage.layer_offset:
         raise EngineError(
-            f"Megatron built {built} layers on pipeline stage {stage.index}; the engine"
-            f" expects {stage.layers} (num_hidden_layers / pipeline_model_parallel_size)"
+            f"Megatron places pipeline stage {stage.index}'s layers from {first_layer}; the"
+            f" engine expects {stage.layer_offset} (megatron_parallel.pipeline_stage_layers)"
         )
     if role == "critic" and stage.last:
-        device_of_model = next(model.parameters()).device
-        model.output_layer = ValueHead(hf_config.hidden_size, dtype, device_of_model)
-    return model
+        model.output_layer = ValueHead(
+            hf_config.hidden_size, dtype, torch.device("cpu"), config.sequence_parallel
+        )
+    # Modules Megatron does not place itself (torch norms, the value head) come along.
+    return model.to(device.torch_device())
 
 
 @contextlib.contextmanager

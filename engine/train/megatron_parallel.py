@@ -57,6 +57,12 @@ class MegatronParallel:
         return self.tensor_model_parallel_size
 
     @property
+    def sequence_parallel_in_effect(self) -> bool:
+        """Sequence parallelism splits what tensor parallelism replicates: with TP 1 there is
+        nothing to split, and the setting is ignored (as Megatron-LM and verl do)."""
+        return self.sequence_parallel and self.tensor_model_parallel_size > 1
+
+    @property
     def model_parallel_size(self) -> int:
         return (
             self.tensor_model_parallel_size
@@ -92,12 +98,6 @@ class MegatronParallel:
                 f"{key}.expert_model_parallel_size {self.expert_model_parallel_size}: expert"
                 " parallelism needs a mixture-of-experts model, and the Megatron engine converts"
                 " dense Llama/Qwen2/Qwen3 models only; set it to 1"
-            )
-        if self.sequence_parallel:
-            p.append(
-                f"{key}.sequence_parallel: needs Transformer Engine's layer spec; the Megatron"
-                " engine uses Megatron-core's local spec, whose RMSNorm (torch's) refuses"
-                " sequence parallelism; set it to false"
             )
         if world_size % self.model_parallel_size:
             p.append(

@@ -103,23 +103,29 @@ def fsdp_grpo(ray_cluster, tiny_model_dir, synthetic_data, tmp_path_factory):
     return run(tiny_model_dir, train, tmp_path_factory.mktemp("fsdp"), *GRPO_KL)
 
 
-def _sizes(roles: tuple[str, ...], tp: int, pp: int) -> list[str]:
+def _sizes(roles: tuple[str, ...], tp: int, pp: int, sp: bool = False) -> list[str]:
     return [
         f"{role}.megatron.{name}={size}"
         for role in roles
         for name, size in (
             ("tensor_model_parallel_size", tp),
             ("pipeline_model_parallel_size", pp),
+            ("sequence_parallel", str(sp).lower()),
         )
     ]
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)], ids=["dp2", "tp2", "pp2"])
+@pytest.mark.parametrize(
+    "tp,pp,sp",
+    [(1, 1, False), (2, 1, False), (1, 2, False), (2, 1, True)],
+    ids=["dp2", "tp2", "pp2", "tp2-sp"],
+)
 def test_megatron_grpo_takes_the_fsdp_update(
-    tp, pp, fsdp_grpo, tiny_model_dir, synthetic_data, tmp_path
+    tp, pp, sp, fsdp_grpo, tiny_model_dir, synthetic_data, tmp_path
 ):
     """Same config and seed, FSDP2 then Megatron (TP 1: DP 2; TP 2 or PP 2: both ranks
-    hold the same rows; with PP the stages run 1F1B and the last one answers). Both
+    hold the same rows; with PP the stages run 1F1B and the last one answers; with SP the
+    TP ranks split the sequence). Both
     backends start from the same HF weights in float32 and the rollout samples the same
     responses, so every metric of the update agrees to float32 rounding (measured: ≤ 4e-6
     relative). Step 2 samples again after the weight sync into the rollout's own model
@@ -129,7 +135,7 @@ def test_megatron_grpo_takes_the_fsdp_update(
     placeholders or a stale rollout model each move these by far more."""
     train, _ = synthetic_data
     fsdp = fsdp_grpo
-    sizes = _sizes(("actor_rollout_ref.actor", "actor_rollout_ref.ref"), tp, pp)
+    sizes = _sizes(("actor_rollout_ref.actor", "actor_rollout_ref.ref"), tp, pp, sp)
     megatron = run(
         tiny_model_dir,
         train,

@@ -430,12 +430,12 @@ def test_megatron_rules_report_every_problem_with_its_key():
 
 
 def test_megatron_critic_is_checked_only_when_there_is_one():
-    sequence = "critic.megatron.sequence_parallel=true"
-    assert load_config([*GRPO, "critic.strategy=megatron", sequence]).megatron_roles() == {}
+    experts = "critic.megatron.expert_model_parallel_size=2"
+    assert load_config([*GRPO, "critic.strategy=megatron", experts]).megatron_roles() == {}
     ppo = [*GRPO, "algorithm.adv_estimator=gae", "critic.strategy=megatron"]
     assert list(load_config(ppo).megatron_roles()) == ["critic"]
-    p = one_problem([*ppo, sequence])
-    assert p.startswith("critic.megatron.sequence_parallel:") and "set it to false" in p
+    p = one_problem([*ppo, experts])
+    assert p.startswith("critic.megatron.expert_model_parallel_size 2:") and "set it to 1" in p
     # The critic shares the actor's processes: its sizes must fit the world and the actor's.
     world, shared = problems(
         [

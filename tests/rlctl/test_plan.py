@@ -653,6 +653,8 @@ def test_engine_overrides_are_engine_keys_and_round_trip(request_kwargs):
         for _role, (_key, section) in cfg.megatron_roles().items():
             assert section.tensor_model_parallel_size == plan.train_tp
             assert section.pipeline_model_parallel_size == plan.train_pp
+            # The plan's activation memory assumes the sequence split over TP ranks.
+            assert section.sequence_parallel == (plan.train_tp > 1)
     assert plan.memory.fits()
 
     data = json.loads(json.dumps(plan.to_json()))

@@ -81,16 +81,17 @@ def test_parallel_sizes_against_the_world():
     (p,) = pipelined.problems(world_size=6)
     assert "world size 6" in p and "= 4" in p
 
-    problems = MegatronParallel(
-        context_parallel_size=2,
-        expert_model_parallel_size=2,
-        sequence_parallel=True,
-    ).problems(world_size=4, key="critic.megatron")
-    assert len(problems) == 3
+    problems = MegatronParallel(context_parallel_size=2, expert_model_parallel_size=2).problems(
+        world_size=4, key="critic.megatron"
+    )
+    assert len(problems) == 2
     assert problems[0].startswith("critic.megatron.context_parallel_size 2:")
     assert "set it to 1" in problems[0]
     assert "mixture-of-experts" in problems[1]
-    assert "sequence_parallel" in problems[2] and "set it to false" in problems[2]
+    # Sequence parallelism splits what TP replicates: ignored at TP 1, as Megatron-LM does.
+    assert MegatronParallel(2, sequence_parallel=True).sequence_parallel_in_effect
+    assert not MegatronParallel(1, sequence_parallel=True).sequence_parallel_in_effect
+    assert MegatronParallel(1, sequence_parallel=True).problems(world_size=2) == []
 
     with pytest.raises(ConfigError, match="world size 3"):
         MegatronParallel(tensor_model_parallel_size=2).validate(world_size=3)
@@ -122,7 +123,8 @@ def test_parallel_sizes_against_the_model():
         _config(num_hidden_layers=28)
     )
     assert p.startswith("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size 8")
-    assert "28 layers" in p and "sizes that work near it: 4, 7, 9, 10" in p
+    # 7: 4 each; 6: 5 × 5 + 3; 10: 9 × 3 + 1; 5: 4 × 6 + 4 (9 would leave -4).
+    assert "28 layers" in p and "sizes that work near it: 5, 6, 7, 10" in p
 
 
 def test_parallel_of_a_config_section():
@@ -314,7 +316,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path):
+def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -326,7 +328,9 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path):
 
     _init(rank, world_size, port)
     try:
-        parallel = MegatronParallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        parallel = MegatronParallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sp
+        )
         optim = OptimConfig(**OPTIM)
         cpu = DEVICES["cpu"]
 
@@ -346,6 +350,7 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path):
         result = {
             "dp": engine.dp_size,
             "stage_layers": engine.stage.layers,
+            "sequence_parallel": engine.model.config.sequence_parallel,
             "output": engine.stage.last and engine.layout.tp_rank == 0 and engine.dp_rank == 0,
         }
         # The controller's dispatch rule agrees with Megatron's rank layout.
@@ -472,8 +477,19 @@ def _check_actor(out_path, world_size):
 @needs_megatron
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "world_size,tp,pp",
-    [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1), (2, 1, 2), (4, 2, 2), (4, 1, 2), (4, 1, 4)],
+    "world_size,tp,pp,sp",
+    [
+        (1, 1, 1, False),
+        (2, 1, 1, False),
+        (2, 2, 1, False),
+        (4, 2, 1, False),
+        (2, 1, 2, False),
+        (4, 2, 2, False),
+        (4, 1, 2, False),
+        (4, 1, 4, False),
+        (2, 2, 1, True),
+        (4, 2, 2, True),
+    ],
     ids=[
         "ws1-tp1",
         "ws2-dp2",
@@ -483,14 +499,18 @@ def _check_actor(out_path, world_size):
         "ws4-tp2-pp2",
         "ws4-pp2-dp2",
         "ws4-pp4",
+        "ws2-tp2-sp",  # sequence parallel; the batch's 17 columns are padded to 18
+        "ws4-tp2-pp2-sp",
     ],
 )
-def test_actor_engine_matches_hf(tiny_model_dir, tmp_path, world_size, tp, pp):
+def test_actor_engine_matches_hf(tiny_model_dir, tmp_path, world_size, tp, pp, sp):
     out = str(tmp_path / "result")
-    _spawn(_actor_run, world_size, tp, pp, str(tiny_model_dir), str(tmp_path / "ckpt"), out)
+    ckpt = str(tmp_path / "ckpt")
+    _spawn(_actor_run, world_size, tp, pp, str(tiny_model_dir), ckpt, out, sp)
     _check_actor(out, world_size)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
     assert results[0]["dp"] == world_size // (tp * pp)
+    assert all(r["sequence_parallel"] == sp for r in results)
 
 
 @needs_megatron
@@ -508,7 +528,7 @@ def test_uneven_pipeline_stages_match_hf(tmp_path):
     assert [r["stage_layers"] for r in results] == [2, 1]
 
 
-def _critic_run(rank, world_size, port, tp, pp, model_dir, out_path):
+def _critic_run(rank, world_size, port, tp, pp, sp, model_dir, out_path):
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForTokenClassification
 
@@ -521,7 +541,11 @@ def _critic_run(rank, world_size, port, tp, pp, model_dir, out_path):
     try:
         engine = MegatronEngine.from_hf(
             model_dir,
-            MegatronParallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
+            MegatronParallel(
+                tensor_model_parallel_size=tp,
+                pipeline_model_parallel_size=pp,
+                sequence_parallel=sp,
+            ),
             OptimConfig(**{**OPTIM, "lr": CRITIC_LR}),
             DEVICES["cpu"],
             role="critic",
@@ -576,13 +600,15 @@ def _critic_run(rank, world_size, port, tp, pp, model_dir, out_path):
 @needs_megatron
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "world_size,tp,pp", [(1, 1, 1), (2, 2, 1), (2, 1, 2)], ids=["ws1-tp1", "ws2-tp2", "ws2-pp2"]
+    "world_size,tp,pp,sp",
+    [(1, 1, 1, False), (2, 2, 1, False), (2, 1, 2, False), (2, 2, 1, True)],
+    ids=["ws1-tp1", "ws2-tp2", "ws2-pp2", "ws2-tp2-sp"],
 )
 def test_critic_engine_matches_hf_token_classification(
-    tiny_model_dir, tmp_path, world_size, tp, pp
+    tiny_model_dir, tmp_path, world_size, tp, pp, sp
 ):
     out = str(tmp_path / "result")
-    _spawn(_critic_run, world_size, tp, pp, str(tiny_model_dir), out)
+    _spawn(_critic_run, world_size, tp, pp, sp, str(tiny_model_dir), out)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
     (r,) = [each for each in results if each["output"]]
     assert r["missing"] == [] and r["unexpected"] == []
