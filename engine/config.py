@@ -997,14 +997,20 @@ def _megatron_rules(cfg: EngineConfig) -> list[str]:
     for key, section in roles.values():
         p += MegatronParallel.of(section).problems(cfg.world_size, key)
     # Every role runs in the same worker processes, which hold one Megatron parallel state.
+    names = (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+    )
     sizes = {
-        role: (section.tensor_model_parallel_size, section.pipeline_model_parallel_size)
+        role: tuple(getattr(section, name) for name in names)
         for role, (_key, section) in roles.items()
     }
     if len(set(sizes.values())) > 1:
         listed = "; ".join(
-            f"{roles[role][0]}: tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}"
-            for role, (tp, pp) in sizes.items()
+            f"{roles[role][0]}: "
+            + ", ".join(f"{name}={size}" for name, size in zip(names, role_sizes, strict=True))
+            for role, role_sizes in sizes.items()
         )
         p.append(
             f"the Megatron roles share their worker processes and so one parallel layout, but"

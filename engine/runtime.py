@@ -80,7 +80,9 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
     # names the reference "ref").
     layouts = {
         {"reference": "ref"}.get(role, role): ModelParallelLayout(
-            tp=section.tensor_model_parallel_size, pp=section.pipeline_model_parallel_size
+            tp=section.tensor_model_parallel_size,
+            pp=section.pipeline_model_parallel_size,
+            cp=section.context_parallel_size,
         )
         for role, (_key, section) in cfg.megatron_roles().items()
     }

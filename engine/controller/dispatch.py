@@ -82,23 +82,25 @@ def concat(shards: list[T]) -> T:
 @dataclass(frozen=True)
 class ModelParallelLayout:
     """How a role's ranks share rows when its model is split (Megatron): ranks in
-    Megatron's order (tensor parallel fastest, then data parallel, pipeline slowest).
-    The tp × pp ranks of one model replica receive the same rows, and its result is
-    taken from the last pipeline stage's first TP rank (earlier stages return
-    placeholders; TP ranks compute the same result)."""
+    Megatron's order (tensor parallel fastest, then context, then data parallel,
+    pipeline slowest). The tp × cp × pp ranks of one model replica receive the same rows,
+    and its result is taken from the last pipeline stage's first TP and CP rank (earlier
+    stages return placeholders; TP and CP ranks compute the same result)."""
 
     tp: int = 1
     pp: int = 1
+    cp: int = 1
 
     def data_parallel(self, world_size: int) -> int:
-        return world_size // (self.tp * self.pp)
+        return world_size // (self.tp * self.cp * self.pp)
 
     def shard(self, rank: int, world_size: int) -> int:
         """The data-parallel shard that ``rank`` receives."""
-        return (rank // self.tp) % self.data_parallel(world_size)
+        return (rank // (self.tp * self.cp)) % self.data_parallel(world_size)
 
     def output_ranks(self, world_size: int) -> list[int]:
         """The ranks whose results are gathered, in shard order."""
         dp = self.data_parallel(world_size)
-        last_stage = (self.pp - 1) * self.tp * dp
-        return [last_stage + d * self.tp for d in range(dp)]
+        replica = self.tp * self.cp  # consecutive ranks of one replica's stage
+        last_stage = (self.pp - 1) * replica * dp
+        return [last_stage + d * replica for d in range(dp)]

@@ -1,6 +1,6 @@
 """The Megatron-core training backend: a ``GPTModel`` built from a Hugging Face config,
-tensor (with sequence), pipeline and data parallel, for the actor, the critic and the
-reference.
+tensor (with sequence), pipeline, context and data parallel, for the actor, the critic
+and the reference.
 
 The interface (``engine.train.fsdp.FSDPEngine`` has the same methods; the actor, critic
 and reference workers get either from ``engine.train.engines``)::
@@ -77,10 +77,13 @@ How it is built:
   the sequence; the norms are ``TorchRMSNorm`` (the local spec's wrapper refuses it),
   sequences are padded to a multiple of TP, and the critic's head gathers first.
 
-Not supported yet (each refused up front by ``MegatronParallel.problems``): context
-parallelism (it needs Transformer Engine's attention: the local spec's asserts
-``context_parallel_size == 1``), expert parallelism (no MoE conversion yet), virtual
-(interleaved) pipeline stages. Gradient checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
+- **Context parallelism** (``megatron_context``): each rank runs its zigzag share of every
+  sequence; ``SDPAttention`` gathers the whole sequence's keys and values over the CP
+  group; per-position results are gathered into sequence order before the response
+  window is cut; gradients are scaled by DP × CP, the group DDP averages over.
+
+Not supported yet (each refused up front by ``MegatronParallel.problems``): expert
+parallelism (no MoE conversion yet), virtual (interleaved) pipeline stages. Gradient checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
 ``torch.cuda.get_rng_state``. Costs on GPUs, against Transformer Engine's spec: unfused
 norms and linears, a (B, 1, S, S) boolean mask per forward, and the LM head run over every
 position (GPTModel has no ``logits_to_keep``).
@@ -108,7 +111,7 @@ from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
 from engine.config import OptimConfig
 from engine.device import DeviceSpec
 from engine.errors import EngineError
-from engine.train import fsdp
+from engine.train import fsdp, megatron_context
 from engine.train.forward import trim_padding
 from engine.train.megatron_convert import (
     AttentionShape,
@@ -129,8 +132,8 @@ ROLES = ("actor", "critic", "reference")
 FUSED_NORMS = False
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 CHECKPOINT_FORMAT = 1
-# Layout fields that checkpoints written before pipeline parallelism leave out.
-_ONE_STAGE = {"pp": 1, "pp_rank": 0}
+# Layout fields that checkpoints written before pipeline and context parallelism leave out.
+_LAYOUT_DEFAULTS = {"pp": 1, "pp_rank": 0, "cp": 1, "cp_rank": 0}
 
 
 # ---------------------------------------------------------------------------
@@ -167,6 +170,16 @@ def _install_cpu_shims() -> None:
         torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
         torch.cuda._rlctl_cpu_shim = True  # type: ignore[attr-defined]
     get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    # Rotary embedding under context parallelism: Megatron picks this rank's positions
+    # with a pinned CUDA index tensor; the same zigzag pick on the CPU.
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+
+    def pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any):
+        cp, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
+        index = megatron_context.zigzag_index(pos_emb.shape[seq_dim], cp, rank)
+        return pos_emb.index_select(seq_dim, index)
+
+    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = pos_emb_on_this_cp_rank
 
 
 def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: int) -> None:
@@ -179,11 +192,16 @@ def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: i
         have = (
             ps.get_tensor_model_parallel_world_size(),
             ps.get_pipeline_model_parallel_world_size(),
+            ps.get_context_parallel_world_size(),
         )
-        want = (parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size)
+        want = (
+            parallel.tensor_model_parallel_size,
+            parallel.pipeline_model_parallel_size,
+            parallel.context_parallel_size,
+        )
         if have != want:
             raise EngineError(
-                f"Megatron roles in one process must share parallel sizes: (tp, pp) {want}"
+                f"Megatron roles in one process must share parallel sizes: (tp, pp, cp) {want}"
                 f" requested, {have} already in use; give every colocated role's megatron"
                 " section the same sizes"
             )
@@ -218,11 +236,16 @@ class SDPAttention(nn.Module):
         attention_type: str,
         attention_dropout: float | None = None,
         softmax_scale: float | None = None,
-        **_: Any,  # cp_comm_type, process groups: unused (no context parallelism)
+        **_: Any,  # cp_comm_type, process groups: context parallelism is done here
     ) -> None:
         super().__init__()
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale
+        self.cp_group = None
+        if getattr(config, "context_parallel_size", 1) > 1:
+            from megatron.core import parallel_state as ps
+
+            self.cp_group = ps.get_context_parallel_group()
 
     def forward(
         self,
@@ -238,6 +261,9 @@ class SDPAttention(nn.Module):
             raise NotImplementedError("SDPAttention takes neither packed sequences nor a bias")
         s, b, heads, d = query.shape
         per_group = heads // key.shape[2]
+        if self.cp_group is not None:  # this rank's queries against the whole sequence
+            key = megatron_context.gather(key, 0, self.cp_group, sum_grads=True)
+            value = megatron_context.gather(value, 0, self.cp_group, sum_grads=True)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
         if per_group > 1:
             k = k.repeat_interleave(per_group, dim=1)
@@ -382,6 +408,8 @@ class _Layout:
     dp_rank: int
     pp: int = 1
     pp_rank: int = 0
+    cp: int = 1
+    cp_rank: int = 0
 
 
 class MegatronEngine:
@@ -422,7 +450,10 @@ class MegatronEngine:
             dp_rank=ps.get_data_parallel_rank(),
             pp=ps.get_pipeline_model_parallel_world_size(),
             pp_rank=ps.get_pipeline_model_parallel_rank(),
+            cp=ps.get_context_parallel_world_size(),
+            cp_rank=ps.get_context_parallel_rank(),
         )
+        self.cp_group = ps.get_context_parallel_group()
         self.stage = _stage(hf_config)
         self.link = StageLink()
         # (stage input, stage output) of each micro-batch whose backward is still to come:
@@ -544,40 +575,61 @@ class MegatronEngine:
 
     # -- forward ----------------------------------------------------------------
 
-    def _forward(self, input_ids_BS, attention_mask_BS, position_ids_BS) -> torch.Tensor:
-        """The stage's output: on the last stage the model's, batch first ((B, S, V/tp)
-        logits, or (B, S, 1) values); on earlier stages the (S, B, H) hidden states, also
-        sent to the next stage. Stages after the first take their input from the previous
-        one. Inside ``forward_backward`` the (input, output) pair is kept for the
-        micro-batch's backward. Under sequence parallelism the sequence is padded on the
-        right to a multiple of the TP size (masked keys; the model's output is cut back)
-        and what travels between stages is each rank's slice of it."""
+    def _forward(
+        self, input_ids_BS, attention_mask_BS, position_ids_BS
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stage's output and, under context parallelism, the positions it covers.
+
+        On the last stage the output is the model's, batch first ((B, S, V/tp) logits, or
+        (B, S, 1) values); on earlier stages the (S, B, H) hidden states, also sent to the
+        next stage. Stages after the first take their input from the previous one.
+        Inside ``forward_backward`` the (input, output) pair is kept for the micro-batch's
+        backward. Under sequence parallelism the sequence is padded on the right to a
+        multiple of the TP size (masked keys; the output is cut back) and what travels
+        between stages is each rank's slice of it. Under context parallelism (padded to a
+        multiple of 2·CP) each rank runs its zigzag share of the positions
+        (``megatron_context``), returned with the output for ``_whole_sequence``."""
         device = self.device.torch_device()
         ids = input_ids_BS.to(device)
         mask = attention_mask_BS.to(device)
         check_consecutive_positions(position_ids_BS.to(device), mask)
         b, s = ids.shape
         sp = self.model.config.sequence_parallel
-        if sp and s % self.layout.tp:
-            ids = F.pad(ids, (0, -s % self.layout.tp))
-            mask = F.pad(mask, (0, -s % self.layout.tp))
+        cp = self.layout.cp
+        multiple = (self.layout.tp if sp else 1) * (2 * cp if cp > 1 else 1)
+        if s % multiple:
+            ids = F.pad(ids, (0, -s % multiple))
+            mask = F.pad(mask, (0, -s % multiple))
         padded = ids.shape[1]
-        positions = torch.arange(padded, device=device).expand(b, padded)
+        mask_B1SS = attention_mask_B1SS(mask)
+        held = None
+        if cp > 1:  # this rank's queries (rows of the mask) against every key
+            held = megatron_context.zigzag_index(padded, cp, self.layout.cp_rank, device)
+            ids, mask_B1SS = ids[:, held], mask_B1SS[:, :, held, :]
+        length = ids.shape[1]
+        positions = torch.arange(padded, device=device)[:length].expand(b, length)
         stage_input = None
         if not self.stage.first:
-            shape = (padded // self.layout.tp if sp else padded, b, self.hf_config.hidden_size)
+            shape = (length // self.layout.tp if sp else length, b, self.hf_config.hidden_size)
             dtype = self.model.config.params_dtype
             stage_input = self.link.recv(shape, dtype, device, self.stage.prev_rank)
             stage_input.requires_grad_(torch.is_grad_enabled())
             self.model.set_input_tensor(stage_input)
-        out = self.module(
-            input_ids=ids, position_ids=positions, attention_mask=attention_mask_B1SS(mask)
-        )
+        out = self.module(input_ids=ids, position_ids=positions, attention_mask=mask_B1SS)
         if not self.stage.last:
             self.link.send(out, self.stage.next_rank)
         if self._scheduling and torch.is_grad_enabled():
             self._in_flight.append((stage_input, out))
-        return out[:, :s] if self.stage.last and padded != s else out
+        if self.stage.last and held is None and padded != s:
+            out = out[:, :s]
+        return out, held
+
+    def _whole_sequence(self, values_BL: torch.Tensor, held: torch.Tensor | None, s: int):
+        """Per-position results (B, L) of this rank's positions as (B, s) in sequence
+        order: gathered over the context-parallel group when there is one."""
+        if held is None:
+            return values_BL
+        return megatron_context.gather(values_BL, 1, self.cp_group, sum_grads=False)[:, :s]
 
     def _stage_placeholder(self, tokens: TokenBatch) -> torch.Tensor:
         """What a stage before the last returns for per-token results it does not compute
@@ -590,10 +642,11 @@ class MegatronEngine:
 
         if self.role == "critic":
             raise EngineError("the critic has a value head, not logits: use response_values")
-        out = self._forward(input_ids_BS, attention_mask_BS, position_ids_BS)
+        out, held = self._forward(input_ids_BS, attention_mask_BS, position_ids_BS)
         if not self.stage.last:
             return None  # with pipeline stages, only the last one has logits
-        return gather_from_tensor_model_parallel_region(out) if self.layout.tp > 1 else out
+        out = gather_from_tensor_model_parallel_region(out) if self.layout.tp > 1 else out
+        return self._whole_sequence(out, held, input_ids_BS.shape[1])
 
     def response_logprobs(
         self,
@@ -608,26 +661,37 @@ class MegatronEngine:
         r_len = tokens.response_length
         trimmed = trim_padding(tokens)
         kept = trimmed.response_length
-        out = self._forward(
-            trimmed.input_ids_BS, trimmed.attention_mask_BS, trimmed.position_ids_BS
-        )
+        ids = trimmed.input_ids_BS
+        out, held = self._forward(ids, trimmed.attention_mask_BS, trimmed.position_ids_BS)
         if not self.stage.last:
             zeros = self._stage_placeholder(tokens)
             return zeros, zeros if with_entropy else None
-        logits_BRV = out[:, -kept - 1 : -1, :].float()
+        s = ids.shape[1]
+        if held is None:  # the logits before each response token
+            logits = out[:, -kept - 1 : -1, :]
+            targets = trimmed.responses_BR
+        else:  # every position this rank holds predicts the token after it
+            logits = out
+            targets = F.pad(ids[:, 1:], (0, 1 + len(held) * self.layout.cp - s))[:, held.cpu()]
+        logits = logits.float()
         if temperature != 1.0:
-            logits_BRV = logits_BRV / temperature
-        targets = trimmed.responses_BR.to(logits_BRV.device)
+            logits = logits / temperature
+        targets = targets.to(logits.device)
         entropy = None
         if self.layout.tp == 1:
-            logp = logprobs_from_logits(logits_BRV, targets)
+            logp = logprobs_from_logits(logits, targets)
             if with_entropy:
                 with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                    entropy = entropy_from_logits(logits_BRV)
+                    entropy = entropy_from_logits(logits)
         else:
             logp, entropy = vocab_parallel_logprobs_entropy(
-                logits_BRV, targets, with_entropy, entropy_grad
+                logits, targets, with_entropy, entropy_grad
             )
+        if held is not None:
+            window = slice(s - kept - 1, s - 1)
+            logp = self._whole_sequence(logp, held, s)[:, window]
+            if entropy is not None:
+                entropy = self._whole_sequence(entropy, held, s)[:, window]
         if entropy is not None:
             entropy = _pad_responses(entropy, r_len)
         return _pad_responses(logp, r_len), entropy
@@ -639,12 +703,13 @@ class MegatronEngine:
         r_len = tokens.response_length
         trimmed = trim_padding(tokens)
         kept = trimmed.response_length
-        out = self._forward(
-            trimmed.input_ids_BS, trimmed.attention_mask_BS, trimmed.position_ids_BS
-        )
+        ids = trimmed.input_ids_BS
+        out, held = self._forward(ids, trimmed.attention_mask_BS, trimmed.position_ids_BS)
         if not self.stage.last:
             return self._stage_placeholder(tokens)
-        return _pad_responses(out[:, -kept - 1 : -1, 0].float(), r_len)
+        s = ids.shape[1]
+        values = self._whole_sequence(out[..., 0].float(), held, s)
+        return _pad_responses(values[:, s - kept - 1 : s - 1], r_len)
 
     # -- backward and update ------------------------------------------------------
 
@@ -664,21 +729,23 @@ class MegatronEngine:
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate the gradient of ``loss``, this DP rank's part of a global sum.
 
-        DDP averages gradients over the data-parallel group; × dp_size undoes that mean.
+        DDP averages gradients over the data- (and context-) parallel group; × dp × cp
+        undoes that mean (context-parallel ranks hold parts of one sum).
         With pipeline stages this is the backward of the oldest micro-batch still in
         flight: the last stage starts from ``loss``, earlier stages (whose ``loss`` came
         from placeholders and is ignored) from the gradient the next stage sends; every
         stage but the first sends its input's gradient on."""
         if self.ddp is None:
             raise EngineError(f"the {self.role} engine was built without an optimizer")
+        scale = self.layout.dp * self.layout.cp
         if self.stage.count == 1:
-            (loss * self.layout.dp).backward()
+            (loss * scale).backward()
             return
         if not self._scheduling:
             raise EngineError("with pipeline stages, backward runs inside forward_backward")
         stage_input, out = self._in_flight.popleft()
         if self.stage.last:
-            (loss * self.layout.dp).backward()
+            (loss * scale).backward()
         else:
             grad = self.link.recv(out.shape, out.dtype, out.device, self.stage.next_rank)
             torch.autograd.backward(out, grad)
@@ -869,7 +936,7 @@ class MegatronEngine:
         if not (path / "meta.json").exists():
             raise EngineError(f"{path} is not a complete Megatron checkpoint (no meta.json)")
         state = torch.load(path / f"rank_{self.layout.rank}.pt", weights_only=False)
-        saved, now = {**_ONE_STAGE, **state["layout"]}, asdict(self.layout)
+        saved, now = {**_LAYOUT_DEFAULTS, **state["layout"]}, asdict(self.layout)
         if saved != now:
             raise EngineError(
                 f"checkpoint {path} was written with layout {saved}; this run is {now}. Resume"
@@ -953,6 +1020,7 @@ def _build_gpt(
         activation_func=F.silu,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        context_parallel_size=parallel.context_parallel_size,
         sequence_parallel=parallel.sequence_parallel_in_effect,
         params_dtype=dtype,
         pipeline_dtype=dtype,  # what travels between stages
@@ -1145,7 +1213,8 @@ def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
     role = meta["role"]
-    ranks = [{**_ONE_STAGE, **r} for r in meta["ranks"] if r["dp_rank"] == 0]
+    layouts = [{**_LAYOUT_DEFAULTS, **r} for r in meta["ranks"]]
+    ranks = [r for r in layouts if r["dp_rank"] == 0 and r["cp_rank"] == 0]  # one replica
     merged: dict[str, torch.Tensor] = {}
     for pp_rank in sorted({r["pp_rank"] for r in ranks}):
         stage = sorted((r for r in ranks if r["pp_rank"] == pp_rank), key=lambda r: r["tp_rank"])

@@ -87,12 +87,6 @@ class MegatronParallel:
                 p.append(f"{key}.{name} must be >= 1, got {value}")
         if p:
             return p
-        if self.context_parallel_size > 1:
-            p.append(
-                f"{key}.context_parallel_size {self.context_parallel_size}: context parallelism"
-                " needs Transformer Engine's attention, which the Megatron engine does not use"
-                " yet; set it to 1"
-            )
         if self.expert_model_parallel_size > 1:
             p.append(
                 f"{key}.expert_model_parallel_size {self.expert_model_parallel_size}: expert"

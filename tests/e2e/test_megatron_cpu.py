@@ -103,29 +103,30 @@ def fsdp_grpo(ray_cluster, tiny_model_dir, synthetic_data, tmp_path_factory):
     return run(tiny_model_dir, train, tmp_path_factory.mktemp("fsdp"), *GRPO_KL)
 
 
-def _sizes(roles: tuple[str, ...], tp: int, pp: int, sp: bool = False) -> list[str]:
+def _sizes(roles: tuple[str, ...], tp: int, pp: int, sp: bool = False, cp: int = 1) -> list[str]:
     return [
         f"{role}.megatron.{name}={size}"
         for role in roles
         for name, size in (
             ("tensor_model_parallel_size", tp),
             ("pipeline_model_parallel_size", pp),
+            ("context_parallel_size", cp),
             ("sequence_parallel", str(sp).lower()),
         )
     ]
 
 
 @pytest.mark.parametrize(
-    "tp,pp,sp",
-    [(1, 1, False), (2, 1, False), (1, 2, False), (2, 1, True)],
-    ids=["dp2", "tp2", "pp2", "tp2-sp"],
+    "tp,pp,sp,cp",
+    [(1, 1, False, 1), (2, 1, False, 1), (1, 2, False, 1), (2, 1, True, 1), (1, 1, False, 2)],
+    ids=["dp2", "tp2", "pp2", "tp2-sp", "cp2"],
 )
 def test_megatron_grpo_takes_the_fsdp_update(
-    tp, pp, sp, fsdp_grpo, tiny_model_dir, synthetic_data, tmp_path
+    tp, pp, sp, cp, fsdp_grpo, tiny_model_dir, synthetic_data, tmp_path
 ):
     """Same config and seed, FSDP2 then Megatron (TP 1: DP 2; TP 2 or PP 2: both ranks
     hold the same rows; with PP the stages run 1F1B and the last one answers; with SP the
-    TP ranks split the sequence). Both
+    TP ranks split the sequence; with CP both ranks run halves of every sequence). Both
     backends start from the same HF weights in float32 and the rollout samples the same
     responses, so every metric of the update agrees to float32 rounding (measured: ≤ 4e-6
     relative). Step 2 samples again after the weight sync into the rollout's own model
@@ -135,7 +136,7 @@ def test_megatron_grpo_takes_the_fsdp_update(
     placeholders or a stale rollout model each move these by far more."""
     train, _ = synthetic_data
     fsdp = fsdp_grpo
-    sizes = _sizes(("actor_rollout_ref.actor", "actor_rollout_ref.ref"), tp, pp, sp)
+    sizes = _sizes(("actor_rollout_ref.actor", "actor_rollout_ref.ref"), tp, pp, sp, cp)
     megatron = run(
         tiny_model_dir,
         train,
@@ -162,10 +163,15 @@ def test_megatron_grpo_takes_the_fsdp_update(
     ckpt = tmp_path / "megatron" / "global_step_2" / "actor"
     assert (ckpt / "meta.json").is_file() and not (ckpt / "model").exists()
     layouts = json.loads((ckpt / "meta.json").read_text())["ranks"]
-    expected = {(1, 1): [(0, 0, 0), (0, 1, 0)], (2, 1): [(0, 0, 0), (1, 0, 0)]}.get(
-        (tp, pp), [(0, 0, 0), (0, 0, 1)]
-    )
-    assert [(r["tp_rank"], r["dp_rank"], r["pp_rank"]) for r in layouts] == expected
+    # (tp_rank, dp_rank, pp_rank, cp_rank) of ranks 0 and 1
+    expected = {
+        (1, 1, 1): [(0, 0, 0, 0), (0, 1, 0, 0)],
+        (2, 1, 1): [(0, 0, 0, 0), (1, 0, 0, 0)],
+        (1, 2, 1): [(0, 0, 0, 0), (0, 0, 1, 0)],
+        (1, 1, 2): [(0, 0, 0, 0), (0, 0, 0, 1)],
+    }[(tp, pp, cp)]
+    keys = ("tp_rank", "dp_rank", "pp_rank", "cp_rank")
+    assert [tuple(r[k] for k in keys) for r in layouts] == expected
     from transformers import AutoModelForCausalLM
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")

@@ -132,6 +132,11 @@ def test_call_split_with_pipeline_stages_gathers_the_last_stage():
     }  # fmt: skip
     assert out == ["actor.update@4:0", "actor.update@4:1", "actor.update@6:2", "actor.update@6:3"]
     assert layout.output_ranks(8) == [4, 6]
+    # TP 2 × CP 2 × DP 2 on 8 ranks: a replica is 4 consecutive ranks, answered by its
+    # first (TP rank 0, CP rank 0).
+    with_cp = ModelParallelLayout(tp=2, cp=2)
+    assert [with_cp.shard(r, 8) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert with_cp.output_ranks(8) == [0, 4]
     # PP 4 alone: one replica over all ranks, answered by the last.
     assert ModelParallelLayout(pp=4).output_ranks(4) == [3]
     assert [ModelParallelLayout(pp=2).shard(r, 4) for r in range(4)] == [0, 1, 0, 1]

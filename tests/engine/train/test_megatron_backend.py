@@ -81,13 +81,16 @@ def test_parallel_sizes_against_the_world():
     (p,) = pipelined.problems(world_size=6)
     assert "world size 6" in p and "= 4" in p
 
-    problems = MegatronParallel(context_parallel_size=2, expert_model_parallel_size=2).problems(
+    (p,) = MegatronParallel(expert_model_parallel_size=2).problems(
         world_size=4, key="critic.megatron"
     )
-    assert len(problems) == 2
-    assert problems[0].startswith("critic.megatron.context_parallel_size 2:")
-    assert "set it to 1" in problems[0]
-    assert "mixture-of-experts" in problems[1]
+    assert p.startswith("critic.megatron.expert_model_parallel_size 2:")
+    assert "mixture-of-experts" in p and "set it to 1" in p
+    # Context parallelism counts in the model-parallel size: TP 2 × CP 2 needs 4 devices.
+    cp = MegatronParallel(tensor_model_parallel_size=2, context_parallel_size=2)
+    assert cp.problems(world_size=8) == [] and cp.data_parallel_size(8) == 2
+    (p,) = cp.problems(world_size=6)
+    assert "context_parallel_size = 4" in p
     # Sequence parallelism splits what TP replicates: ignored at TP 1, as Megatron-LM does.
     assert MegatronParallel(2, sequence_parallel=True).sequence_parallel_in_effect
     assert not MegatronParallel(1, sequence_parallel=True).sequence_parallel_in_effect
@@ -316,7 +319,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False):
+def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False, cp=1):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -329,7 +332,10 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
     _init(rank, world_size, port)
     try:
         parallel = MegatronParallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sp
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+            sequence_parallel=sp,
         )
         optim = OptimConfig(**OPTIM)
         cpu = DEVICES["cpu"]
@@ -346,18 +352,20 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
         valid = batch.attention_mask_BS.bool()
         mask = batch.response_mask_BR
         # Results are checked on the rank the controller gathers: the last pipeline
-        # stage's first TP rank (earlier stages return placeholders).
+        # stage's first TP and CP rank (earlier stages return placeholders).
+        answers = engine.stage.last and engine.layout.tp_rank == 0 and engine.layout.cp_rank == 0
         result = {
             "dp": engine.dp_size,
             "stage_layers": engine.stage.layers,
             "sequence_parallel": engine.model.config.sequence_parallel,
-            "output": engine.stage.last and engine.layout.tp_rank == 0 and engine.dp_rank == 0,
+            "output": answers and engine.dp_rank == 0,
         }
         # The controller's dispatch rule agrees with Megatron's rank layout.
-        layout = ModelParallelLayout(tp=tp, pp=pp)
-        result["dispatch_agrees"] = layout.shard(rank, world_size) == engine.dp_rank and (
-            rank in layout.output_ranks(world_size)
-        ) == (engine.stage.last and engine.layout.tp_rank == 0)
+        layout = ModelParallelLayout(tp=tp, pp=pp, cp=cp)
+        result["dispatch_agrees"] = (
+            layout.shard(rank, world_size) == engine.dp_rank
+            and (rank in layout.output_ranks(world_size)) == answers
+        )
 
         engine.eval()
         with torch.no_grad():
@@ -477,18 +485,22 @@ def _check_actor(out_path, world_size):
 @needs_megatron
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "world_size,tp,pp,sp",
+    "world_size,tp,pp,sp,cp",
     [
-        (1, 1, 1, False),
-        (2, 1, 1, False),
-        (2, 2, 1, False),
-        (4, 2, 1, False),
-        (2, 1, 2, False),
-        (4, 2, 2, False),
-        (4, 1, 2, False),
-        (4, 1, 4, False),
-        (2, 2, 1, True),
-        (4, 2, 2, True),
+        (1, 1, 1, False, 1),
+        (2, 1, 1, False, 1),
+        (2, 2, 1, False, 1),
+        (4, 2, 1, False, 1),
+        (2, 1, 2, False, 1),
+        (4, 2, 2, False, 1),
+        (4, 1, 2, False, 1),
+        (4, 1, 4, False, 1),
+        (2, 2, 1, True, 1),
+        (4, 2, 2, True, 1),
+        (2, 1, 1, False, 2),
+        (4, 1, 1, False, 2),
+        (4, 2, 1, True, 2),
+        (4, 1, 2, False, 2),
     ],
     ids=[
         "ws1-tp1",
@@ -501,15 +513,19 @@ def _check_actor(out_path, world_size):
         "ws4-pp4",
         "ws2-tp2-sp",  # sequence parallel; the batch's 17 columns are padded to 18
         "ws4-tp2-pp2-sp",
+        "ws2-cp2",  # context parallel: 17 columns padded to 20, 4 chunks of 5, zigzag
+        "ws4-cp2-dp2",
+        "ws4-tp2-cp2-sp",  # padded to 24 (2 · CP · TP)
+        "ws4-pp2-cp2",
     ],
 )
-def test_actor_engine_matches_hf(tiny_model_dir, tmp_path, world_size, tp, pp, sp):
+def test_actor_engine_matches_hf(tiny_model_dir, tmp_path, world_size, tp, pp, sp, cp):
     out = str(tmp_path / "result")
     ckpt = str(tmp_path / "ckpt")
-    _spawn(_actor_run, world_size, tp, pp, str(tiny_model_dir), ckpt, out, sp)
+    _spawn(_actor_run, world_size, tp, pp, str(tiny_model_dir), ckpt, out, sp, cp)
     _check_actor(out, world_size)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
-    assert results[0]["dp"] == world_size // (tp * pp)
+    assert results[0]["dp"] == world_size // (tp * pp * cp)
     assert all(r["sequence_parallel"] == sp for r in results)
 
 
@@ -528,7 +544,7 @@ def test_uneven_pipeline_stages_match_hf(tmp_path):
     assert [r["stage_layers"] for r in results] == [2, 1]
 
 
-def _critic_run(rank, world_size, port, tp, pp, sp, model_dir, out_path):
+def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path):
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForTokenClassification
 
@@ -544,6 +560,7 @@ def _critic_run(rank, world_size, port, tp, pp, sp, model_dir, out_path):
             MegatronParallel(
                 tensor_model_parallel_size=tp,
                 pipeline_model_parallel_size=pp,
+                context_parallel_size=cp,
                 sequence_parallel=sp,
             ),
             OptimConfig(**{**OPTIM, "lr": CRITIC_LR}),
@@ -558,7 +575,9 @@ def _critic_run(rank, world_size, port, tp, pp, sp, model_dir, out_path):
         hf.dropout.p = 0.0  # HF's head drops 10% in training; the engine's value head does not
         missing, unexpected = hf.load_state_dict(start, strict=False)
         result = {"missing": list(missing), "unexpected": list(unexpected)}
-        result["output"] = engine.stage.last and engine.layout.tp_rank == 0
+        result["output"] = (
+            engine.stage.last and engine.layout.tp_rank == 0 and engine.layout.cp_rank == 0
+        )
         result["head_std"] = start["score.weight"].std().item()
         batch = _batch(cfg.vocab_size)
         mask = batch.response_mask_BR
@@ -600,15 +619,21 @@ def _critic_run(rank, world_size, port, tp, pp, sp, model_dir, out_path):
 @needs_megatron
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "world_size,tp,pp,sp",
-    [(1, 1, 1, False), (2, 2, 1, False), (2, 1, 2, False), (2, 2, 1, True)],
-    ids=["ws1-tp1", "ws2-tp2", "ws2-pp2", "ws2-tp2-sp"],
+    "world_size,tp,pp,sp,cp",
+    [
+        (1, 1, 1, False, 1),
+        (2, 2, 1, False, 1),
+        (2, 1, 2, False, 1),
+        (2, 2, 1, True, 1),
+        (2, 1, 1, False, 2),
+    ],
+    ids=["ws1-tp1", "ws2-tp2", "ws2-pp2", "ws2-tp2-sp", "ws2-cp2"],
 )
 def test_critic_engine_matches_hf_token_classification(
-    tiny_model_dir, tmp_path, world_size, tp, pp, sp
+    tiny_model_dir, tmp_path, world_size, tp, pp, sp, cp
 ):
     out = str(tmp_path / "result")
-    _spawn(_critic_run, world_size, tp, pp, sp, str(tiny_model_dir), out)
+    _spawn(_critic_run, world_size, tp, pp, sp, cp, str(tiny_model_dir), out)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
     (r,) = [each for each in results if each["output"]]
     assert r["missing"] == [] and r["unexpected"] == []
@@ -733,4 +758,4 @@ def test_qwen3_and_llama3_rope_at_tp2(tmp_path):
         assert r[f"{name}_update_err"] < 1e-4, name
         assert r[f"{name}_norms"] == pytest.approx(r[f"{name}_ref_norms"], rel=1e-5), name
     assert r["reference_logp_err"] < 1e-5 and not r["reference_trainable"]
-    assert "(tp, pp) (1, 1) requested, (2, 1) already in use" in r["colocated_error"]
+    assert "(tp, pp, cp) (1, 1, 1) requested, (2, 1, 1) already in use" in r["colocated_error"]
