@@ -6,6 +6,9 @@ with the debug variable. ``assert`` stays for internal invariants.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class RlctlError(Exception):
     """An error the user can fix. ``str()`` is the problem; ``hint`` is the fix."""
@@ -28,3 +31,10 @@ class UnknownAcceleratorError(RlctlError):
 
 class AcceleratorSpecError(RlctlError):
     """A malformed ``NAME[:COUNT]`` accelerator spec (bad count, extra fields)."""
+
+
+def closest_or_all(name: object, known: Iterable[str], listing: str = "fields") -> str:
+    """The hint for an unknown name: the closest known one, else every known name."""
+    known = list(known)
+    close = difflib.get_close_matches(str(name), known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"{listing}: {', '.join(known)}"

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, closest_or_all
 from rlctl.presets import PRESETS
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
@@ -249,9 +249,7 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
     p = _Parser(raw, source, errors)
     for key in raw:
         if key not in _FIELDS:
-            close = difflib.get_close_matches(key, _FIELDS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; fields: {', '.join(_FIELDS)}"
-            errors.append(f"{key}: unknown field{hint}")
+            errors.append(f"{key}: unknown field; {closest_or_all(key, _FIELDS)}")
     name = p.string("name", required=True, pattern=_NAME, what="a name of letters, digits, . _ -")
     algorithm = p.choice("algorithm", tuple(PRESETS), required=True)
     model = p.string("model", required=True)
@@ -337,9 +335,8 @@ class _Parser:
     def _unknown(self, key: str, value: dict[str, Any], known: tuple[str, ...]) -> None:
         for sub in value:
             if sub not in known:
-                close = difflib.get_close_matches(str(sub), known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(known)}"
-                self.errors.append(f"{key}.{sub}: unknown field{hint}")
+                hint = closest_or_all(sub, known, listing="valid")
+                self.errors.append(f"{key}.{sub}: unknown field; {hint}")
 
     def _paths(self, key: str, value: Any) -> tuple[str, ...]:
         if value is None:

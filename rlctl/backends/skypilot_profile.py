@@ -20,13 +20,12 @@ written by the person who owns this file, and goes into the scripts as is.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, closest_or_all
 from rlctl.home import read_site_file, rlctl_home
 
 PROFILE_FILE = "skypilot.yaml"
@@ -72,9 +71,7 @@ def entry(raw: Any, source: str) -> NodeSoftware:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"fields: {', '.join(known)}"
-            raise RlctlError(f"{source}: unknown field {key!r}", hint=hint)
+            raise RlctlError(f"{source}: unknown field {key!r}", hint=closest_or_all(key, known))
         if key == "prelude":
             items = [value] if isinstance(value, str) else value
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):

@@ -14,7 +14,6 @@ lists its fields.
 
 from __future__ import annotations
 
-import difflib
 import io
 import os
 import re
@@ -31,7 +30,7 @@ import yaml
 
 from rlctl import __version__
 from rlctl.backends.base import Observed
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, closest_or_all
 from rlctl.hardware import Accelerator, parse_accelerator_spec
 from rlctl.home import read_site_file, rlctl_home
 from rlctl.jobs import Job, JobState
@@ -137,9 +136,7 @@ def profile_from_mapping(raw: Mapping[str, Any], source: str = "slurm profile") 
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"fields: {', '.join(known)}"
-            raise RlctlError(f"{source}: unknown field {key!r}", hint=hint)
+            raise RlctlError(f"{source}: unknown field {key!r}", hint=closest_or_all(key, known))
         kind = str(known[key].type)
         if value is None:
             values[key] = None
