@@ -27,9 +27,9 @@ How it is built:
 
 - **Parallel state.** ``megatron.core.parallel_state`` is initialised on the process group
   the host already joined (gloo on CPU, nccl/RCCL on GPUs), in Megatron's rank order:
-  tensor-parallel groups of ``tp`` consecutive ranks, then data parallel, pipeline stages
-  slowest (so stages span nodes and TP stays within one). Every Megatron role of a
-  process shares it, so colocated roles must use the same sizes.
+  tensor-parallel groups of ``tp`` consecutive ranks, then context parallel, then data
+  parallel, pipeline stages slowest (so stages span nodes and TP stays within one).
+  Every Megatron role of a process shares it, so colocated roles must use the same sizes.
 - **Pipeline stages** (``megatron_pipeline``). Each stage builds ``GPTModel`` with its
   share of the layers (``pre_process`` on the first: the embedding; ``post_process`` on
   the last: the final norm and the head; tied embeddings get Megatron's copy on the
@@ -46,14 +46,16 @@ How it is built:
   ``SDPAttention`` (``torch.nn.functional.scaled_dot_product_attention`` with an explicit
   causal + padding mask: memory-efficient kernels on GPUs, and runs on CPU) and torch's
   RMSNorm in the norm slots (``TorchRMSNorm``). Transformer Engine is not used; modules
-  Megatron does not place itself are moved to the device after the build. Megatron's rotary embedding takes positions 0..S-1 and ignores
-  ``position_ids``; rotary attention depends only on position differences, so for rows
-  whose tokens are consecutive (left-padded prompt, right-padded response) this equals
-  HF's ``position_ids`` (checked per batch).
+  Megatron does not place itself are moved to the device after the build. Megatron's
+  rotary embedding takes positions 0..S-1 and ignores ``position_ids``; rotary attention
+  depends only on position differences, so for rows whose tokens are consecutive
+  (left-padded prompt, right-padded response) this equals HF's ``position_ids`` (checked
+  per batch).
 - **Weights.** The HF safetensors are read on every rank, converted to Megatron names
-  and each rank keeps its TP slices. The critic replaces the LM head with ``ValueHead``
-  (one output with a bias, exported as HF's token-classification ``score``; new heads
-  start from N(0, initializer_range), bias 0, as HF initialises them).
+  and each rank keeps its pipeline stage's tensors, its TP slices of them. The critic
+  replaces the LM head with ``ValueHead`` (one output with a bias, exported as HF's
+  token-classification ``score``; new heads start from N(0, initializer_range), bias 0,
+  as HF initialises them).
 - **Gradients.** Megatron's ``DistributedDataParallel`` (contiguous fp32 gradient
   buffers, averaged over the data-parallel group at ``optimizer_step``), then
   ``finalize_model_grads`` (Qwen3's q/k norm gradients summed over TP ranks).
@@ -62,28 +64,29 @@ How it is built:
   bf16). On CPU — *a fallback, not Megatron's optimizer* — ``torch.optim.AdamW`` over the
   Megatron parameters, fed from the DDP buffers, with the global norm computed over TP
   slices and pipeline stages: Megatron-core 0.13/0.14's optimizers allocate CUDA tensors
-  in their constructors (``torch.tensor(..., device='cuda')`` in ``FP32Optimizer``/``MixedPrecisionOptimizer``,
-  and the gradient-norm code), so they cannot be built on a CPU-only torch. Both decay
+  in their constructors (``torch.tensor(..., device='cuda')`` in
+  ``FP32Optimizer``/``MixedPrecisionOptimizer``, and the gradient-norm code), so they
+  cannot be built on a CPU-only torch. Both decay
   every parameter (``no_weight_decay_cond`` returns False), as ``fsdp.build_optimizer``
   does, so that the two backends train alike. The learning rate follows
   ``fsdp.lr_multiplier`` (warmup, then constant or cosine).
 - **Checkpoints.** One file per rank (``rank_<r>.pt``, written atomically: its TP slices
   named by their place in the whole model, the optimizer state, the schedule step, the
   caller's extras), ``meta.json`` (the layout; written last by rank 0, so it marks a
-  complete checkpoint) and ``hf/`` (config and tokenizer). Loading needs the same parallel layout; ``hf_state_dict_from_checkpoint``
-  turns any of them back into a Hugging Face state dict without Megatron.
-
+  complete checkpoint) and ``hf/`` (config and tokenizer). Loading needs the same
+  parallel layout; ``hf_state_dict_from_checkpoint`` turns any of them back into a
+  Hugging Face state dict without Megatron.
 - **Sequence parallelism** (with TP > 1): Megatron's parallel linears split and gather
   the sequence; the norms are ``TorchRMSNorm`` (the local spec's wrapper refuses it),
   sequences are padded to a multiple of TP, and the critic's head gathers first.
-
 - **Context parallelism** (``megatron_context``): each rank runs its zigzag share of every
   sequence; ``SDPAttention`` gathers the whole sequence's keys and values over the CP
   group; per-position results are gathered into sequence order before the response
   window is cut; gradients are scaled by DP × CP, the group DDP averages over.
 
 Not supported yet (each refused up front by ``MegatronParallel.problems``): expert
-parallelism (no MoE conversion yet), virtual (interleaved) pipeline stages. Gradient checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
+parallelism (no MoE conversion yet), virtual (interleaved) pipeline stages. Gradient
+checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
 ``torch.cuda.get_rng_state``. Costs on GPUs, against Transformer Engine's spec: unfused
 norms and linears, a (B, 1, S, S) boolean mask per forward, and the LM head run over every
 position (GPTModel has no ``logits_to_keep``).
@@ -425,6 +428,7 @@ class MegatronEngine:
         device: DeviceSpec,
         role: str,
         total_steps: int,
+        stage: Stage,
     ) -> None:
         from megatron.core import parallel_state as ps
 
@@ -454,7 +458,7 @@ class MegatronEngine:
             cp_rank=ps.get_context_parallel_rank(),
         )
         self.cp_group = ps.get_context_parallel_group()
-        self.stage = _stage(hf_config)
+        self.stage = stage
         self.link = StageLink()
         # (stage input, stage output) of each micro-batch whose backward is still to come:
         # the input's gradient goes to the previous stage, the output's comes from the next.
@@ -508,9 +512,11 @@ class MegatronEngine:
         torch_dtype = torch.bfloat16 if dtype == "bfloat16" and device.supports_bf16 else None
         if dtype == "float16" and device.supports_bf16:
             raise EngineError("the Megatron engine trains in bfloat16 or float32, not float16")
+        stage = _stage(hf_config)
         model = _build_gpt(
             hf_config,
             parallel,
+            stage,
             device,
             torch_dtype or torch.float32,
             role,
@@ -518,14 +524,14 @@ class MegatronEngine:
         )
         if state_dict is None:
             state_dict = load_hf_state_dict(model_path)
-        _load_hf_weights(model, state_dict, hf_config, role, seed)
+        _load_hf_weights(model, state_dict, hf_config, stage, role, seed)
         del state_dict
         ddp = None
         if optim_cfg is not None:
             ddp = _wrap_ddp(model, parallel, device)
         else:
             model.requires_grad_(False)
-        return cls(model, ddp, hf_config, parallel, optim_cfg, device, role, total_steps)
+        return cls(model, ddp, hf_config, parallel, optim_cfg, device, role, total_steps, stage)
 
     def _build_optimizer(self, cfg: OptimConfig) -> Any:
         if not self.uses_megatron_optimizer:
@@ -672,7 +678,8 @@ class MegatronEngine:
             targets = trimmed.responses_BR
         else:  # every position this rank holds predicts the token after it
             logits = out
-            targets = F.pad(ids[:, 1:], (0, 1 + len(held) * self.layout.cp - s))[:, held.cpu()]
+            padded = len(held) * self.layout.cp
+            targets = F.pad(ids[:, 1:], (0, padded - s + 1))[:, held.cpu()]
         logits = logits.float()
         if temperature != 1.0:
             logits = logits / temperature
@@ -996,6 +1003,7 @@ def load_hf_state_dict(model_path: str | Path) -> dict[str, torch.Tensor]:
 def _build_gpt(
     hf_config: Any,
     parallel: MegatronParallel,
+    stage: Stage,
     device: DeviceSpec,
     dtype: torch.dtype,
     role: str,
@@ -1010,11 +1018,8 @@ def _build_gpt(
     kw.pop("activation")  # "silu"
     if recompute:
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    stage_layers = pipeline_stage_layers(
-        hf_config.num_hidden_layers, parallel.pipeline_model_parallel_size
-    )
-    if stage_layers is not None and len(set(stage_layers)) > 1:  # the last stage holds fewer
-        kw["num_layers_in_last_pipeline_stage"] = stage_layers[-1]
+    if len(set(stage.stage_layers)) > 1:  # uneven: the last stage holds fewer
+        kw["num_layers_in_last_pipeline_stage"] = stage.stage_layers[-1]
     config = TransformerConfig(
         **kw,
         activation_func=F.silu,
@@ -1041,7 +1046,6 @@ def _build_gpt(
     gpt_kw = gpt_model_kwargs(hf_config)
     if role == "critic":
         gpt_kw["share_embeddings_and_output_weights"] = False
-    stage = _stage(hf_config)
     # With tied embeddings over several stages GPTModel moves the last stage's copy to
     # CUDA to all-reduce it with the first's (``weight.data.cuda()``); on CPU it stays.
     keep_on_cpu = device.type == "cpu" and stage.count > 1
@@ -1095,7 +1099,12 @@ def _stage(hf_config: Any) -> Stage:
 
 
 def _load_hf_weights(
-    model: nn.Module, hf_state: dict[str, torch.Tensor], hf_config: Any, role: str, seed: int
+    model: nn.Module,
+    hf_state: dict[str, torch.Tensor],
+    hf_config: Any,
+    stage: Stage,
+    role: str,
+    seed: int,
 ) -> None:
     """This rank's share of the HF weights into ``model``: its pipeline stage's
     tensors, its TP slices."""
@@ -1113,15 +1122,14 @@ def _load_hf_weights(
     full = hf_to_megatron(
         body, AttentionShape.of(hf_config), tie_word_embeddings=tied, fused_norms=FUSED_NORMS
     )
-    stage = _stage(hf_config)
     if role == "critic":
         full.update(_value_head_state(head, hf_config, seed))
     elif tied and stage.count > 1:  # the last stage's copy of the embeddings
         full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
     mine = {
-        shift_layer(name, -stage.layer_offset): t
-        if role == "critic" and name in VALUE_HEAD
-        else split_for_tp(name, t, tp)[tp_rank]
+        shift_layer(name, -stage.layer_offset): (
+            split_for_tp(name, t, tp)[tp_rank] if _is_tp_split(name, role) else t
+        )
         for name, t in full.items()
         if stage.holds(name)
     }

@@ -72,14 +72,26 @@ def layer_index(name: str) -> int | None:
 
 @dataclass(frozen=True)
 class Stage:
-    """The pipeline stage this rank holds (one stage: ``index`` 0 of ``count`` 1)."""
+    """The pipeline stage this rank holds, among stages holding ``stage_layers`` layers
+    each (``megatron_parallel.pipeline_stage_layers``)."""
 
-    index: int = 0
-    count: int = 1
-    layer_offset: int = 0  # the global index of this stage's first layer
-    layers: int = 0  # how many layers it holds
+    index: int
+    stage_layers: tuple[int, ...]
     prev_rank: int | None = None  # global rank of the same TP/DP position one stage up
     next_rank: int | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.stage_layers)
+
+    @property
+    def layers(self) -> int:
+        return self.stage_layers[self.index]
+
+    @property
+    def layer_offset(self) -> int:
+        """The global index of this stage's first layer."""
+        return sum(self.stage_layers[: self.index])
 
     @property
     def first(self) -> bool:
@@ -101,17 +113,13 @@ class Stage:
 
     @classmethod
     def of(cls, index: int, stage_layers: list[int], ranks: list[int]) -> Stage:
-        """Stage ``index`` when the stages hold ``stage_layers`` layers each
-        (``megatron_parallel.pipeline_stage_layers``); ``ranks``: the pipeline group's
-        global ranks, in stage order."""
-        count = len(stage_layers)
+        """Stage ``index``; ``ranks``: the pipeline group's global ranks, in stage order."""
+        last = len(stage_layers) - 1
         return cls(
             index=index,
-            count=count,
-            layer_offset=sum(stage_layers[:index]),
-            layers=stage_layers[index],
+            stage_layers=tuple(stage_layers),
             prev_rank=ranks[index - 1] if index > 0 else None,
-            next_rank=ranks[index + 1] if index < count - 1 else None,
+            next_rank=ranks[index + 1] if index < last else None,
         )
 
 
