@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from engine.rollout.base import trim_response
+from engine.rollout.weights import checkpoint_slots
 from engine.train.fsdp import full_parameters
 from engine.types import GenerationOutput, GenerationRequest, SamplingParams
 
@@ -149,19 +150,24 @@ class HFRollout:
         return out[:, width:].tolist()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy full HF-named tensors into the module this rollout owns (a Megatron
-        actor's; an FSDP actor's module is generated with directly and never pushed).
-        Every parameter must arrive: a tied ``lm_head`` is the embedding's tensor."""
-        params = dict(self.module.named_parameters())
-        missing = set(params)
+        """Copy full tensors, under Hugging Face checkpoint names, into the module this
+        rollout owns (a Megatron actor's; an FSDP actor's module is generated with
+        directly and never pushed). A fused experts parameter (transformers 5's
+        ``mlp.experts.gate_up_proj`` [E, 2I, H]) is written slice by slice from the
+        per-expert tensors (``mlp.experts.{j}.gate_proj.weight``, ...). Every parameter,
+        and every slice of one, must arrive: a tied ``lm_head`` is the embedding's tensor."""
+        slots = checkpoint_slots(self.module)
+        missing = set(slots)
         with torch.no_grad():
             for name, tensor in named_tensors:
-                if name not in params:
+                if name not in slots:
                     raise KeyError(f"the rollout model has no parameter {name!r} to sync")
-                params[name].copy_(tensor)
+                slots[name][1].copy_(tensor)
                 missing.discard(name)
         if missing:
-            raise KeyError(f"weight sync left rollout parameters stale: {sorted(missing)[:5]}")
+            stale = sorted({slots[name][0] for name in missing})
+            unsent = "" if set(stale) == missing else f" (not sent: {sorted(missing)[:5]})"
+            raise KeyError(f"weight sync left rollout parameters stale: {stale[:5]}{unsent}")
 
     def sleep(self) -> None:
         """Nothing to free: HF generate keeps no cache between calls."""

@@ -7,23 +7,41 @@ all-gather, and every rank takes part in the same order), cast to the rollout dt
 and handed over in buckets of at most ``bucket_bytes``: the peak extra memory is one
 bucket (plus one tensor when a single tensor is larger than the limit).
 
-Names. Both engines load Hugging Face checkpoint names through the model's own
-``load_weights``, which does its own fusing:
+Names. Both engines load Hugging Face *checkpoint* names (what ``save_pretrained`` writes)
+through the model's own ``load_weights``, which does its own fusing:
 
 =========  ===========================================  ===================================
 engine     what it is handed                            what it does with it
 =========  ===========================================  ===================================
 vLLM       HF names (``model.layers.0.self_attn.q_proj  ``load_weights`` stacks q/k/v into
-           .weight``), unfused                          ``qkv_proj`` and gate/up into
-                                                        ``gate_up_proj`` (its
-                                                        ``stacked_params_mapping``) and
+           .weight``), unfused; MoE experts one tensor  ``qkv_proj`` and gate/up into
+           per expert (below)                           ``gate_up_proj`` (its
+                                                        ``stacked_params_mapping``), the
+                                                        experts into its fused MoE, and
                                                         shards for tensor parallelism
 SGLang     the same HF names, unfused                   the same, in
                                                         ``update_weights_from_tensor``
+hf         the same HF names, unfused                   ``HFRollout.sync_weights`` copies
+                                                        them in, expert slices into the
+                                                        fused experts parameters
 fused      ``...self_attn.qkv_proj.weight`` and         for a consumer that writes
 (option)   ``...mlp.gate_up_proj.weight`` (concatenated parameters directly (vLLM's
-           along dim 0: q, k, v; gate, up)              internal parameter names)
+           along dim 0: q, k, v; gate, up), per expert  internal parameter names)
+           ``...experts.{j}.gate_up_proj.weight``
 =========  ===========================================  ===================================
+
+Experts. transformers 5 keeps the experts of a mixture-of-experts model fused in memory
+(Qwen2-MoE, Qwen3-MoE, Mixtral, DeepSeek-V3, ...): ``mlp.experts.gate_up_proj`` [E, 2I, H]
+and ``mlp.experts.down_proj`` [E, H, I]. Its checkpoints, and the engines, name one tensor
+per expert: ``mlp.experts.{j}.gate_proj.weight`` [I, H] is ``gate_up_proj[j, :I]``,
+``up_proj`` is ``gate_up_proj[j, I:]``, ``down_proj`` is ``down_proj[j]`` (Mixtral:
+``block_sparse_moe.experts.{j}.w1``/``w3``/``w2`` and ``block_sparse_moe.gate``). Which
+names a tensor gets is transformers' own answer (``revert_weight_conversion``, the step
+``save_pretrained`` takes), asked one tensor at a time; a fused experts tensor is gathered
+once and its 2E (or E) per-expert slices handed on as views of it, with no copy. Any other
+conversion transformers applies on save (a rename, a transpose) is taken from it as is.
+A model with nothing to convert (dense models; transformers 4, which keeps experts as one
+module each) is handed on exactly as its state dict names it.
 
 What is dropped: the wrapper prefixes that activation checkpointing, FSDP1 or
 ``torch.compile`` insert (``_checkpoint_wrapped_module.``, ``_fsdp_wrapped_module.``,
@@ -34,7 +52,9 @@ and rotary ``inv_freq`` buffers, which the engines compute.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +64,8 @@ WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_or
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 
 NamedTensor = tuple[str, torch.Tensor]
+# transformers' save-time conversion of some in-memory tensors to checkpoint tensors.
+Reverter = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -102,7 +124,8 @@ def full_tensors(
     name_map: NameMap | None = None,
 ) -> Iterator[NamedTensor]:
     """``(engine name, full tensor)`` for each weight the engine needs, one gather at a
-    time, in the state dict's order (identical on every rank, as the gathers require)."""
+    time, in the state dict's order (identical on every rank, as the gathers require),
+    under checkpoint names (a fused experts tensor as its per-expert slices)."""
     name_map = name_map or NameMap()
     skip_lm_head = name_map.skip_tied_lm_head and ties_embeddings(model)
     pairs: Iterable[NamedTensor] = (
@@ -110,7 +133,8 @@ def full_tensors(
         for name, tensor in model.state_dict().items()
         if not _skipped(name, skip_lm_head)
     )
-    yield from as_engine_names(_gathered(pairs, dtype, device), name_map)
+    gathered = _gathered(pairs, dtype, device)
+    yield from as_engine_names(as_checkpoint(gathered, checkpoint_reverter(model)), name_map)
 
 
 def as_engine_names(pairs: Iterable[NamedTensor], name_map: NameMap) -> Iterator[NamedTensor]:
@@ -143,6 +167,108 @@ def _gathered(
             shard = shard.to(device)
         full = _full(shard)
         yield clean_name(raw_name), full
+
+
+def checkpoint_reverter(model: nn.Module) -> Reverter | None:
+    """transformers' conversion of ``model``'s in-memory tensors to checkpoint tensors
+    (``revert_weight_conversion``, as ``save_pretrained`` applies it), or None where the
+    names are the same: transformers 4, a model it converts nothing for, or a module that
+    is not a ``PreTrainedModel``."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: in-memory names are the checkpoint's
+        return None
+    if not isinstance(model, PreTrainedModel):
+        return None
+    probe: dict[str, torch.Tensor] = {}
+    # With no conversion to apply it hands back the dict it was given, untouched.
+    if revert_weight_conversion(model, probe) is probe:
+        return None
+    return functools.partial(revert_weight_conversion, model)
+
+
+def as_checkpoint(pairs: Iterable[NamedTensor], revert: Reverter | None) -> Iterator[NamedTensor]:
+    """Full in-memory tensors under their checkpoint names (``checkpoint_tensors``)."""
+    if revert is None:
+        yield from pairs
+        return
+    sent: set[str] = set()
+    for name, tensor in pairs:
+        for ckpt_name, ckpt_tensor in checkpoint_tensors(name, tensor, revert):
+            if ckpt_name in sent:
+                raise ValueError(
+                    f"checkpoint tensor {ckpt_name!r} is built from several in-memory tensors"
+                    f" (the second is {name!r}); weights are streamed one tensor at a time"
+                    " and cannot be merged into it"
+                )
+            sent.add(ckpt_name)
+            yield ckpt_name, ckpt_tensor
+
+
+def checkpoint_tensors(
+    name: str, tensor: torch.Tensor, revert: Reverter | None
+) -> list[NamedTensor]:
+    """One full in-memory tensor as ``save_pretrained`` writes it: ``[(name, tensor)]``
+    for most; a fused experts tensor as its per-expert views (no copy); anything else
+    transformers converts, as it converts it. ``revert``: ``checkpoint_reverter(model)``."""
+    if revert is None:
+        return [(name, tensor)]
+    if tensor.dim() == 3:  # names and shapes only, from a meta tensor: nothing is copied
+        views = expert_views(tensor, revert({name: tensor.detach().to("meta")}))
+        if views is not None:
+            return views
+    return list(revert({name: tensor}).items())
+
+
+def checkpoint_slots(module: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    """Where each checkpoint-named tensor goes: ``{checkpoint name: (parameter name,
+    the parameter or the slice of it that the tensor fills)}``."""
+    revert = checkpoint_reverter(module)
+    slots: dict[str, tuple[str, torch.Tensor]] = {}
+    for name, param in module.named_parameters():
+        for ckpt_name, view in checkpoint_tensors(name, param.detach(), revert):
+            if view.untyped_storage().data_ptr() != param.untyped_storage().data_ptr():
+                raise ValueError(
+                    f"cannot sync {name!r}: transformers saves it as {ckpt_name!r} through"
+                    " a conversion that is not a slice of it, so it cannot be written in place"
+                )
+            slots[ckpt_name] = (name, view)
+    return slots
+
+
+_PER_EXPERT = re.compile(r"^(?P<experts>.+)\.(?P<j>\d+)\.(?P<proj>[^.]+)\.weight$")
+# The half of a fused gate_up tensor (dim 1) each checkpoint projection is: transformers
+# concatenates gate then up (Concatenate(dim=1) over [gate, up]; Mixtral's w1 then w3).
+_EXPERT_HALF = {"gate_proj": 0, "up_proj": 1, "w1": 0, "w3": 1}
+
+
+def expert_views(fused: torch.Tensor, layout: dict[str, torch.Tensor]) -> list[NamedTensor] | None:
+    """Slices of ``fused`` [E, A, B] under the per-expert names ``layout`` gives them
+    (transformers' checkpoint names and shapes for it), expert by expert: E tensors
+    [A, B] (``down_proj``: ``fused[j]``) or 2E [A/2, B] (``gate_up_proj``: the gate
+    ``fused[j, :A/2]``, the up projection ``fused[j, A/2:]``). None when ``layout`` is
+    not one of these two, e.g. the tensor is saved fused."""
+    n_experts, rows, cols = fused.shape
+    parts, rest = divmod(len(layout), n_experts)
+    if rest or parts not in (1, 2) or rows % parts:
+        return None
+    size = rows // parts
+    placed: dict[tuple[int, int], str] = {}  # (expert, half) -> checkpoint name
+    prefixes: set[str] = set()
+    for ckpt_name, tensor in layout.items():
+        match = _PER_EXPERT.match(ckpt_name)
+        if match is None or tuple(tensor.shape) != (size, cols):
+            return None
+        half = 0 if parts == 1 else _EXPERT_HALF.get(match["proj"])
+        if half is None:
+            return None
+        prefixes.add(match["experts"])
+        placed[(int(match["j"]), half)] = ckpt_name
+    every_slice = {(j, h) for j in range(n_experts) for h in range(parts)}
+    if len(prefixes) != 1 or set(placed) != every_slice:
+        return None
+    return [(placed[(j, h)], fused[j, h * size : (h + 1) * size]) for j, h in sorted(placed)]
 
 
 def fuse(pairs: Iterable[NamedTensor], kind: str) -> Iterator[NamedTensor]:
