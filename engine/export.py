@@ -316,17 +316,20 @@ def _load_model(role_dir: Path, role: str, dtype: str) -> Any:
 
 
 def _fill_from_megatron(model: Any, role_dir: Path) -> None:
-    """A Megatron checkpoint's TP slices merged into HF tensors (no Megatron needed)."""
+    """A Megatron checkpoint's TP slices merged into HF tensors (no Megatron needed),
+    named as Hugging Face checkpoints name them (one tensor per expert), written into
+    the model's parameters or the slices of its fused experts parameters."""
     import torch
 
+    from engine.rollout.weights import checkpoint_slots
     from engine.train.megatron import hf_state_dict_from_checkpoint
 
     state = hf_state_dict_from_checkpoint(role_dir)
-    params = model.state_dict()
-    missing = sorted(set(params) - set(state))
+    slots = checkpoint_slots(model)
+    missing = sorted(set(slots) - set(state))
     if getattr(model.config, "tie_word_embeddings", False):
         missing = [name for name in missing if name != "lm_head.weight"]  # the embedding's
-    unexpected = sorted(set(state) - set(params))
+    unexpected = sorted(set(state) - set(slots))
     if missing or unexpected:
         raise ExportError(
             f"the Megatron checkpoint {role_dir} does not fit the architecture in its"
@@ -335,13 +338,14 @@ def _fill_from_megatron(model: Any, role_dir: Path) -> None:
         )
     with torch.no_grad():
         for name, tensor in state.items():
-            if params[name].shape != tensor.shape:
+            target = slots[name][1]
+            if target.shape != tensor.shape:
                 raise ExportError(
                     f"{name} in {role_dir} has shape {tuple(tensor.shape)} but the"
-                    f" architecture expects {tuple(params[name].shape)}: the checkpoint is"
+                    f" architecture expects {tuple(target.shape)}: the checkpoint is"
                     " damaged"
                 )
-            params[name].copy_(tensor)
+            target.copy_(tensor)
 
 
 def _fill_from_dcp(model: Any, role_dir: Path, hf_dir: Path) -> None:

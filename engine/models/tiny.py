@@ -147,17 +147,28 @@ def build_tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
+    num_experts: int = 0,
 ) -> Path:
-    """Save a random ``Qwen2ForCausalLM`` and its tokenizer under ``out_dir``; return it."""
+    """Save a random ``Qwen2ForCausalLM`` and its tokenizer under ``out_dir``; return it.
+    With ``num_experts``, a ``Qwen3MoeForCausalLM`` instead: every layer a mixture of that
+    many experts of width ``hidden_size``, 2 per token (renormalised), its router drawn
+    with std 0.5 (HF's 0.02 would route almost uniformly, so that rounding could flip a
+    token's experts)."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    config = Qwen2Config(
+    shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
@@ -173,7 +184,22 @@ def build_tiny_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        if num_experts:
+            config = Qwen3MoeConfig(
+                **shape,
+                head_dim=hidden_size // num_heads,
+                num_experts=num_experts,
+                num_experts_per_tok=2,
+                moe_intermediate_size=hidden_size,
+                norm_topk_prob=True,
+            )
+            model = Qwen3MoeForCausalLM(config)
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if name.endswith("mlp.gate.weight"):
+                        param.normal_(0.0, 0.5)
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**shape))
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

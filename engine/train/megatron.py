@@ -1,6 +1,6 @@
 """The Megatron-core training backend: a ``GPTModel`` built from a Hugging Face config,
-tensor (with sequence), pipeline, context and data parallel, for the actor, the critic
-and the reference.
+tensor (with sequence), pipeline, context, expert and data parallel, for the actor, the
+critic and the reference.
 
 The interface (``engine.train.fsdp.FSDPEngine`` has the same methods; the actor, critic
 and reference workers get either from ``engine.train.engines``)::
@@ -84,12 +84,21 @@ How it is built:
   group; per-position results are gathered into sequence order before the response
   window is cut; gradients are scaled by DP × CP, the group DDP averages over.
 
-Not supported yet (each refused up front by ``MegatronParallel.problems``): expert
-parallelism (no MoE conversion yet), virtual (interleaved) pipeline stages. Gradient
-checkpointing (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
+- **Mixture of experts** (Qwen2-MoE, Qwen3-MoE): Megatron's ``MoELayer`` in the sparse
+  layers, routed as Hugging Face routes (``megatron_convert._moe_kwargs``), experts run
+  one after another (``SequentialMLP``), sliced over TP like the dense MLP and spread over
+  expert-parallel ranks (E/EP each; their names and checkpoints number experts in the
+  whole model). Tokens meet in the experts through the all-gather exchange on CPU (each
+  TP × EP group's micro-batches padded to one shape: ``_expert_group_shape``) and the
+  all-to-all one on GPUs. Expert gradients are averaged by Megatron's DDP over the ranks
+  holding the same experts; the CPU gradient norm sums them over TP × EP × PP.
+
+Not supported yet: virtual (interleaved) pipeline stages. Gradient checkpointing
+(Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
 ``torch.cuda.get_rng_state``. Costs on GPUs, against Transformer Engine's spec: unfused
-norms and linears, a (B, 1, S, S) boolean mask per forward, and the LM head run over every
-position (GPTModel has no ``logits_to_keep``).
+norms and linears, a (B, 1, S/CP, S) boolean mask per forward, experts run one after
+another (no grouped GEMM), and the LM head run over every position (GPTModel has no
+``logits_to_keep``).
 """
 
 from __future__ import annotations
@@ -118,10 +127,15 @@ from engine.train import fsdp, megatron_context
 from engine.train.forward import trim_padding
 from engine.train.megatron_convert import (
     AttentionShape,
+    expert_index,
     gpt_model_kwargs,
+    has_shared_expert_gate,
     hf_to_megatron,
+    is_expert,
     megatron_to_hf_pairs,
     merge_from_tp,
+    moe_layers,
+    shift_expert,
     split_for_tp,
     tp_split_dim,
     transformer_config_kwargs,
@@ -135,8 +149,17 @@ ROLES = ("actor", "critic", "reference")
 FUSED_NORMS = False
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 CHECKPOINT_FORMAT = 1
-# Layout fields that checkpoints written before pipeline and context parallelism leave out.
-_LAYOUT_DEFAULTS = {"pp": 1, "pp_rank": 0, "cp": 1, "cp_rank": 0}
+# Layout fields that checkpoints written before pipeline, context and expert parallelism
+# leave out.
+_LAYOUT_DEFAULTS = {
+    "pp": 1,
+    "pp_rank": 0,
+    "cp": 1,
+    "cp_rank": 0,
+    "ep": 1,
+    "ep_rank": 0,
+    "edp_rank": 0,
+}
 
 
 # ---------------------------------------------------------------------------
@@ -185,6 +208,16 @@ def _install_cpu_shims() -> None:
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = pos_emb_on_this_cp_rank
 
 
+def _without_transformer_engine() -> None:
+    """Megatron-core 0.14's MoE router tests ``te_general_gemm is not None`` but binds
+    the name only when Transformer Engine imports; without it (the local spec this engine
+    uses) the router raises NameError. Bind it to None: the router's torch path."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: int) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
@@ -196,15 +229,18 @@ def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: i
             ps.get_tensor_model_parallel_world_size(),
             ps.get_pipeline_model_parallel_world_size(),
             ps.get_context_parallel_world_size(),
+            ps.get_expert_model_parallel_world_size(),
         )
         want = (
             parallel.tensor_model_parallel_size,
             parallel.pipeline_model_parallel_size,
             parallel.context_parallel_size,
+            parallel.expert_model_parallel_size,
         )
         if have != want:
             raise EngineError(
-                f"Megatron roles in one process must share parallel sizes: (tp, pp, cp) {want}"
+                "Megatron roles in one process must share parallel sizes: (tp, pp, cp, ep)"
+                f" {want}"
                 f" requested, {have} already in use; give every colocated role's megatron"
                 " section the same sizes"
             )
@@ -215,6 +251,7 @@ def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: i
         context_parallel_size=parallel.context_parallel_size,
         expert_model_parallel_size=parallel.expert_model_parallel_size,
     )
+    _without_transformer_engine()
     if device.type == "cpu":
         _install_cpu_shims()
     else:
@@ -320,14 +357,20 @@ class TorchRMSNorm(nn.RMSNorm):
 # masks and log-probs
 
 
-def attention_mask_B1SS(attention_mask_BS: torch.Tensor) -> torch.Tensor:
+def attention_mask_B1SS(
+    attention_mask_BS: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """Megatron's boolean mask (True: masked): causal, padding keys masked. Every query
-    keeps itself, so that padding rows stay finite (they are never read)."""
+    keeps itself, so that padding rows stay finite (they are never read). ``rows``: the
+    query positions to build (context parallelism: this rank's), all by default; the
+    mask is (B, 1, len(rows), S), never the whole S × S when only some rows are used."""
     s = attention_mask_BS.shape[1]
     device = attention_mask_BS.device
-    causal = torch.ones(s, s, dtype=torch.bool, device=device).tril()
-    keys = attention_mask_BS.bool()[:, None, None, :]
-    allowed = causal & (keys | torch.eye(s, dtype=torch.bool, device=device))
+    keys = torch.arange(s, device=device)
+    queries = keys if rows is None else rows.to(device)
+    causal = keys[None, :] <= queries[:, None]
+    itself = keys[None, :] == queries[:, None]
+    allowed = causal & (attention_mask_BS.bool()[:, None, None, :] | itself)
     return ~allowed
 
 
@@ -413,6 +456,9 @@ class _Layout:
     pp_rank: int = 0
     cp: int = 1
     cp_rank: int = 0
+    ep: int = 1
+    ep_rank: int = 0
+    edp_rank: int = 0  # expert data parallel: ranks holding the same experts
 
 
 class MegatronEngine:
@@ -456,8 +502,17 @@ class MegatronEngine:
             pp_rank=ps.get_pipeline_model_parallel_rank(),
             cp=ps.get_context_parallel_world_size(),
             cp_rank=ps.get_context_parallel_rank(),
+            ep=ps.get_expert_model_parallel_world_size(),
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            edp_rank=ps.get_expert_data_parallel_rank(),
         )
         self.cp_group = ps.get_context_parallel_group()
+        self.ep_group = ps.get_expert_model_parallel_group()
+        # The ranks whose tokens meet in the experts (Megatron's TP × EP group).
+        self.tp_ep_group = ps.get_expert_tensor_and_model_parallel_group()
+        # Each routed expert's TP slice once: what the gradient norm sums over for them.
+        self.expert_norm_group = ps.get_expert_tensor_model_pipeline_parallel_group()
+        self.experts_per_rank = (getattr(hf_config, "num_experts", 0) or 0) // self.layout.ep
         self.stage = stage
         self.link = StageLink()
         # (stage input, stage output) of each micro-batch whose backward is still to come:
@@ -600,18 +655,22 @@ class MegatronEngine:
         mask = attention_mask_BS.to(device)
         check_consecutive_positions(position_ids_BS.to(device), mask)
         b, s = ids.shape
+        rows, columns = self._expert_group_shape(b, s)
+        if (rows, columns) != (b, s):  # padding rows: masked, attending only to themselves
+            ids = F.pad(ids, (0, columns - s, 0, rows - b))
+            mask = F.pad(mask, (0, columns - s, 0, rows - b))
         sp = self.model.config.sequence_parallel
         cp = self.layout.cp
         multiple = (self.layout.tp if sp else 1) * (2 * cp if cp > 1 else 1)
-        if s % multiple:
-            ids = F.pad(ids, (0, -s % multiple))
-            mask = F.pad(mask, (0, -s % multiple))
-        padded = ids.shape[1]
-        mask_B1SS = attention_mask_B1SS(mask)
+        if columns % multiple:
+            ids = F.pad(ids, (0, -columns % multiple))
+            mask = F.pad(mask, (0, -columns % multiple))
+        b, padded = ids.shape
         held = None
         if cp > 1:  # this rank's queries (rows of the mask) against every key
             held = megatron_context.zigzag_index(padded, cp, self.layout.cp_rank, device)
-            ids, mask_B1SS = ids[:, held], mask_B1SS[:, :, held, :]
+            ids = ids[:, held]
+        mask_B1SS = attention_mask_B1SS(mask, held)
         length = ids.shape[1]
         positions = torch.arange(padded, device=device)[:length].expand(b, length)
         stage_input = None
@@ -626,9 +685,23 @@ class MegatronEngine:
             self.link.send(out, self.stage.next_rank)
         if self._scheduling and torch.is_grad_enabled():
             self._in_flight.append((stage_input, out))
-        if self.stage.last and held is None and padded != s:
-            out = out[:, :s]
+        if self.stage.last:
+            out = out[: input_ids_BS.shape[0]]
+            if held is None and padded != s:
+                out = out[:, :s]
         return out, held
+
+    def _expert_group_shape(self, b: int, s: int) -> tuple[int, int]:
+        """The (rows, columns) every rank whose tokens meet in the experts runs: with
+        expert parallelism, Megatron's all-gather token exchange needs the same number
+        of tokens from each of them, and they hold different data-parallel rows (their
+        micro-batch counts already agree: ``forward.token_budget_micro_batches``)."""
+        if self.layout.ep == 1 or self.model.config.moe_token_dispatcher_type != "allgather":
+            return b, s
+        shape = torch.tensor([b, s], device=self.device.torch_device())
+        dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.tp_ep_group)
+        rows, columns = shape.tolist()
+        return rows, columns
 
     def _whole_sequence(self, values_BL: torch.Tensor, held: torch.Tensor | None, s: int):
         """Per-position results (B, L) of this rank's positions as (B, s) in sequence
@@ -815,13 +888,20 @@ class MegatronEngine:
         for p in params:
             p.grad = p.main_grad  # the DDP buffer's view, reduced over DP
         # Replicated parameters (norms, the value head) count once over the TP group; the
-        # last stage's copy of tied embeddings (``shared``) is the first stage's.
+        # last stage's copy of tied embeddings (``shared``) is the first stage's. Routed
+        # experts under expert parallelism (``allreduce`` False: not replicated over DP)
+        # are summed over the ranks holding them, Megatron's TP × EP × PP.
         squares = torch.zeros((), dtype=torch.float64)
+        expert_squares = torch.zeros((), dtype=torch.float64)
         for p in params:
-            if param_is_not_tensor_parallel_duplicate(p) and not getattr(p, "shared", False):
+            if not getattr(p, "allreduce", True):
+                expert_squares += p.grad.double().pow(2).sum()
+            elif param_is_not_tensor_parallel_duplicate(p) and not getattr(p, "shared", False):
                 squares += p.grad.double().pow(2).sum()
         dist.all_reduce(squares, group=self.model_parallel_group)
-        grad_norm = float(squares.sqrt())
+        if self.layout.ep > 1:
+            dist.all_reduce(expert_squares, group=self.expert_norm_group)
+        grad_norm = float((squares + expert_squares).sqrt())
         if math.isfinite(grad_norm):
             coef = grad_clip / (grad_norm + 1e-6)  # torch's clip_grad_norm_ formula
             if coef < 1.0:
@@ -848,12 +928,13 @@ class MegatronEngine:
     # -- weights out --------------------------------------------------------------
 
     def _stage_parameters(self, with_shared: bool = False) -> Iterator[tuple[str, nn.Parameter]]:
-        """This stage's parameters by their global Megatron names (layers numbered in the
-        whole model); the last stage's copy of tied embeddings (``shared``) only when
-        asked."""
+        """This stage's parameters by their global Megatron names (layers and routed
+        experts numbered in the whole model); the last stage's copy of tied embeddings
+        (``shared``) only when asked."""
+        first_expert = self.layout.ep_rank * self.experts_per_rank
         for name, param in self.model.named_parameters():
             if with_shared or not getattr(param, "shared", False):
-                yield shift_layer(name, self.stage.layer_offset), param
+                yield shift_expert(shift_layer(name, self.stage.layer_offset), first_expert), param
 
     def _gathered(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """The full tensor of this rank's slice (the TP group takes part)."""
@@ -864,24 +945,47 @@ class MegatronEngine:
             tensor = merge_from_tp(name, slices)
         return tensor
 
+    def _expert_peers(self, name: str) -> list[str]:
+        """The names of what one parameter and its counterparts on the other
+        expert-parallel ranks hold: a routed expert's on each EP rank, else itself."""
+        if self.layout.ep == 1 or not is_expert(name):
+            return [name]
+        n, mine = self.experts_per_rank, self.layout.ep_rank
+        return [shift_expert(name, (r - mine) * n) for r in range(self.layout.ep)]
+
+    def _full_tensors_of(self, name: str, param: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The full tensors of ``_expert_peers(name)``: TP slices gathered, and a routed
+        expert's gathered over the EP group (its ranks hold the same local experts)."""
+        tensor = self._gathered(name, param)
+        if len(peers := self._expert_peers(name)) == 1:
+            yield tensor
+            return
+        parts = [torch.empty_like(tensor) for _ in peers]
+        dist.all_gather(parts, tensor.contiguous(), group=self.ep_group)
+        yield from parts
+
     def _full_megatron_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(global Megatron name, full tensor): TP slices gathered, and with pipeline
-        stages each stage's tensors broadcast to the others, stage by stage, one tensor at
-        a time. Every rank takes part in the same order and gets every tensor."""
+        """(global Megatron name, full tensor): TP slices and expert-parallel shares
+        gathered, and with pipeline stages each stage's tensors broadcast to the others,
+        stage by stage, one tensor at a time. Every rank takes part in the same order
+        and gets every tensor."""
         if self.stage.count == 1:
             for name, param in self._stage_parameters():
-                yield name, self._gathered(name, param)
+                peers = self._expert_peers(name)
+                yield from zip(peers, self._full_tensors_of(name, param), strict=True)
             return
         device = self.device.torch_device()
+        tp = self.layout.tp
         for stage in range(self.stage.count):
             src = dist.get_global_rank(self.pp_group, stage)
             mine = list(self._stage_parameters()) if stage == self.stage.index else []
-            tp = self.layout.tp
-            specs = [[(n, _full_shape(n, p.shape, tp, self.role), p.dtype) for n, p in mine]]
+            shapes = ((n, _full_shape(n, p.shape, tp, self.role), p.dtype) for n, p in mine)
+            specs = [[(peer, s, d) for n, s, d in shapes for peer in self._expert_peers(n)]]
             dist.broadcast_object_list(specs, src=src, group=self.pp_group)
-            for i, (name, shape, dtype) in enumerate(specs[0]):
+            tensors = (t for n, p in mine for t in self._full_tensors_of(n, p))
+            for name, shape, dtype in specs[0]:
                 if mine:
-                    tensor = self._gathered(*mine[i]).contiguous()
+                    tensor = next(tensors).contiguous()
                 else:
                     tensor = torch.empty(shape, dtype=dtype, device=device)
                 dist.broadcast(tensor, src=src, group=self.pp_group)
@@ -1010,7 +1114,6 @@ def _build_gpt(
     recompute: bool,
 ) -> nn.Module:
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
@@ -1026,6 +1129,11 @@ def _build_gpt(
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size,
+        expert_model_parallel_size=parallel.expert_model_parallel_size,
+        # The all-to-all exchange needs CUDA streams; the all-gather one runs anywhere.
+        moe_token_dispatcher_type="alltoall"
+        if device.type != "cpu" and parallel.expert_model_parallel_size > 1
+        else "allgather",
         sequence_parallel=parallel.sequence_parallel_in_effect,
         params_dtype=dtype,
         pipeline_dtype=dtype,  # what travels between stages
@@ -1036,13 +1144,8 @@ def _build_gpt(
         perform_initialization=True,
         gradient_accumulation_fusion=False,
     )
-    spec = get_gpt_layer_local_spec(qk_layernorm=kw["qk_layernorm"], normalization="RMSNorm")
-    layer = spec.submodules
-    layer.self_attention.submodules.core_attention = SDPAttention
-    layer.input_layernorm = layer.pre_mlp_layernorm = TorchRMSNorm
-    if kw["qk_layernorm"]:  # Qwen3; per head, after the (gathered) qkv projection
-        layer.self_attention.submodules.q_layernorm = TorchRMSNorm
-        layer.self_attention.submodules.k_layernorm = TorchRMSNorm
+    moe = moe_layers(hf_config)[stage.layer_offset : stage.layer_offset + stage.layers]
+    specs = [_layer_spec(hf_config, kw["qk_layernorm"], is_moe) for is_moe in moe]
     gpt_kw = gpt_model_kwargs(hf_config)
     if role == "critic":
         gpt_kw["share_embeddings_and_output_weights"] = False
@@ -1051,7 +1154,7 @@ def _build_gpt(
     keep_on_cpu = device.type == "cpu" and stage.count > 1
     # The stage's layers and the final norm, given as a block so that the final norm is
     # ours too (the block's default is the wrapper that refuses sequence parallelism).
-    block = TransformerBlockSubmodules(layer_specs=[spec] * stage.layers, layer_norm=TorchRMSNorm)
+    block = TransformerBlockSubmodules(layer_specs=specs, layer_norm=TorchRMSNorm)
     with _tensor_cuda_is_identity() if keep_on_cpu else contextlib.nullcontext():
         model = GPTModel(
             config=config,
@@ -1072,6 +1175,51 @@ def _build_gpt(
         )
     # Modules Megatron does not place itself (torch norms, the value head) come along.
     return model.to(device.torch_device())
+
+
+def _layer_spec(hf_config: Any, qk_layernorm: bool, moe: bool) -> Any:
+    """Megatron-core's local layer spec (a dense MLP, or experts run one after another:
+    ``SequentialMLP``, no grouped GEMM) with our attention core and norms."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(
+        num_experts=hf_config.num_experts if moe else None,
+        moe_grouped_gemm=False,
+        qk_layernorm=qk_layernorm,
+        normalization="RMSNorm",
+    )
+    layer = spec.submodules
+    layer.self_attention.submodules.core_attention = SDPAttention
+    layer.input_layernorm = layer.pre_mlp_layernorm = TorchRMSNorm
+    if qk_layernorm:  # Qwen3; per head, after the (gathered) qkv projection
+        layer.self_attention.submodules.q_layernorm = TorchRMSNorm
+        layer.self_attention.submodules.k_layernorm = TorchRMSNorm
+    if moe:
+        layer.mlp.module = _moe_layer_class()
+        shared = layer.mlp.submodules.shared_experts
+        shared.params = {**shared.params, "gate": has_shared_expert_gate(hf_config)}
+    return spec
+
+
+def _moe_layer_class() -> type:
+    """Megatron-core's ``MoELayer``, keeping its own copy of the gathered tokens.
+
+    The all-gather token exchange gathers into Megatron's global "mpu" buffer, and the
+    shared expert, which runs between the exchange and the routed experts, gathers its
+    sequence-parallel input into the same buffer: with expert parallelism the routed
+    experts then read the shared expert's tokens in place of the first ranks' (seen on
+    Megatron-core 0.14 with the local spec; Transformer Engine's linears do their own
+    gathers). A copy of the exchanged tokens costs one activation of the MoE input."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    class MoELayerOwnTokens(MoELayer):
+        def dispatch(self, hidden_states: torch.Tensor, probs: torch.Tensor):
+            hidden_states, probs = super().dispatch(hidden_states, probs)
+            if self.use_shared_expert and self.config.moe_token_dispatcher_type == "allgather":
+                hidden_states = hidden_states.clone()
+            return hidden_states, probs
+
+    return MoELayerOwnTokens
 
 
 @contextlib.contextmanager
@@ -1112,6 +1260,15 @@ def _load_hf_weights(
 
     tp = ps.get_tensor_model_parallel_world_size()
     tp_rank = ps.get_tensor_model_parallel_rank()
+    per_rank = (
+        getattr(hf_config, "num_experts", 0) or 0
+    ) // ps.get_expert_model_parallel_world_size()
+    first_expert = ps.get_expert_model_parallel_rank() * per_rank
+
+    def held(name: str) -> bool:  # this stage's, and this expert-parallel rank's experts
+        experts = range(first_expert, first_expert + per_rank)
+        return stage.holds(name) and (not is_expert(name) or expert_index(name) in experts)
+
     head = {k: v for k, v in hf_state.items() if k.startswith("score.")}
     body = {
         k: v
@@ -1127,11 +1284,11 @@ def _load_hf_weights(
     elif tied and stage.count > 1:  # the last stage's copy of the embeddings
         full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
     mine = {
-        shift_layer(name, -stage.layer_offset): (
+        shift_expert(shift_layer(name, -stage.layer_offset), -first_expert): (
             split_for_tp(name, t, tp)[tp_rank] if _is_tp_split(name, role) else t
         )
         for name, t in full.items()
-        if stage.holds(name)
+        if held(name)
     }
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(mine))
@@ -1214,22 +1371,31 @@ def _to_hf_pairs(
 
 def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """A Hugging Face state dict from a Megatron checkpoint directory, on one process and
-    without Megatron: data-parallel rank 0's TP slices merged, its pipeline stages joined
-    (their files name layers globally), copies of tied embeddings left out, renamed."""
+    without Megatron: one replica's TP slices merged (data-parallel rank 0's; with expert
+    parallelism, routed experts from expert-data-parallel rank 0 of each EP rank), its
+    pipeline stages joined (their files name layers and experts globally), copies of tied
+    embeddings left out, renamed."""
     from transformers import AutoConfig
 
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
     role = meta["role"]
     layouts = [{**_LAYOUT_DEFAULTS, **r} for r in meta["ranks"]]
-    ranks = [r for r in layouts if r["dp_rank"] == 0 and r["cp_rank"] == 0]  # one replica
+    expert_parallel = any(r["ep"] > 1 for r in layouts)
+    # TP groups holding one copy of each tensor: (which tensors, pipeline stage, EP rank).
+    groups: dict[tuple[bool, int, int], list[dict]] = {}
+    for r in layouts:
+        if r["dp_rank"] == 0 and r["cp_rank"] == 0:
+            groups.setdefault((False, r["pp_rank"], 0), []).append(r)
+        if expert_parallel and r["edp_rank"] == 0:
+            groups.setdefault((True, r["pp_rank"], r["ep_rank"]), []).append(r)
     merged: dict[str, torch.Tensor] = {}
-    for pp_rank in sorted({r["pp_rank"] for r in ranks}):
-        stage = sorted((r for r in ranks if r["pp_rank"] == pp_rank), key=lambda r: r["tp_rank"])
-        files = [torch.load(path / f"rank_{r['rank']}.pt", weights_only=False) for r in stage]
+    for (experts, _, _), group in sorted(groups.items()):
+        group.sort(key=lambda r: r["tp_rank"])
+        files = [torch.load(path / f"rank_{r['rank']}.pt", weights_only=False) for r in group]
         shared = set(files[0].get("shared", ()))
         for name in files[0]["model"]:
-            if name not in shared:
+            if name not in shared and (expert_parallel and is_expert(name)) == experts:
                 slices = [f["model"][name] for f in files]
                 merged[name] = (
                     merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]

@@ -28,12 +28,31 @@ model.norm.weight                              decoder.final_layernorm.weight
 lm_head.weight (untied only)                   output_layer.weight
 =============================================  ==============================================
 
+Mixture-of-experts layers (Qwen2-MoE, Qwen3-MoE), by their checkpoint names (what
+``save_pretrained`` writes and vLLM/SGLang load; transformers 5 fuses the experts in
+memory, see engine.rollout.weights):
+
+=============================================  ==============================================
+layers.i.mlp.gate.weight (the router)          decoder.layers.i.mlp.router.weight
+layers.i.mlp.experts.j.{gate,up}_proj.weight   ...mlp.experts.local_experts.j.linear_fc1
+                                               .weight = [gate; up]
+layers.i.mlp.experts.j.down_proj.weight        ...mlp.experts.local_experts.j.linear_fc2.weight
+layers.i.mlp.shared_expert.{gate,up,down}      ...mlp.shared_experts.linear_fc{1,2}.weight
+_proj.weight (Qwen2-MoE)
+layers.i.mlp.shared_expert_gate.weight         ...mlp.shared_experts.gate_weight
+=============================================  ==============================================
+
+Expert ``j`` is numbered in the whole model here; an expert-parallel rank holds the
+experts ``ep_rank·E/EP ...`` under local numbers 0..E/EP-1 (``shift_expert``).
+
 Tensor parallelism: ``split_for_tp`` / ``merge_from_tp`` turn a full Megatron tensor into
 the ``tp`` rank slices and back. Column-parallel weights split along dim 0 (the
 grouped qkv layout makes each rank's slice whole query groups; ``linear_fc1`` is split
 as gate and up separately, so each rank holds ``[gate_r; up_r]``), row-parallel weights
 (``linear_proj``, ``linear_fc2``) along dim 1, the vocabulary along dim 0; norms are
-replicated.
+replicated. Experts, routed and shared, split as the dense MLP (Megatron's default
+expert tensor parallelism: the TP size); expert parallelism then gives each rank E/EP of
+the routed experts, whole in number and TP-sliced.
 """
 
 from __future__ import annotations
@@ -44,6 +63,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from engine.train.megatron_parallel import MODEL_TYPES
 
 NamedTensor = tuple[str, torch.Tensor]
 
@@ -137,8 +158,44 @@ def _simple_layer_names(fused_norms: bool) -> dict[str, str]:
         "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
         "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
         "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
-        "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+        "mlp.gate.weight": "mlp.router.weight",
+        "mlp.shared_expert_gate.weight": "mlp.shared_experts.gate_weight",
     }
+
+
+# The MLPs of a layer: the dense one, a shared expert (Qwen2-MoE), routed expert j.
+_HF_MLP = re.compile(r"mlp\.(?:(shared_expert)\.|experts\.(\d+)\.)?(gate|up|down)_proj\.weight")
+_MC_MLP = re.compile(
+    r"mlp\.(?:(shared_experts)\.|experts\.local_experts\.(\d+)\.)?linear_fc([12])\.weight"
+)
+_MC_EXPERT = re.compile(r"(\.mlp\.experts\.local_experts\.)(\d+)\.")
+
+
+def _mlp_names(shared: bool, expert: str | None) -> tuple[str, str]:
+    """(HF, Megatron) name prefixes of one MLP of a layer."""
+    if shared:
+        return "mlp.shared_expert.", "mlp.shared_experts."
+    if expert is not None:
+        return f"mlp.experts.{expert}.", f"mlp.experts.local_experts.{expert}."
+    return "mlp.", "mlp."
+
+
+def is_expert(name: str) -> bool:
+    """Whether a Megatron name is a routed expert's (held by one expert-parallel rank)."""
+    return _MC_EXPERT.search(name) is not None
+
+
+def expert_index(name: str) -> int:
+    match = _MC_EXPERT.search(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a routed expert's")
+    return int(match.group(2))
+
+
+def shift_expert(name: str, offset: int) -> str:
+    """Renumber a routed expert's name by ``offset`` (global ↔ an expert-parallel rank's
+    local numbers); other names unchanged."""
+    return _MC_EXPERT.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + offset}.", name, count=1)
 
 
 _GLOBAL = {
@@ -175,28 +232,30 @@ def hf_to_megatron(
         if suffix in simple:
             out[prefix + simple[suffix]] = tensor
             continue
-        part = re.fullmatch(
-            r"self_attn\.([qkv])_proj\.(weight|bias)|mlp\.(gate|up)_proj\.weight", suffix
-        )
-        if not part:
-            raise KeyError(f"no Megatron-core name for {name!r}")
-        if part.group(1):
-            pending.setdefault((layer, "qkv." + part.group(2)), {})[part.group(1)] = tensor
-        else:
-            pending.setdefault((layer, "fc1.weight"), {})[part.group(3)] = tensor
-    for (layer, what), parts in sorted(pending.items()):
-        prefix = f"decoder.layers.{layer}."
-        if what.startswith("qkv."):
-            if set(parts) != {"q", "k", "v"}:
-                raise KeyError(f"layer {layer}: q/k/v incomplete ({sorted(parts)})")
-            leaf = what.split(".")[1]
-            out[f"{prefix}self_attention.linear_qkv.{leaf}"] = fuse_qkv(
-                parts["q"], parts["k"], parts["v"], shape
+        qkv = re.fullmatch(r"self_attn\.([qkv])_proj\.(weight|bias)", suffix)
+        mlp = _HF_MLP.fullmatch(suffix)
+        if qkv:
+            key = f"self_attention.linear_qkv.{qkv.group(2)}"
+            pending.setdefault((layer, key), {})[qkv.group(1)] = tensor
+        elif mlp and mlp.group(3) == "down":
+            out[prefix + _mlp_names(bool(mlp.group(1)), mlp.group(2))[1] + "linear_fc2.weight"] = (
+                tensor
             )
+        elif mlp:
+            key = _mlp_names(bool(mlp.group(1)), mlp.group(2))[1] + "linear_fc1.weight"
+            pending.setdefault((layer, key), {})[mlp.group(3)] = tensor
+        else:
+            raise KeyError(f"no Megatron-core name for {name!r}")
+    for (layer, key), parts in pending.items():
+        name = f"decoder.layers.{layer}.{key}"
+        if key.startswith("self_attention."):
+            if set(parts) != {"q", "k", "v"}:
+                raise KeyError(f"{name}: q/k/v incomplete ({sorted(parts)})")
+            out[name] = fuse_qkv(parts["q"], parts["k"], parts["v"], shape)
         else:
             if set(parts) != {"gate", "up"}:
-                raise KeyError(f"layer {layer}: gate/up incomplete ({sorted(parts)})")
-            out[f"{prefix}mlp.linear_fc1.weight"] = fuse_gate_up(parts["gate"], parts["up"])
+                raise KeyError(f"{name}: gate/up incomplete ({sorted(parts)})")
+            out[name] = fuse_gate_up(parts["gate"], parts["up"])
     return out
 
 
@@ -228,10 +287,14 @@ def megatron_to_hf_pairs(
                 (f"{prefix}self_attn.k_proj.{leaf}", k),
                 (f"{prefix}self_attn.v_proj.{leaf}", v),
             )
-        elif suffix == "mlp.linear_fc1.weight":
-            gate, up = split_gate_up(tensor)
-            yield f"{prefix}mlp.gate_proj.weight", gate
-            yield f"{prefix}mlp.up_proj.weight", up
+        elif mlp := _MC_MLP.fullmatch(suffix):
+            hf_mlp = prefix + _mlp_names(bool(mlp.group(1)), mlp.group(2))[0]
+            if mlp.group(3) == "2":
+                yield f"{hf_mlp}down_proj.weight", tensor
+            else:
+                gate, up = split_gate_up(tensor)
+                yield f"{hf_mlp}gate_proj.weight", gate
+                yield f"{hf_mlp}up_proj.weight", up
         else:
             raise KeyError(f"no Hugging Face name for {name!r}")
 
@@ -294,14 +357,61 @@ def merge_from_tp(name: str, slices: list[torch.Tensor]) -> torch.Tensor:
 # model config
 
 
+def moe_layers(hf_config: Any) -> list[bool]:
+    """Which layers are mixture-of-experts (all False for a dense model): every
+    ``decoder_sparse_step``-th layer, except those in ``mlp_only_layers``."""
+    layers = hf_config.num_hidden_layers
+    if not getattr(hf_config, "num_experts", 0):
+        return [False] * layers
+    step = getattr(hf_config, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
+    return [i not in dense and (i + 1) % step == 0 for i in range(layers)]
+
+
+def _moe_kwargs(hf_config: Any) -> dict[str, Any]:
+    """The mixture-of-experts part of the TransformerConfig (empty for a dense model).
+
+    Routing as Hugging Face's Qwen MoE blocks: softmax over the experts in fp32, top k;
+    ``norm_topk_prob`` renormalises the k weights, which equals Megatron's softmax over
+    the k selected logits (``moe_router_pre_softmax=False``); without it the weights
+    are the full softmax's (``pre_softmax=True``). No tokens are dropped. The
+    load-balancing loss is off, as in Hugging Face's forward (which adds it only with
+    ``output_router_logits``), so that both backends train the same objective."""
+    if not any(moe_layers(hf_config)):
+        return {}
+    kw: dict[str, Any] = {
+        "num_moe_experts": hf_config.num_experts,
+        "moe_router_topk": hf_config.num_experts_per_tok,
+        "moe_ffn_hidden_size": hf_config.moe_intermediate_size,
+        "moe_router_pre_softmax": not getattr(hf_config, "norm_topk_prob", False),
+        "moe_router_score_function": "softmax",
+        "moe_router_dtype": "fp32",
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_layer_freq": [int(m) for m in moe_layers(hf_config)],
+    }
+    shared = getattr(hf_config, "shared_expert_intermediate_size", 0)
+    if shared:
+        kw["moe_shared_expert_intermediate_size"] = shared
+    return kw
+
+
+def has_shared_expert_gate(hf_config: Any) -> bool:
+    """Qwen2-MoE scales its shared expert by sigmoid(gate · x)."""
+    return hf_config.model_type == "qwen2_moe" and bool(
+        getattr(hf_config, "shared_expert_intermediate_size", 0)
+    )
+
+
 def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
     """``megatron.core.transformer.TransformerConfig`` arguments for a Llama/Qwen2/Qwen3
-    Hugging Face config (parallel sizes are added by the caller, from the plan)."""
+    (and Qwen2-MoE/Qwen3-MoE) Hugging Face config (parallel sizes are added by the
+    caller, from the plan)."""
     model_type = getattr(hf_config, "model_type", "")
-    if model_type not in ("llama", "qwen2", "qwen3", "mistral"):
+    if model_type not in MODEL_TYPES:
         raise ValueError(
-            f"no Megatron-core conversion for model_type {model_type!r}; supported: llama,"
-            " mistral, qwen2, qwen3"
+            f"no Megatron-core conversion for model_type {model_type!r}; supported:"
+            f" {', '.join(MODEL_TYPES)}"
         )
     windowed = (
         getattr(hf_config, "use_sliding_window", False)
@@ -328,10 +438,13 @@ def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
         "gated_linear_unit": True,
         "activation": "silu",  # the caller passes torch.nn.functional.silu
         "add_bias_linear": False,
-        "add_qkv_bias": model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-        "qk_layernorm": model_type == "qwen3",
+        "add_qkv_bias": model_type == "qwen2"
+        or (model_type == "qwen2_moe" and getattr(hf_config, "qkv_bias", True))
+        or bool(getattr(hf_config, "attention_bias", False)),
+        "qk_layernorm": model_type in ("qwen3", "qwen3_moe"),
         "attention_dropout": float(getattr(hf_config, "attention_dropout", 0.0)),
         "hidden_dropout": 0.0,
+        **_moe_kwargs(hf_config),
     }
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from engine.errors import ConfigError
 
+# Hugging Face model types the engine converts (engine.train.megatron_convert).
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 CONFIG_KEY = "actor_rollout_ref.actor.megatron"
 # Where each role's sizes live in the engine config (named in error messages).
 CONFIG_KEYS = {
@@ -87,11 +89,20 @@ class MegatronParallel:
                 p.append(f"{key}.{name} must be >= 1, got {value}")
         if p:
             return p
-        if self.expert_model_parallel_size > 1:
+        ep, tp = self.expert_model_parallel_size, self.tensor_model_parallel_size
+        if ep > 1 and tp > 1 and not self.sequence_parallel:
             p.append(
-                f"{key}.expert_model_parallel_size {self.expert_model_parallel_size}: expert"
-                " parallelism needs a mixture-of-experts model, and the Megatron engine converts"
-                " dense Llama/Qwen2/Qwen3 models only; set it to 1"
+                f"{key}.expert_model_parallel_size {ep} with tensor_model_parallel_size {tp}"
+                f" needs {key}.sequence_parallel=true (Megatron-core's rule: the experts'"
+                " token exchange spans TP × EP and takes each rank's slice of the sequence)"
+            )
+        expert_world = tp * ep * self.pipeline_model_parallel_size
+        if ep > 1 and world_size % expert_world:
+            p.append(
+                f"the world size {world_size} must be a multiple of {key}.tensor_model_parallel"
+                f"_size × expert_model_parallel_size × pipeline_model_parallel_size ="
+                f" {expert_world} (experts are TP-sliced like the dense MLP, and each stage's"
+                " TP groups are grouped EP at a time to hold all the experts between them)"
             )
         if world_size % self.model_parallel_size:
             p.append(
@@ -107,18 +118,23 @@ class MegatronParallel:
         from engine.train.megatron_convert import (
             AttentionShape,
             gpt_model_kwargs,
+            moe_layers,
             transformer_config_kwargs,
         )
 
         tp = self.tensor_model_parallel_size
         shape = AttentionShape.of(hf_config)
         p = []
-        for what, value, why in (
+        split = [
             ("num_attention_heads", shape.num_heads, "each rank holds whole heads"),
             ("num_key_value_heads", shape.num_kv_heads, "each rank holds whole query groups"),
             ("intermediate_size", hf_config.intermediate_size, "the MLP is split by columns"),
             ("vocab_size", hf_config.vocab_size, "the vocabulary is split; none is padded"),
-        ):
+        ]
+        for what in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            if any(moe_layers(hf_config)) and getattr(hf_config, what, 0):
+                split.append((what, getattr(hf_config, what), "experts are split by columns"))
+        for what, value, why in split:
             if value % tp:
                 p.append(
                     f"{key}.tensor_model_parallel_size {tp} must divide the model's {what}"
@@ -132,6 +148,18 @@ class MegatronParallel:
                 f" {layers} layers (num_hidden_layers): every stage but the last holds"
                 f" ⌈{layers}/{pp}⌉ and the last must keep at least one; sizes that work near"
                 f" it: {', '.join(map(str, _nearest(fits, pp)))}"
+            )
+        ep, experts = self.expert_model_parallel_size, getattr(hf_config, "num_experts", 0) or 0
+        if ep > 1 and not any(moe_layers(hf_config)):
+            p.append(
+                f"{key}.expert_model_parallel_size {ep}: expert parallelism needs a"
+                f" mixture-of-experts model; {hf_config.model_type} is dense, set it to 1"
+            )
+        elif ep > 1 and experts % ep:
+            p.append(
+                f"{key}.expert_model_parallel_size {ep} must divide the model's num_experts"
+                f" {experts} (each rank holds the same number of whole experts); pick a"
+                f" divisor of {experts}"
             )
         try:
             transformer_config_kwargs(hf_config)

@@ -147,18 +147,7 @@ def test_megatron_grpo_takes_the_fsdp_update(
         "trainer.save_freq=2",
         f"trainer.export_hf_dir={tmp_path / 'hf'}",
     )
-    assert [r["step"] for r in megatron] == [1, 2]
-    keys = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl_loss")
-    for step, (f, m) in enumerate(zip(fsdp, megatron, strict=True), start=1):
-        assert m["critic/score/mean"] == f["critic/score/mean"], step
-        assert m["response_length/mean"] == f["response_length/mean"], step
-        assert m["actor/skipped_updates"] == 0
-        assert m["actor/lr"] == pytest.approx(2e-3)
-        for key in keys:
-            assert math.isfinite(m[key]), (key, m)
-            assert m[key] == pytest.approx(f[key], rel=1e-4, abs=1e-8), (step, key)
-        assert m["actor/ppo_kl"] == pytest.approx(f["actor/ppo_kl"], rel=1e-3, abs=1e-8)
-    assert "timing_s/old_log_prob" in megatron[0] and "timing_s/ref" in megatron[0]
+    _assert_same_update(fsdp, megatron)
     # The export read the Megatron checkpoint (per-rank files, no model/ folder).
     ckpt = tmp_path / "megatron" / "global_step_2" / "actor"
     assert (ckpt / "meta.json").is_file() and not (ckpt / "model").exists()
@@ -179,6 +168,62 @@ def test_megatron_grpo_takes_the_fsdp_update(
     before = initial.state_dict()
     moved = max((t - before[n]).abs().max().item() for n, t in exported.state_dict().items())
     assert moved > 1e-3  # it trained (lr 2e-3, 4 AdamW steps)
+
+
+def _assert_same_update(fsdp: list[dict], megatron: list[dict]) -> None:
+    """Both runs sampled the same responses and logged the same update, step by step."""
+    assert [r["step"] for r in megatron] == [1, 2]
+    keys = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl_loss")
+    for step, (f, m) in enumerate(zip(fsdp, megatron, strict=True), start=1):
+        assert m["critic/score/mean"] == f["critic/score/mean"], step
+        assert m["response_length/mean"] == f["response_length/mean"], step
+        assert m["actor/skipped_updates"] == 0
+        assert m["actor/lr"] == pytest.approx(2e-3)
+        for key in keys:
+            assert math.isfinite(m[key]), (key, m)
+            assert m[key] == pytest.approx(f[key], rel=1e-4, abs=1e-8), (step, key)
+        assert m["actor/ppo_kl"] == pytest.approx(f["actor/ppo_kl"], rel=1e-3, abs=1e-8)
+    assert "timing_s/old_log_prob" in megatron[0] and "timing_s/ref" in megatron[0]
+
+
+def test_megatron_moe_grpo_takes_the_fsdp_update(ray_cluster, synthetic_data, tmp_path):
+    """A mixture-of-experts model (Qwen3-MoE, 4 experts, 2 per token), FSDP2 then Megatron
+    with expert parallelism 2: each worker holds 2 experts and the tokens of both
+    data-parallel ranks meet in them (padded to one shape per micro-batch). The same
+    update as FSDP's, step by step; step 2 samples from the rollout's HF model after the
+    experts were synced into its fused parameters by their checkpoint names; the export
+    merges both ranks' experts."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.tiny import build_tiny_model
+    from engine.rollout.weights import as_checkpoint, checkpoint_reverter
+
+    model = build_tiny_model(tmp_path / "model", seed=0, num_layers=2, num_experts=4)
+    train, _ = synthetic_data
+    fsdp = run(model, train, tmp_path / "fsdp", *GRPO_KL)
+    megatron = run(
+        model,
+        train,
+        tmp_path / "megatron",
+        *GRPO_KL,
+        *MEGATRON,
+        *[f"actor_rollout_ref.{r}.megatron.expert_model_parallel_size=2" for r in ("actor", "ref")],
+        "trainer.save_freq=2",
+        f"trainer.export_hf_dir={tmp_path / 'hf'}",
+    )
+    _assert_same_update(fsdp, megatron)
+    layouts = json.loads((tmp_path / "megatron/global_step_2/actor/meta.json").read_text())
+    assert [(r["dp_rank"], r["ep_rank"]) for r in layouts["ranks"]] == [(0, 0), (1, 1)]
+
+    def experts(path):
+        m = AutoModelForCausalLM.from_pretrained(path)
+        return dict(as_checkpoint(m.state_dict().items(), checkpoint_reverter(m)))
+
+    exported, initial = experts(tmp_path / "hf"), experts(model)
+    assert set(exported) == set(initial)
+    for j in range(4):  # every expert, from either rank, trained
+        name = f"model.layers.1.mlp.experts.{j}.down_proj.weight"
+        assert (exported[name] - initial[name]).abs().max() > 1e-3, name
 
 
 PPO_BASE = [

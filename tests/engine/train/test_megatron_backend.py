@@ -81,11 +81,20 @@ def test_parallel_sizes_against_the_world():
     (p,) = pipelined.problems(world_size=6)
     assert "world size 6" in p and "= 4" in p
 
-    (p,) = MegatronParallel(expert_model_parallel_size=2).problems(
-        world_size=4, key="critic.megatron"
+    # Expert parallelism: experts are TP-sliced too, so TP × EP × PP must divide the
+    # world; with TP > 1, Megatron needs sequence parallelism for it.
+    assert MegatronParallel(expert_model_parallel_size=2).problems(world_size=4) == []
+    (p,) = MegatronParallel(expert_model_parallel_size=4).problems(world_size=6)
+    assert "world size 6" in p and "expert_model_parallel_size" in p and "= 4" in p
+    (p,) = MegatronParallel(2, expert_model_parallel_size=2).problems(
+        world_size=8, key="critic.megatron"
     )
-    assert p.startswith("critic.megatron.expert_model_parallel_size 2:")
-    assert "mixture-of-experts" in p and "set it to 1" in p
+    assert p.startswith("critic.megatron.expert_model_parallel_size 2 with")
+    assert "critic.megatron.sequence_parallel=true" in p
+    ep_sp = MegatronParallel(2, expert_model_parallel_size=2, sequence_parallel=True)
+    assert ep_sp.problems(world_size=8) == []
+    (p,) = ep_sp.problems(world_size=6)
+    assert "pipeline_model_parallel_size = 4" in p
     # Context parallelism counts in the model-parallel size: TP 2 × CP 2 needs 4 devices.
     cp = MegatronParallel(tensor_model_parallel_size=2, context_parallel_size=2)
     assert cp.problems(world_size=8) == [] and cp.data_parallel_size(8) == 2
@@ -115,6 +124,18 @@ def test_parallel_sizes_against_the_model():
     assert "sliding-window" in p
     with pytest.raises(ConfigError, match="num_attention_heads 6"):
         MegatronParallel(tensor_model_parallel_size=4).validate(4, _config(num_attention_heads=6))
+    # Expert parallelism needs experts, whole ones on every rank; TP slices them.
+    (p,) = MegatronParallel(expert_model_parallel_size=2).model_problems(_config())
+    assert "needs a mixture-of-experts model; qwen2 is dense, set it to 1" in p
+    from transformers import Qwen3MoeConfig
+
+    moe = Qwen3MoeConfig(**{**_config().to_dict(), "num_experts": 6, "moe_intermediate_size": 30})
+    assert MegatronParallel(expert_model_parallel_size=2).model_problems(moe) == []
+    (p,) = MegatronParallel(expert_model_parallel_size=4).model_problems(moe)
+    assert "must divide the model's num_experts 6" in p
+    odd = Qwen3MoeConfig(**{**moe.to_dict(), "moe_intermediate_size": 31})
+    (p,) = MegatronParallel(2, expert_model_parallel_size=2).model_problems(odd)
+    assert "tensor_model_parallel_size 2 must divide the model's moe_intermediate_size 31" in p
     # Pipeline stages: 7 layers go 2, 2, 2, 1 over 4 stages; 28 layers cannot form 8.
     assert (
         MegatronParallel(pipeline_model_parallel_size=4).model_problems(
@@ -178,6 +199,10 @@ def test_attention_mask_by_hand():
         [1, 1, 1, 0],
         [1, 1, 1, 1],
     ]
+    # Context parallelism builds only this rank's query rows (here 3 and 0), not S × S.
+    rows = ~attention_mask_B1SS(mask, torch.tensor([3, 0]))[:, 0]
+    assert rows.shape == (2, 2, 4)
+    assert torch.equal(rows, allowed[:, [3, 0]])
 
 
 def test_positions_must_be_consecutive():
@@ -314,12 +339,32 @@ def _hf_copy(engine) -> dict:
     return {name: t.clone() for name, t in engine.hf_named_tensors()}
 
 
+def _checkpoint_state(model) -> dict:
+    """A HF model's tensors under checkpoint names (transformers 5 fuses MoE experts in
+    memory; checkpoints and the engine's ``hf_named_tensors`` name one per expert)."""
+    from engine.rollout.weights import as_checkpoint, checkpoint_reverter
+
+    pairs = as_checkpoint(model.state_dict().items(), checkpoint_reverter(model))
+    return {k: v.clone() for k, v in pairs if k != "lm_head.weight"}
+
+
+def _load_checkpoint_named(model, state: dict) -> tuple[list, list]:
+    """Write checkpoint-named tensors into ``model``; (missing, unexpected) names."""
+    from engine.rollout.weights import checkpoint_slots
+
+    slots = checkpoint_slots(model)
+    with torch.no_grad():
+        for name in set(state) & set(slots):
+            slots[name][1].copy_(state[name])
+    return sorted(set(slots) - set(state)), sorted(set(state) - set(slots))
+
+
 def _max_diff(a: dict, b: dict) -> float:
     assert set(a) == set(b), sorted(set(a) ^ set(b))
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False, cp=1):
+def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False, cp=1, ep=1):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -335,6 +380,7 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             context_parallel_size=cp,
+            expert_model_parallel_size=ep,
             sequence_parallel=sp,
         )
         optim = OptimConfig(**OPTIM)
@@ -411,14 +457,14 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
 
         ref_losses, _, result["ref_norms"] = _hf_reference(hf, batch, hf_loss, STEPS, STEPS + 1)
         result["ref_losses"] = ref_losses
-        hf_state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+        hf_state = _checkpoint_state(hf)
         result["update_err"] = _max_diff(trained, hf_state)
         initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        result["update_size"] = _max_diff(hf_state, {k: initial.state_dict()[k] for k in hf_state})
+        result["update_size"] = _max_diff(hf_state, _checkpoint_state(initial))
 
         # Export: the trained tensors into a fresh HF model give the engine's logits.
         exported = AutoModelForCausalLM.from_config(hf.config).eval()
-        missing, unexpected = exported.load_state_dict(trained, strict=False)
+        missing, unexpected = _load_checkpoint_named(exported, trained)
         result["export_missing"] = [m for m in missing if m != "lm_head.weight"]
         result["export_unexpected"] = list(unexpected)
         exported.tie_weights()
@@ -542,6 +588,76 @@ def test_uneven_pipeline_stages_match_hf(tmp_path):
     _check_actor(out, 2)
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     assert [r["stage_layers"] for r in results] == [2, 1]
+
+
+def _tiny_moe(path, model_type: str, **kw):
+    """A 2-layer Qwen2-MoE (shared expert with its sigmoid gate; the plain softmax's top 2)
+    or Qwen3-MoE (q/k norms; the top 2 renormalised), 4 experts. The router is drawn
+    wide (std 0.5, HF's default is 0.02) so that each token's top 2 are clear and 3 AdamW
+    steps do not reshuffle them between the two backends' rounding."""
+    from transformers import (
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
+
+    base = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    base.update(kw)
+    torch.manual_seed(3)
+    if model_type == "qwen2_moe":
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**base, shared_expert_intermediate_size=48))
+    else:
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**base, norm_topk_prob=True))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0.0, 0.5)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@needs_megatron
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model_type,world_size,tp,pp,ep",
+    [
+        ("qwen3_moe", 1, 1, 1, 1),
+        ("qwen3_moe", 2, 1, 1, 2),
+        ("qwen2_moe", 2, 1, 1, 2),
+        ("qwen2_moe", 4, 2, 1, 2),
+        ("qwen3_moe", 4, 1, 2, 2),
+    ],
+    ids=[
+        "qwen3-ws1",
+        "qwen3-ep2",  # 2 experts per rank; tokens of both data-parallel ranks meet
+        "qwen2-ep2",  # with the shared expert and its gate
+        "qwen2-tp2-ep2-sp",  # experts TP-sliced too; the shared expert's gather
+        "qwen3-pp2-ep2",
+    ],
+)
+def test_moe_actor_engine_matches_hf(tmp_path, model_type, world_size, tp, pp, ep):
+    """Mixture-of-experts models: the actor's logits, log-probs, 3 AdamW steps, gradient
+    norms, export, resume and offline merge against Hugging Face's model (the same
+    checks as the dense layouts); experts spread over expert-parallel ranks."""
+    model_dir = _tiny_moe(tmp_path / "model", model_type)
+    out = str(tmp_path / "result")
+    sp = tp > 1
+    _spawn(_actor_run, world_size, tp, pp, model_dir, str(tmp_path / "ckpt"), out, sp, 1, ep)
+    _check_actor(out, world_size)
 
 
 def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path):
@@ -758,4 +874,7 @@ def test_qwen3_and_llama3_rope_at_tp2(tmp_path):
         assert r[f"{name}_update_err"] < 1e-4, name
         assert r[f"{name}_norms"] == pytest.approx(r[f"{name}_ref_norms"], rel=1e-5), name
     assert r["reference_logp_err"] < 1e-5 and not r["reference_trainable"]
-    assert "(tp, pp, cp) (1, 1, 1) requested, (2, 1, 1) already in use" in r["colocated_error"]
+    assert (
+        "(tp, pp, cp, ep) (1, 1, 1, 1) requested, (2, 1, 1, 1) already in use"
+        in r["colocated_error"]
+    )

@@ -319,3 +319,109 @@ def test_megatron_core_forward_backward_matches_hf(tmp_path):
     assert result["grads_compared"] > 10
     assert result["grad_err"] < 1e-5
     assert result["export_ok"]
+
+
+# ---------------------------------------------------------------------------
+# mixture of experts
+
+
+def _moe_config(model_type: str, **kw):
+    from transformers import Qwen2MoeConfig, Qwen3MoeConfig
+
+    cls = {"qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}[model_type]
+    base = dict(
+        vocab_size=32,
+        hidden_size=8,
+        intermediate_size=12,
+        moe_intermediate_size=4,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    if model_type == "qwen2_moe":
+        base["shared_expert_intermediate_size"] = 6
+    base.update(kw)
+    return cls(**base)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "qwen3_moe"])
+def test_moe_names_both_ways(model_type):
+    """Checkpoint names (one tensor per expert, as save_pretrained writes them) to
+    Megatron's MoE layer and back; layer 1 is dense (``mlp_only_layers``)."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.rollout.weights import as_checkpoint, checkpoint_reverter
+
+    cfg = _moe_config(model_type, mlp_only_layers=[1])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    state = dict(as_checkpoint(model.state_dict().items(), checkpoint_reverter(model)))
+    state.pop("lm_head.weight", None)
+    shape = AttentionShape.of(cfg)
+    mc = hf_to_megatron(state, shape, tie_word_embeddings=True, fused_norms=False)
+    layer0 = "decoder.layers.0.mlp."
+    fc1 = mc[layer0 + "experts.local_experts.3.linear_fc1.weight"]
+    assert fc1.shape == (2 * 4, 8)  # [gate; up] of expert 3
+    assert torch.equal(fc1[:4], state["model.layers.0.mlp.experts.3.gate_proj.weight"])
+    assert torch.equal(fc1[4:], state["model.layers.0.mlp.experts.3.up_proj.weight"])
+    assert torch.equal(
+        mc[layer0 + "experts.local_experts.3.linear_fc2.weight"],
+        state["model.layers.0.mlp.experts.3.down_proj.weight"],
+    )
+    assert torch.equal(mc[layer0 + "router.weight"], state["model.layers.0.mlp.gate.weight"])
+    assert "decoder.layers.1.mlp.linear_fc1.weight" in mc  # the dense layer
+    assert not any(".layers.1.mlp.experts" in n for n in mc)
+    if model_type == "qwen2_moe":
+        assert torch.equal(
+            mc[layer0 + "shared_experts.gate_weight"],
+            state["model.layers.0.mlp.shared_expert_gate.weight"],
+        )
+        assert mc[layer0 + "shared_experts.linear_fc1.weight"].shape == (2 * 6, 8)
+    back = megatron_to_hf(mc, shape, fused_norms=False)
+    assert set(back) == set(state)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_expert_numbering():
+    from engine.train.megatron_convert import expert_index, is_expert, shift_expert
+
+    name = "decoder.layers.5.mlp.experts.local_experts.2.linear_fc1.weight"
+    assert is_expert(name) and expert_index(name) == 2
+    # expert-parallel rank 1 of 2 with 8 experts holds global experts 4..7 as 0..3
+    assert shift_expert(name, 4) == "decoder.layers.5.mlp.experts.local_experts.6.linear_fc1.weight"
+    assert shift_expert(shift_expert(name, 4), -4) == name
+    shared = "decoder.layers.5.mlp.shared_experts.linear_fc1.weight"
+    assert not is_expert(shared) and shift_expert(shared, 4) == shared
+    # routed experts are TP-sliced as the dense MLP: [gate_r; up_r] on each rank
+    fc1 = torch.arange(8.0)[:, None].expand(8, 3)  # gate rows 0-3, up rows 4-7
+    slices = split_for_tp(name, fc1, 2)
+    assert [s[:, 0].tolist() for s in slices] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert torch.equal(merge_from_tp(name, slices), fc1)
+
+
+def test_moe_config_translation():
+    from engine.train.megatron_convert import has_shared_expert_gate, moe_layers
+
+    qwen3 = transformer_config_kwargs(_moe_config("qwen3_moe", norm_topk_prob=True))
+    assert qwen3["num_moe_experts"] == 4 and qwen3["moe_router_topk"] == 2
+    assert qwen3["moe_ffn_hidden_size"] == 4 and qwen3["ffn_hidden_size"] == 12
+    # softmax over the top k's logits = softmax over all, top k, renormalised
+    assert qwen3["moe_router_pre_softmax"] is False
+    assert qwen3["qk_layernorm"] and not qwen3["add_qkv_bias"]
+    assert qwen3["moe_router_load_balancing_type"] == "none"
+    assert "moe_shared_expert_intermediate_size" not in qwen3
+    qwen2 = transformer_config_kwargs(_moe_config("qwen2_moe"))
+    assert qwen2["moe_router_pre_softmax"] is True  # norm_topk_prob False: the full softmax
+    assert qwen2["moe_shared_expert_intermediate_size"] == 6 and qwen2["add_qkv_bias"]
+    assert has_shared_expert_gate(_moe_config("qwen2_moe"))
+    assert not has_shared_expert_gate(_moe_config("qwen3_moe"))
+    # every 2nd layer sparse, layer 3 forced dense
+    cfg = _moe_config("qwen3_moe", num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    assert moe_layers(cfg) == [False, True, False, False, False, True]
+    assert transformer_config_kwargs(cfg)["moe_layer_freq"] == [0, 1, 0, 0, 0, 1]
+    # a dense model has no MoE arguments at all
+    dense = transformer_config_kwargs(_moe_config("qwen3_moe", num_experts=0))
+    assert "num_moe_experts" not in dense
