@@ -22,6 +22,9 @@ compute, fp32 gradient reduction; actor, reference and critic share the devices)
 rollout (vLLM/SGLang colocated): the training state that stays on the device (weights and
 optimizer unless offloaded) + a pool of fraction × device memory holding the bf16
 weights / rollout TP and the KV cache (2·L·kv_heads·head_dim·2 bytes per token).
+Megatron splits the weights over TP × PP and, for long samples, each sample over CP
+context-parallel ranks: activations (and the engine's S×S attention mask) scale 1/CP,
+weights do not.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ MIN_FRACTION = 0.1
 MAX_MICRO = 16  # samples per micro-batch: beyond this the gain is small
 DYNAMIC_BSZ_MIN_TOKENS = 8192  # prompt + response from which packing by tokens pays off
 MAX_TOKEN_BUDGET = 32768  # ppo_max_token_len_per_gpu ceiling (unless one sample is longer)
+CP_MIN_TOKENS_PER_RANK = 4096  # megatron: CP > 1 only while each rank keeps this much of a sample
+LONG_SAMPLE_TOKENS = 2 * CP_MIN_TOKENS_PER_RANK  # megatron: CP tried, the S×S mask counted
 UPDATES_PER_STEP = 4  # default mini-batch: train batch / 4 (verl's examples do 4)
 ASSUMED_MFU = 0.4  # share of peak bf16 FLOPS a step achieves, for the step-time floor
 MAX_NODES = 64  # the largest layout the search considers
@@ -101,6 +106,7 @@ class MemoryEstimate:
     train_gathered_gib: float = 0.0  # FSDP's unsharded working set (0 for Megatron)
     train_activations_gib: float = 0.0  # one micro-batch, including the logits
     train_logits_gib: float = 0.0  # the logits part of the activations
+    train_mask_gib: float = 0.0  # megatron: the engine's S×S attention mask at its largest
     train_step_extra_gib: float = 0.0  # offloaded Adam states brought back for the step
     rollout_resident_gib: float = 0.0  # training state left on the device while generating
     rollout_weights_gib: float = 0.0  # bf16 weights / rollout TP (hf: the gathered model)
@@ -167,6 +173,7 @@ class Plan:
     use_critic: bool = False
     use_reference: bool = False
     train_ep: int = 1  # megatron: expert parallel size (MoE)
+    train_cp: int = 1  # megatron: context parallel size (each sample split over CP ranks)
     log_prob_micro_batch_size_per_device: int = 1
     hf_rollout_micro_batch_size: int | None = None  # hf rollout: sequences per generate call
     estimated_step_seconds: float | None = None
@@ -215,6 +222,7 @@ class Plan:
             ):
                 out[f"{role}.megatron.tensor_model_parallel_size"] = self.train_tp
                 out[f"{role}.megatron.pipeline_model_parallel_size"] = self.train_pp
+                out[f"{role}.megatron.context_parallel_size"] = self.train_cp
                 out[f"{role}.megatron.expert_model_parallel_size"] = self.train_ep
                 # The activation estimate divides by TP: that holds with the sequence split.
                 out[f"{role}.megatron.sequence_parallel"] = self.train_tp > 1
@@ -262,6 +270,7 @@ class Plan:
 # settings: the request with the recipe's pinned engine keys applied
 
 _ARR = "actor_rollout_ref"
+_MEGATRON_ROLES = (f"{_ARR}.actor", f"{_ARR}.ref", "critic")  # one parallel layout for all
 _PINNABLE = {
     "data.train_batch_size": "int",
     "data.max_prompt_length": "int",
@@ -281,6 +290,7 @@ _PINNABLE = {
     f"{_ARR}.rollout.tensor_model_parallel_size": "int",
     f"{_ARR}.rollout.gpu_memory_utilization": "float",
     "critic.enable": "bool?",
+    **{f"{role}.megatron.context_parallel_size": "int" for role in _MEGATRON_ROLES},
     f"{_ARR}.actor.use_kl_loss": "bool",
     "algorithm.use_kl_in_reward": "bool",
 }
@@ -308,6 +318,7 @@ class _Settings:
     rollout_tp: int | None
     fraction: float | None
     target_s: float
+    cp: int | None = None  # megatron context_parallel_size pinned by the recipe
     notes: tuple[str, ...] = ()
 
     @property
@@ -402,10 +413,38 @@ def _settings(req: PlanRequest) -> _Settings:
         rollout_tp=pinned.get(f"{_ARR}.rollout.tensor_model_parallel_size"),
         fraction=pinned.get(f"{_ARR}.rollout.gpu_memory_utilization"),
         target_s=req.target_step_minutes * 60.0,
+        cp=_pinned_cp(pinned),
         notes=tuple(notes),
     )
     _check_settings(s, req)
+    if s.cp is not None and s.train_backend != "megatron":
+        s = replace(
+            s,
+            notes=(
+                *s.notes,
+                f"context_parallel_size {s.cp} pinned by the recipe applies to the megatron"
+                f" strategy only; {s.train_backend} ignores it",
+            ),
+        )
     return s
+
+
+def _pinned_cp(pinned: Mapping[str, Any]) -> int | None:
+    """The recipe's ``<role>.megatron.context_parallel_size``: the roles share one parallel
+    layout in the engine, so the keys given must agree."""
+    given = {
+        key: pinned[key]
+        for role in _MEGATRON_ROLES
+        if (key := f"{role}.megatron.context_parallel_size") in pinned
+    }
+    if len(set(given.values())) > 1:
+        listed = ", ".join(f"{k}={v}" for k, v in given.items())
+        raise InfeasiblePlanError(
+            f"the Megatron roles share one parallel layout, but the recipe pins different"
+            f" context_parallel_size values ({listed})",
+            hint="give every role the same context_parallel_size, or pin the actor's only",
+        )
+    return next(iter(given.values()), None)
 
 
 def _check_settings(s: _Settings, req: PlanRequest) -> None:
@@ -425,6 +464,7 @@ def _check_settings(s: _Settings, req: PlanRequest) -> None:
         ("trainer.nnodes", s.nodes),
         ("trainer.n_gpus_per_node", s.per_node),
         ("num_devices", req.num_devices),
+        ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp),
     ):
         if value is not None and value < 1:
             raise InfeasiblePlanError(f"{key} must be a positive integer, got {value}")
@@ -506,7 +546,13 @@ class _TrainCfg:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    cp: int = 1
     fp32: bool = False  # CPU: no mixed precision
+
+    @property
+    def model_parallel(self) -> int:
+        """Devices one model replica spans (Megatron: TP × PP × CP; the rest is data parallel)."""
+        return self.tp * self.pp * self.cp
 
 
 @dataclass(frozen=True)
@@ -563,7 +609,7 @@ def _expert_params(m: ModelShape) -> int:
 
 def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) -> _TrainMem:
     """Megatron-core: bf16 weights and fp32 gradient buffer split by TP×PP (experts by
-    EP×PP), fp32 master weights and Adam in the distributed optimizer (sharded over data
+    TP×EP×PP), fp32 master weights and Adam in the distributed optimizer (sharded over data
     parallel: 12·N/D). Offload (verl's) moves state to the host between phases, so it
     frees the device for the rollout but not for the update."""
     stage = math.ceil(m.num_layers / c.pp) * c.pp / m.num_layers  # uneven last stage
@@ -571,7 +617,7 @@ def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) 
 
     def split(total: int) -> float:
         dense = total - experts
-        return stage * (dense / (c.tp * c.pp) + experts / (c.pp * c.ep))
+        return stage * (dense / (c.tp * c.pp) + experts / (c.tp * c.pp * c.ep))
 
     models = [m.num_params] + ([_critic_params(m)] if critic else [])
     weights = sum(2 * split(x) for x in models) + (2 * split(m.num_params) if reference else 0)
@@ -593,20 +639,121 @@ def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) 
     )
 
 
-def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int) -> tuple[float, float]:
+@dataclass(frozen=True)
+class _Act:
+    """One micro-batch's activations on a device, in bytes: the total at its peak, the
+    logits' part, and (Megatron) the engine's S×S attention mask at its largest."""
+
+    total: float
+    logits: float
+    mask: float = 0.0
+
+
+def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _Act:
+    """Activations for a micro-batch of ``tokens`` tokens of samples up to ``seq`` long."""
     act_bytes, logits_bytes = (4, LOGITS_BYTES_FP32) if c.fp32 else (2, LOGITS_BYTES)
-    if c.backend != "megatron":
-        return _activation_terms(
-            m, tokens, c.grad_ckpt, act_bytes=act_bytes, logits_bytes=logits_bytes
-        )
-    # 1F1B: the first stage holds checkpoints of every layer (pp micro-batches in flight ×
-    # L/pp layers); the last stage holds one micro-batch's worth plus the logits.
-    per_stage = math.ceil(m.num_layers / c.pp)
-    first_kept = tokens * m.hidden_size * m.num_layers * act_bytes / c.tp
-    layer = tokens * _layer_activation_bytes_per_token(m, act_bytes) / c.tp
-    first = first_kept + 2 * layer if c.grad_ckpt else m.num_layers * layer
-    last, logits = _activation_terms(m, tokens, c.grad_ckpt, tp=c.tp, stage_layers=per_stage)
-    return max(first, last), logits
+    if c.backend == "megatron":
+        return _megatron_activations(m, c, tokens, seq)
+    total, logits = _activation_terms(
+        m, tokens, c.grad_ckpt, act_bytes=act_bytes, logits_bytes=logits_bytes
+    )
+    return _Act(total, logits)
+
+
+def _megatron_lengths(c: _TrainCfg, seq: int, tokens: float) -> tuple[int, float]:
+    """(S, T): under context parallelism the engine pads every sequence to a multiple of
+    TP (sequence parallel) × 2·CP (the zigzag chunks; ``MegatronEngine._forward``), so a
+    micro-batch of ``tokens`` tokens of ``seq``-token samples runs as T padded tokens, T/CP
+    of them on each rank. (At CP 1 the padding to a multiple of TP is under TP tokens and
+    left out.)"""
+    if c.cp == 1:
+        return seq, tokens
+    multiple = c.tp * 2 * c.cp
+    padded_seq = -(-seq // multiple) * multiple
+    return padded_seq, tokens * padded_seq / seq
+
+
+def _counts_mask(c: _TrainCfg, seq: int) -> bool:
+    """Whether the estimate counts the engine's S×S attention mask: for long samples (where
+    it grows to GiBs and decides what fits) and under CP. Below ``LONG_SAMPLE_TOKENS`` at
+    CP 1 it is under 64 MiB per sample and left out, so plans for short samples are the
+    ones the planner made before it knew of CP."""
+    return c.cp > 1 or seq >= LONG_SAMPLE_TOKENS
+
+
+def _gathered_kv_bytes(m: ModelShape, c: _TrainCfg, padded: float) -> float:
+    """Keys and values a rank gathers from the other CP ranks for attention, repeated to
+    every query head when there are fewer KV heads (``SDPAttention``); 0 at CP 1."""
+    per_token = 2 * m.q_dim if m.num_kv_heads < m.num_attention_heads else m.kv_dim
+    if m.kv_latent_dim:
+        per_token = m.kv_dim
+    return (padded - padded / c.cp) * per_token * 2 / c.tp
+
+
+def _mask_build_bytes(c: _TrainCfg, s_pad: int, padded: float) -> float:
+    """``attention_mask_B1SS`` at its peak for this rank's R = S/CP query rows of a
+    micro-batch of T = B·S padded tokens: a causal and an identity (R, S) boolean, the
+    (B, 1, R, S) allowed mask and its inverse, 2·R·S + 2·B·R·S = (2·S + 2·T)·S/CP bytes
+    (at CP 1 the whole mask, 2·S² + 2·T·S)."""
+    return (2 * s_pad + 2 * padded) * s_pad / c.cp
+
+
+def _megatron_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _Act:
+    """Megatron with sequence parallelism over TP, context parallelism over CP and 1F1B
+    over PP, per device, for a micro-batch of T padded tokens (T/CP on this rank) of
+    sequences padded to S:
+
+    - checkpoints: each layer's input, (T/CP)·h·2/TP bytes, for every layer on the first
+      stage (PP micro-batches in flight × L/PP layers) and ⌈L/PP⌉ layers on the last;
+    - the attention mask: the engine builds only this rank's S/CP query rows of the
+      (B, 1, S, S) boolean mask (``attention_mask_B1SS(mask, rows)``): (2 + 2·B)·S²/CP
+      bytes at its peak (a causal and an identity (S/CP, S), the mask and its inverse),
+      T·S/CP bytes kept per micro-batch in flight;
+    - one recomputed layer with its gradients (2·(T/CP)·a_layer/TP), the keys and values
+      gathered from the other CP ranks with their gradients, and the mask's working set in
+      attention: its inverse, SDPA's temporary and the bf16 additive mask SDPA turns it
+      into (4 B per query-key pair);
+    - on the last stage the logits, (T/CP)·V·10/TP, instead of the recomputed layer.
+
+    Without checkpointing every layer keeps its activations, gathered keys and values and
+    the bf16 mask SDPA saves for its backward.
+    """
+    s_pad, padded = _megatron_lengths(c, seq, tokens)
+    local = padded / c.cp
+    layers, pp = m.num_layers, c.pp
+    per_stage = math.ceil(layers / pp)
+    keep = local * m.hidden_size * 2 / c.tp  # one layer's checkpointed input
+    layer = local * _layer_activation_bytes_per_token(m) / c.tp
+    logits = local * m.vocab_size * LOGITS_BYTES / c.tp
+    counted = _counts_mask(c, seq)
+    mask = padded * s_pad / c.cp if counted else 0.0  # this rank's rows of the boolean mask
+    build = _mask_build_bytes(c, s_pad, padded) if counted else 0.0
+    gathered = _gathered_kv_bytes(m, c, padded)
+    if c.grad_ckpt:
+        recompute = 2 * layer + 2 * gathered + 4 * mask
+        first = keep * layers + pp * mask + recompute
+        last = keep * per_stage + mask + max(logits, recompute)
+    else:
+        saved = layer + gathered + 2 * mask
+        first = saved * layers + pp * mask
+        last = saved * per_stage + mask + max(logits, layer)
+    # The next micro-batch's mask is built while the earlier ones in flight hold theirs.
+    building = keep * layers * (pp - 1) / pp + (pp - 1) * mask + build
+    return _Act(max(first, last, building), logits, max(build, (pp + 4) * mask))
+
+
+def _megatron_forward_bytes(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> float:
+    """A forward pass without gradients (old and reference log-probs): the logits, one
+    layer's activations with its gathered keys and values, the mask (kept and its working
+    set in attention), or the mask's construction, whichever is larger."""
+    s_pad, padded = _megatron_lengths(c, seq, tokens)
+    local = padded / c.cp
+    per_token = m.vocab_size * LOGITS_BYTES + _layer_activation_bytes_per_token(m)
+    if not _counts_mask(c, seq):
+        return local * per_token / c.tp
+    mask = padded * s_pad / c.cp
+    running = local * per_token / c.tp + _gathered_kv_bytes(m, c, padded) + 5 * mask
+    return max(running, _mask_build_bytes(c, s_pad, padded))
 
 
 # ---------------------------------------------------------------------------
@@ -695,6 +842,7 @@ class _TrainFit:
     activations: float  # bytes, for the micro-batch (or token budget) chosen
     logits: float
     log_prob_micro: int = 1
+    mask: float = 0.0  # megatron: the attention mask at its largest
 
 
 @dataclass(frozen=True)
@@ -756,24 +904,28 @@ def _fit_train(
     dynamic = s.dynamic if s.dynamic is not None else seq >= DYNAMIC_BSZ_MIN_TOKENS
 
     def fits(tokens: int) -> bool:
-        act, _ = _train_activations(m, c, tokens)
-        return budget is None or state.peak(act) <= budget
+        act = _train_activations(m, c, tokens, seq)
+        return budget is None or state.peak(act.total) <= budget
 
     if not fits(seq):
-        act, logits = _train_activations(m, c, seq)
+        act = _train_activations(m, c, seq, seq)
+        mask = f" and the attention mask {_fmt(act.mask)}" if act.mask else ""
+        where = f" at CP {c.cp}" if c.cp > 1 else ""
         return None, (
-            f"training one {seq}-token sample needs {_fmt(state.peak(act))} per device"
-            f" (weights {_fmt(state.weights)}, grads {_fmt(state.grads)}, Adam"
+            f"training one {seq}-token sample{where} needs {_fmt(state.peak(act.total))} per"
+            f" device (weights {_fmt(state.weights)}, grads {_fmt(state.grads)}, Adam"
             f" {_fmt(state.optimizer)}, gathered {_fmt(state.gathered)}, activations"
-            f" {_fmt(act)} of which logits {_fmt(logits)}) > budget {_fmt(budget or 0)}"
+            f" {_fmt(act.total)} of which logits {_fmt(act.logits)}{mask}) > budget"
+            f" {_fmt(budget or 0)}"
         )
     if s.micro is not None:
         micro = s.micro
         if not fits(micro * seq):
-            act, _ = _train_activations(m, c, micro * seq)
+            act = _train_activations(m, c, micro * seq, seq)
             best = max(k for k in range(1, micro) if fits(k * seq))
             return None, (
-                f"pinned ppo_micro_batch_size_per_gpu {micro} needs {_fmt(state.peak(act))}"
+                f"pinned ppo_micro_batch_size_per_gpu {micro} needs"
+                f" {_fmt(state.peak(act.total))}"
                 f" per device > budget {_fmt(budget or 0)}; at most {best} fits"
             )
     else:
@@ -787,7 +939,8 @@ def _fit_train(
                 f" {_fmt(budget or 0)} per device"
             )
     elif dynamic:
-        cap = max(seq, MAX_TOKEN_BUDGET)
+        # The cap is per device: under context parallelism each rank holds 1/CP of it.
+        cap = max(seq, MAX_TOKEN_BUDGET * c.cp)
         token_len = seq
         step = 1024
         candidate = (cap // step) * step
@@ -798,9 +951,16 @@ def _fit_train(
             candidate -= step
     else:
         token_len = micro * seq
-    act, logits = _train_activations(m, c, token_len if dynamic else micro * seq)
+    act = _train_activations(m, c, token_len if dynamic else micro * seq, seq)
     return _TrainFit(
-        state, micro, dynamic, token_len, act, logits, _log_prob_micro(m, c, state, s, budget)
+        state,
+        micro,
+        dynamic,
+        token_len,
+        act.total,
+        act.logits,
+        _log_prob_micro(m, c, state, s, budget),
+        act.mask,
     ), ""
 
 
@@ -812,8 +972,11 @@ def _log_prob_micro(
     seq = s.seq_len
     for k in (32, 16, 8, 4, 2):
         tokens = k * seq
-        act = tokens * (m.vocab_size * LOGITS_BYTES + _layer_activation_bytes_per_token(m))
-        act /= c.tp
+        if c.backend == "megatron":
+            act = _megatron_forward_bytes(m, c, tokens, seq)
+        else:
+            per_token = m.vocab_size * LOGITS_BYTES + _layer_activation_bytes_per_token(m)
+            act = tokens * per_token / c.tp
         held = state.weights + state.optimizer + state.gathered
         if budget is None or held + act <= budget:
             return k
@@ -1113,23 +1276,43 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
         # streams every layer from the host); each offload level is its own tier.
         return [[[_TrainCfg(s.train_backend, d, po, oo, s.grad_ckpt)]] for po, oo in offloads]
     # Megatron: offload only moves state out of the way of the rollout between phases,
-    # so every offload level of a (TP, PP) is tried together.
+    # so every offload level of a (TP, PP, CP) is tried together.
     groups = []
-    for tp, pp, ep in _megatron_sizes(m, layout):
+    for tp, pp, cp, ep in _megatron_sizes(m, layout, s.seq_len, s.cp):
         cfgs = [
-            _TrainCfg("megatron", d, po, oo, s.grad_ckpt, tp=tp, pp=pp, ep=ep)
+            _TrainCfg("megatron", d, po, oo, s.grad_ckpt, tp=tp, pp=pp, ep=ep, cp=cp)
             for po, oo in offloads
         ]
         groups.append(cfgs)
     return [groups]
 
 
-def _megatron_sizes(m: ModelShape, layout: _Layout) -> list[tuple[int, int, int]]:
-    """(TP, PP, EP) to try: TP a power of two within a node dividing the query heads and
-    KV heads (Megatron shards query groups), PP up to half the layers where the engine
+def _context_parallel_sizes(seq: int, room: int, pinned: int | None) -> list[int]:
+    """CP sizes for samples of ``seq`` tokens when ``room`` devices are left after TP × PP:
+    the pinned one, or 1 and the powers of two dividing ``room`` that leave each rank at
+    least ``CP_MIN_TOKENS_PER_RANK`` tokens of a sample (shorter chunks leave the GEMMs
+    small and the key/value all-gather exposed: CP is for long samples)."""
+    if pinned is not None:
+        return [pinned] if room % pinned == 0 else []
+    sizes, cp = [1], 2
+    while room % cp == 0 and seq // cp >= CP_MIN_TOKENS_PER_RANK:
+        sizes.append(cp)
+        cp *= 2
+    return sizes
+
+
+def _megatron_sizes(
+    m: ModelShape, layout: _Layout, seq: int, pinned_cp: int | None = None
+) -> list[tuple[int, int, int, int]]:
+    """(TP, PP, CP, EP) to try: TP a power of two within a node dividing the query heads
+    and KV heads (Megatron shards query groups), PP up to half the layers where the engine
     can form the stages (``pipeline_stage_layers``: ⌈L/PP⌉ each, the rest on the last),
-    EP the largest power of two dividing the experts and D / PP. Smallest TP × PP
-    first, then the larger TP (TP within a node, PP across nodes)."""
+    CP from ``_context_parallel_sizes`` (a power of two dividing D / (TP × PP)), EP the
+    largest power of two dividing the experts and D / (TP × PP) (the engine slices
+    experts over TP as well: Megatron's default expert tensor parallelism). Smallest TP × PP × CP (the most
+    data parallelism) first; at the same size the larger CP (activations scale 1/CP while
+    the sequences are long, and its key/value all-gather moves less than TP's
+    activations), then the larger TP (TP within a node, PP across nodes)."""
     from engine.train.megatron_parallel import pipeline_stage_layers
 
     d = layout.devices
@@ -1146,12 +1329,13 @@ def _megatron_sizes(m: ModelShape, layout: _Layout) -> list[tuple[int, int, int]
         )
         for pp in pps if heads_ok else []:
             if d % (tp * pp) == 0:
-                ep, room = 1, d // pp
+                ep, room = 1, d // (tp * pp)
                 while m.is_moe and m.num_experts % (2 * ep) == 0 and room % (2 * ep) == 0:
                     ep *= 2
-                sizes.append((tp, pp, ep))
+                for cp in _context_parallel_sizes(seq, d // (tp * pp), pinned_cp):
+                    sizes.append((tp, pp, cp, ep))
         tp *= 2
-    return sorted(sizes, key=lambda x: (x[0] * x[1], -x[0]))
+    return sorted(sizes, key=lambda x: (x[0] * x[1] * x[2], -x[2], -x[0]))
 
 
 def _offload_label(c: _TrainCfg) -> str:
@@ -1173,13 +1357,22 @@ def _search(
         for layout in layouts:
             if tier >= len(options[layout]):
                 continue
+            if not options[layout][tier] and s.cp is not None:  # megatron: no size fits the pin
+                tried.append(
+                    f"{layout.describe(acc.name)}: the pinned context_parallel_size {s.cp}"
+                    f" does not divide {layout.devices} / (TP × PP) for any TP and PP the model"
+                    " allows"
+                )
+                continue
             reasons = []
+            failed: list[_TrainCfg] = []
             for group in options[layout][tier]:
                 fits = []
                 for cfg in group:
                     fit, why = _evaluate(m, s, acc, layout, cfg)
                     if fit is None:
                         reasons.append(why)
+                        failed.append(cfg)
                     else:
                         fits.append(fit)
                 if fits:
@@ -1189,6 +1382,16 @@ def _search(
             if len(layouts) == 1:  # a fixed layout: say why each offload level failed
                 cfg = options[layout][tier][0][0]
                 tried.append(f"{layout.describe(acc.name)}, {_offload_label(cfg)}: {reasons[0]}")
+                if s.train_backend == "megatron" and len(failed) > 1:  # and the largest split
+                    i = max(
+                        range(len(failed)),
+                        key=lambda k: (failed[k].model_parallel, failed[k].cp, failed[k].tp, k),
+                    )
+                    last = failed[i]
+                    tried.append(
+                        f"at the largest split tried, TP {last.tp} × PP {last.pp} × CP"
+                        f" {last.cp} with {_offload_label(last)}: {reasons[i]}"
+                    )
             elif not any(t.startswith(layout.describe(acc.name)) for t in tried):
                 tried.append(f"{layout.describe(acc.name)}: {reasons[0]}")  # first tier's
     return None, tried
@@ -1262,6 +1465,34 @@ def _tp_choices(m: ModelShape) -> str:
     return ", ".join(str(tp) for tp in (1, 2, 4, 8, 16, 32, 64) if _tp_ok(m, tp))
 
 
+def _mask_note(m: ModelShape, s: _Settings, acc: Accelerator, devices: int) -> str:
+    """Why long samples fail under Megatron, when the attention mask is a large part of
+    it: one sample's mask on one rank at the largest CP tried on ``devices`` (TP 1, PP 1),
+    kept and with attention's working set, as the failure reasons count it."""
+    seq = s.seq_len
+    cp = s.cp or max(_context_parallel_sizes(seq, devices, None))
+    c = _TrainCfg("megatron", devices, False, False, s.grad_ckpt, cp=cp)
+    mask = _train_activations(m, c, seq, seq).mask
+    if mask < 0.25 * _budget_bytes(acc):
+        return ""
+    if s.cp is not None:
+        which, way = f"the pinned CP {cp}", "a larger CP or shorter samples shrink it"
+    elif seq // (2 * cp) < CP_MIN_TOKENS_PER_RANK:
+        which = f"CP {cp}, the largest tried"
+        way = (
+            f"CP goes no further (each rank keeps at least {CP_MIN_TOKENS_PER_RANK} tokens of"
+            " a sample): only shorter samples shrink it"
+        )
+    else:
+        which = f"CP {cp}, the largest tried"
+        way = "more CP ranks (more devices) or shorter samples shrink it"
+    return (
+        f" (the Megatron engine's attention mask is S × S booleans per sample, of which each"
+        f" CP rank builds and keeps its S/CP rows, 5 B per query-key pair with attention's"
+        f" working set: {_fmt(mask)} per device for one {seq}-token sample at {which}; {way})"
+    )
+
+
 def _infeasible(
     req: PlanRequest,
     s: _Settings,
@@ -1276,6 +1507,8 @@ def _infeasible(
     shown = tried if fixed is not None or len(tried) < 2 else [tried[0], tried[-1]]
     message = f"{m.name} does not fit on {where}: " + ("; ".join(shown) or "nothing to try")
     per_node = s.per_node or req.max_devices_per_node
+    if s.train_backend == "megatron":
+        message += _mask_note(m, s, acc, (fixed or _auto_layouts(per_node)[-1]).devices)
     hints: list[str] = []
     if fixed is not None:
         fit, _ = _search(m, replace(s, nodes=None), acc, _auto_layouts(per_node))
@@ -1284,9 +1517,10 @@ def _infeasible(
     if s.train_backend != "megatron" and "megatron" in acc.train_backends:
         fit, _ = _search(m, replace(s, train_backend="megatron"), acc, _auto_layouts(per_node))
         if fit is not None:
+            cp = f" × CP {fit.train.cp}" if fit.train.cp > 1 else ""
             hints.append(
                 f"set train_backend=megatron (fits on {fit.layout.describe(acc.name)},"
-                f" TP {fit.train.tp} × PP {fit.train.pp})"
+                f" TP {fit.train.tp} × PP {fit.train.pp}{cp})"
             )
     pinned = [
         key
@@ -1296,6 +1530,7 @@ def _infeasible(
             ("ppo_max_token_len_per_gpu", s.token_len),
             ("tensor_model_parallel_size", s.rollout_tp),
             ("gpu_memory_utilization", s.fraction),
+            ("context_parallel_size", s.cp if s.train_backend == "megatron" else None),
             (
                 "fsdp_config offload flags",
                 s.param_offload if s.param_offload is not None else s.optimizer_offload,
@@ -1330,6 +1565,7 @@ def _assemble(
         train_gathered_gib=_gib(st.gathered),
         train_activations_gib=_gib(t.activations),
         train_logits_gib=_gib(t.logits),
+        train_mask_gib=_gib(t.mask),
         train_step_extra_gib=_gib(st.step_extra),
         rollout_resident_gib=_gib(st.resident),
         rollout_weights_gib=_gib(r.weights),
@@ -1359,6 +1595,7 @@ def _assemble(
         reasoning=lines,
         **_made_for(s),
         train_ep=c.ep,
+        train_cp=c.cp,
         log_prob_micro_batch_size_per_device=t.log_prob_micro,
         hf_rollout_micro_batch_size=r.hf_micro,
         estimated_step_seconds=round(step_1 / lay.devices, 1),
@@ -1411,6 +1648,8 @@ def _reasoning(
         + (f" (tried: {'; '.join(tried[:4])})" if tried else "")
     )
     lines += _train_lines(m, s, c, t)
+    if c.backend == "megatron":
+        lines += _context_parallel_lines(m, s, c, _budget_bytes(acc), lay.per_node)
     per_device = fit.mini * s.n // lay.devices
     mini_why = (
         "pinned"
@@ -1424,11 +1663,22 @@ def _reasoning(
         f" samples → {per_device} per device; micro-batch {t.micro} ({micro_why});"
         f" log-prob micro-batch {t.log_prob_micro} (forward only)"
     )
+    if c.backend == "megatron" and c.model_parallel > 1:
+        dp = lay.devices // c.model_parallel
+        lines[-1] += (
+            f"; the {_count(dp, 'data-parallel replica')} (TP × PP × CP = {c.model_parallel}"
+            f" devices each) take {fit.mini * s.n // dp} samples each per mini-batch"
+        )
     if t.dynamic:
         why = "pinned" if s.dynamic is not None else f"≥ {DYNAMIC_BSZ_MIN_TOKENS}"
+        split = (
+            f" per micro-batch, {math.ceil(t.token_len / c.cp)} on each of the CP {c.cp} ranks"
+            if c.cp > 1
+            else " per device"
+        )
         lines.append(
             f"dynamic batch size: on ({s.seq_len} tokens per sample, {why}): micro-batches"
-            f" are packed up to {t.token_len} tokens per device"
+            f" are packed up to {t.token_len} tokens{split}"
         )
     lines += list(fit.rollout.lines)
     if t.state.host:
@@ -1436,11 +1686,15 @@ def _reasoning(
             f"host RAM: the offloaded state takes {_fmt(t.state.host)} per device,"
             f" {_fmt(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
         )
-    if c.backend == "megatron" and c.ep > 1:
-        lines.append(
-            f"megatron EP {c.ep}: sized here, but the engine converts dense models only so far"
-            " (engine/train/megatron_parallel.py); its config check refuses this plan at launch"
-        )
+    if c.backend == "megatron" and m.is_moe:  # engine imported for Megatron plans only
+        from engine.train.megatron_parallel import MODEL_TYPES
+
+        if m.model_type not in MODEL_TYPES:
+            lines.append(
+                f"megatron: sized here, but the engine has no conversion for"
+                f" {m.model_type!r} (it converts {', '.join(MODEL_TYPES)}) and stops when it"
+                " loads the model, after the cluster is up: use train_backend=fsdp2"
+            )
     lines.append(f"image: {acc.default_image}")
     return lines
 
@@ -1469,9 +1723,10 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     roles = "actor" + (" + critic" if s.critic else "") + (" + reference" if s.reference else "")
     if c.backend == "megatron":
         head = (
-            f"training (megatron; {roles}): TP {c.tp} within a node × PP {c.pp}"
+            f"training (megatron; {roles}): TP {c.tp} within a node × PP {c.pp} × CP {c.cp}"
             + (f" × EP {c.ep}" if m.is_moe else "")
-            + f", data parallel {d // (c.tp * c.pp)}; bf16 weights {_fmt(st.weights)}, fp32"
+            + f", data parallel {d // c.model_parallel} (= {d} / (TP × PP × CP)); bf16 weights"
+            f" {_fmt(st.weights)} (not split by CP), fp32"
             f" gradient buffer {_fmt(st.grads)}, distributed optimizer (fp32 master + Adam,"
             f" 12 B/param over {_count(d, 'device')}) {_fmt(st.optimizer)}"
         )
@@ -1484,14 +1739,24 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
             f" {_fmt_params(m.largest_layer_params)} → {_fmt(st.gathered)}"
         )
     tokens = t.token_len if t.dynamic else t.micro * s.seq_len
-    split = f" / TP {c.tp}" if c.backend == "megatron" and c.tp > 1 else ""
-    logits_all = t.logits * (c.tp if c.backend == "megatron" else 1)
+    parts = [f"TP {c.tp}"] * (c.tp > 1) + [f"CP {c.cp}"] * (c.cp > 1)
+    split = ""
+    if c.backend == "megatron" and parts:
+        split = " / " + (parts[0] if len(parts) == 1 else f"({' × '.join(parts)})")
+    logits_all = t.logits if c.backend != "megatron" else tokens * m.vocab_size * LOGITS_BYTES
     biggest = " — the largest term" if t.logits >= 0.5 * t.activations else ""
+    mask = (
+        f"; the attention mask (S × S booleans per sequence, each rank building only its"
+        f" S/CP rows) {_fmt(t.mask)} at its largest"
+        if t.mask
+        else ""
+    )
     act = (
         f"activations for {tokens} tokens per micro-batch"
         f" ({'gradient checkpointing' if c.grad_ckpt else 'no checkpointing'}):"
         f" {_fmt(t.activations)}; of which logits {tokens} × {m.vocab_size} × {LOGITS_BYTES} B"
-        f" = {_fmt(logits_all)}{split}{biggest}; training peak {_fmt(st.peak(t.activations))}"
+        f" = {_fmt(logits_all)}{split}{biggest}{mask}; training peak"
+        f" {_fmt(st.peak(t.activations))}"
     )
     if c.param_offload and c.backend == "megatron":
         off = "offload: weights, gradients and optimizer go to host RAM between phases"
@@ -1507,6 +1772,42 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     else:
         off = "offload: none (everything fits on the devices)"
     return [head, act, off]
+
+
+def _context_parallel_lines(
+    m: ModelShape, s: _Settings, c: _TrainCfg, budget: float, per_node: int
+) -> list[str]:
+    """Why this CP: the split it makes and, when CP > 1, what one sample needs at half."""
+    seq = s.seq_len
+    if c.cp == 1 and seq < LONG_SAMPLE_TOKENS and s.cp is None:
+        return []  # short samples: CP is not considered
+    padded, _ = _megatron_lengths(c, seq, seq)
+    line = f"context parallel: CP {c.cp}"
+    if s.cp is not None:
+        line += " (pinned by the recipe)"
+    if c.cp == 1:
+        return [line + f": one {seq}-token sample fits at TP {c.tp} × PP {c.pp} without it"]
+    multiple = f"a multiple of{' TP ×' if c.tp > 1 else ''} 2·CP"
+    line += (
+        f": each {seq}-token sample"
+        + (f" ({multiple})" if padded == seq else f" is padded to {padded} ({multiple}) and")
+        + f" is cut into {2 * c.cp} chunks, each rank holding two ({padded // c.cp} tokens:"
+        " chunks r and 2·CP − 1 − r); activations and the attention mask scale 1/CP, weights"
+        " do not; the keys and values of the whole sequence are gathered over the CP group"
+        " for attention"
+    )
+    if s.cp is None:
+        half = replace(c, cp=c.cp // 2)
+        state = _megatron_state(m, half, s.critic, s.reference)
+        need = state.peak(_train_activations(m, half, seq, seq).total)
+        if need > budget:
+            line += f"; at CP {half.cp} one sample needs {_fmt(need)} > budget {_fmt(budget)}"
+    if c.tp * c.cp > per_node:
+        line += (
+            f" (TP × CP = {c.tp * c.cp} ranks span {c.tp * c.cp // per_node} nodes: the"
+            " all-gather crosses the inter-node network)"
+        )
+    return [line]
 
 
 # ---------------------------------------------------------------------------
@@ -1560,7 +1861,8 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
     dynamic = bool(s.dynamic)
     token_len = s.token_len or micro * s.seq_len
     tokens = token_len if dynamic else micro * s.seq_len
-    act, logits = _train_activations(m, c, tokens)
+    activations = _train_activations(m, c, tokens, s.seq_len)
+    act, logits = activations.total, activations.logits
     weights_rollout = 4 * m.num_params  # hf generate() on the gathered fp32 model
     kv = m.kv_cache_bytes_per_token(4) * s.seq_len * math.ceil(s.samples / workers)
     peak = max(st.peak(act), st.resident + weights_rollout + kv)

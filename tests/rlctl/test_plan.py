@@ -516,8 +516,36 @@ def test_published_runs(name):
     assert plan.memory.rollout_peak_gib <= budget + 0.01
     if "rollout_tp" in run:
         assert plan.rollout_tp == run["rollout_tp"]
-    if plan.train_ep == 1:  # dense: the engine takes the plan (MoE is not converted yet)
-        engine_config_for(plan)
+    engine_config_for(plan)  # the engine's config check takes the plan, MoE sizes too
+
+
+@pytest.mark.parametrize(
+    "model,accelerator",
+    [("Qwen/Qwen3-30B-A3B", "H100"), ("Qwen/Qwen3-235B-A22B", "H200")],
+)
+def test_moe_megatron_plans_pass_the_engine_checks(model, accelerator):
+    """Qwen3-MoE on Megatron: the plan's EP divides the experts and, with TP and PP, the
+    world (experts are TP-sliced too); the engine's config and model checks accept it."""
+    import transformers
+
+    from engine.train.megatron_parallel import MegatronParallel
+    from rlctl.models import table_config
+
+    plan = make_plan(PlanRequest(model, accelerator, None, train_backend="megatron"))
+    assert plan.train_ep > 1 and plan.memory.fits()
+    assert not any("no conversion" in line for line in plan.reasoning)
+    cfg = engine_config_for(plan)
+    hf_config = transformers.AutoConfig.for_model(**table_config(model))
+    for key, section in cfg.megatron_roles().values():
+        parallel = MegatronParallel.of(section)
+        assert parallel.expert_model_parallel_size == plan.train_ep
+        assert parallel.problems(cfg.world_size, key) == []
+        assert parallel.model_problems(hf_config, key) == []
+    # DeepSeek-V3 is sized too, but the engine has no conversion for it: the plan says so.
+    deepseek = make_plan(
+        PlanRequest("deepseek-ai/DeepSeek-V3", "H200", None, train_backend="megatron")
+    )
+    assert any("no conversion for 'deepseek_v3'" in line for line in deepseek.reasoning)
 
 
 def test_published_run_at_its_published_size_fits():
@@ -570,6 +598,251 @@ def test_long_sequences_use_dynamic_batch_size():
     assert plan.use_dynamic_bsz
     assert plan.max_token_len_per_device >= 1024 + 16384
     assert plan.max_token_len_per_device % 1024 == 0
+
+
+# ---------------------------------------------------------------------------
+# context parallelism (Megatron, long samples)
+
+LONG_CONTEXT = dict(
+    model="Qwen/Qwen2.5-7B",
+    accelerator="H100",
+    num_devices=8,
+    train_backend="megatron",
+    train_batch_size=64,
+    rollout_n=8,
+    max_prompt_length=2048,
+    max_response_length=63488,  # 65536 tokens per sample
+)
+
+
+def test_long_context_megatron_plan_splits_each_sample_over_cp_ranks():
+    plan = make_plan(PlanRequest(**LONG_CONTEXT))
+    n = plan.model.num_params
+    assert n == 7_615_616_512
+    # Qwen2.5-7B: h 3584, 28 layers, 28 heads × 128 (q 3584), 4 KV heads (k + v 1024),
+    # MLP 18944, vocab 152064. TP ≤ 4 (the KV heads), and the search goes by the number
+    # of devices a replica spans (TP × PP × CP), the larger CP first at the same number:
+    #   TP 1 holds 2 + 4 B/param (bf16 weights, fp32 grads) + 12 B/param over 8 (optimizer)
+    #   = 7.5·N = 53.19 GiB before activations: at CP 2 one sample's logits alone are
+    #   32768 × 152064 × 10 B = 46.4 GiB, at CP 4 the activations are 27.3 GiB (80.5 in all);
+    #   TP 2 × CP 1 needs 88.4 GiB (below); TP 2 × CP 2 fits. (TP 1 × CP 8 would fit too,
+    #   53.19 + 13.63 GiB, but spans 8 devices: no data parallelism.)
+    assert (plan.train_tp, plan.train_pp, plan.train_cp) == (2, 1, 2)
+    assert plan.num_devices // (plan.train_tp * plan.train_pp * plan.train_cp) == 2  # DP
+    mem = plan.memory
+    # state at TP 2: weights 2·N/2, gradient buffer 4·N/2, optimizer 12·N/8 — CP splits none
+    assert mem.train_weights_gib == pytest.approx(n / GIB, abs=1e-3)  # 7.093
+    assert mem.train_grads_gib == pytest.approx(2 * n / GIB, abs=1e-3)  # 14.185
+    assert mem.train_optimizer_gib == pytest.approx(1.5 * n / GIB, abs=1e-3)  # 10.639
+    held = 4.5 * n  # 31.92 GiB
+    # one 65536-token sample (a multiple of TP × 2·CP = 8: no padding), 32768 per rank:
+    local = 65536 // 2
+    kept = local * 3584 * 2 / 2 * 28  # checkpointed layer inputs, / TP: 3.0625 GiB
+    logits = local * 152064 * 10 / 2  # / TP: 23.203 GiB, the largest term
+    mask = 65536 * 65536 / 2  # this rank's rows of the S × S boolean mask: 2 GiB
+    # building them (only this rank's S/CP rows): a causal and an identity (S/2, S) bool,
+    # the (1, 1, S/2, S) mask and its inverse, (2 + 2)·S²/2: 8 GiB
+    build = 4 * 65536**2 / 2
+    layer = local * 2 * (4 * 3584 + 2 * 3584 + 1024 + 4 * 18944) / 2  # 3 GiB
+    # the other rank's keys and values, repeated to all 28 query heads (2·q per token), / TP
+    gathered = (65536 - local) * 2 * 3584 * 2 / 2
+    recompute = 2 * layer + 2 * gathered + 4 * mask  # 14.44 GiB < the logits
+    assert recompute < logits and build < kept + mask + logits
+    activations = kept + mask + logits  # 28.266 GiB
+    assert mem.train_logits_gib == pytest.approx(logits / GIB, abs=1e-3)
+    # the mask at its largest: kept + attention's four copies, 5 × 2 GiB > the 8 GiB build
+    assert mem.train_mask_gib == pytest.approx(5 * mask / GIB, abs=1e-3)
+    assert 5 * mask > build
+    assert mem.train_activations_gib == pytest.approx(activations / GIB, abs=1e-3)
+    assert mem.train_peak_gib == pytest.approx((held + activations) / GIB, abs=5e-3)  # 60.18
+    assert mem.fits() and mem.train_peak_gib <= mem.budget_gib
+    # at CP 1 the same TP 2 needs 31.92 + 6.125 + 4 (mask) + 46.41 = 88.44 GiB > 72.6
+    at_cp_1 = (held + 2 * kept + 2 * mask + 2 * logits) / GIB
+    assert at_cp_1 == pytest.approx(88.44, abs=0.01)
+    text = "\n".join(plan.reasoning)
+    assert "TP 2 within a node × PP 1 × CP 2, data parallel 2" in text
+    assert "at CP 1 one sample needs 88.4 GiB > budget 72.6 GiB" in text
+    assert "/ (TP 2 × CP 2)" in text
+    # every role's megatron section gets the same sizes, as TP and PP
+    overrides = plan.engine_overrides()
+    assert overrides[f"{ARR}.actor.megatron.context_parallel_size"] == 2
+    assert overrides[f"{ARR}.actor.megatron.tensor_model_parallel_size"] == 2
+    assert overrides[f"{ARR}.actor.megatron.sequence_parallel"] is True
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+
+
+def test_short_samples_keep_cp_1():
+    short = dict(LONG_CONTEXT, max_prompt_length=1024, max_response_length=2048)
+    plan = make_plan(PlanRequest(**short))
+    assert plan.train_cp == 1
+    assert plan.engine_overrides()[f"{ARR}.actor.megatron.context_parallel_size"] == 1
+    assert plan.memory.train_mask_gib == 0  # below 8192 tokens the mask is not counted
+    assert not any(line.startswith("context parallel") for line in plan.reasoning)
+    # CP 2 would leave each rank under 4096 tokens of an 8190-token sample: not tried
+    plan = make_plan(PlanRequest(**dict(LONG_CONTEXT, max_response_length=6142)))
+    assert plan.train_cp == 1
+
+
+def test_pinned_context_parallel_size_is_kept():
+    pinned = {f"{ARR}.actor.megatron.context_parallel_size": 4}
+    plan = make_plan(PlanRequest(**LONG_CONTEXT, overrides=pinned))
+    assert plan.train_cp == 4  # the planner alone picks 2
+    assert plan.num_devices % (plan.train_tp * plan.train_pp * 4) == 0
+    assert any("CP 4 (pinned by the recipe)" in line for line in plan.reasoning)
+    # nested and as a string, on a short sample too
+    short = dict(LONG_CONTEXT, max_prompt_length=1024, max_response_length=2048)
+    nested = {"actor_rollout_ref": {"actor": {"megatron": {"context_parallel_size": "2"}}}}
+    plan = make_plan(PlanRequest(**short, overrides=nested))
+    assert plan.train_cp == 2
+    assert plan.engine_overrides()[f"{ARR}.actor.megatron.context_parallel_size"] == 2
+    engine_config_for(plan)
+    # the roles share one parallel layout: pins that disagree are refused
+    with pytest.raises(InfeasiblePlanError, match="share one parallel layout"):
+        make_plan(
+            PlanRequest(
+                **LONG_CONTEXT,
+                overrides={
+                    f"{ARR}.actor.megatron.context_parallel_size": 2,
+                    "critic.megatron.context_parallel_size": 4,
+                },
+            )
+        )
+    # a CP that no TP × PP leaves room for on 8 devices is refused, with the way out
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(
+            PlanRequest(
+                **LONG_CONTEXT, overrides={f"{ARR}.actor.megatron.context_parallel_size": 3}
+            )
+        )
+    assert "context_parallel_size 3 does not divide 8 / (TP × PP)" in str(info.value)
+    assert "unpin context_parallel_size" in info.value.hint
+
+
+@pytest.mark.parametrize(
+    "request_kwargs",
+    [
+        dict(LONG_CONTEXT, algorithm_needs_reference=True),
+        dict(LONG_CONTEXT, algorithm_needs_critic=True, algorithm_needs_reference=True,
+             rollout_n=1, train_batch_size=256),
+        dict(LONG_CONTEXT, model="Qwen/Qwen3-8B", max_response_length=62999),
+        dict(LONG_CONTEXT, model="meta-llama/Llama-3.1-70B", num_devices=None),
+    ],
+)  # fmt: skip
+def test_context_parallel_plans_pass_engine_validation(request_kwargs):
+    """Dense Megatron plans with CP > 1: every role's section carries the plan's sizes, the
+    engine's config check accepts them, its data-parallel size is D / (TP × PP × CP), the
+    batch splits evenly over it, and the model-level rules (TP divides the heads, the MLP
+    and the vocabulary; PP forms the stages) hold on the model's own config."""
+    import transformers
+
+    from engine.train.megatron_parallel import MegatronParallel
+    from rlctl.models import table_config
+
+    plan = make_plan(PlanRequest(**request_kwargs))
+    assert plan.train_cp > 1 and plan.memory.fits()
+    cfg = engine_config_for(plan)
+    roles = cfg.megatron_roles()
+    expected = {"actor", "reference", "critic"}
+    expected -= set() if plan.use_reference else {"reference"}
+    expected -= set() if plan.use_critic else {"critic"}
+    assert set(roles) == expected
+    hf_config = transformers.AutoConfig.for_model(**table_config(request_kwargs["model"]))
+    dp = plan.num_devices // (plan.train_tp * plan.train_pp * plan.train_cp)
+    for key, section in roles.values():
+        assert section.context_parallel_size == plan.train_cp
+        assert section.tensor_model_parallel_size == plan.train_tp
+        assert section.pipeline_model_parallel_size == plan.train_pp
+        parallel = MegatronParallel.of(section)
+        assert parallel.problems(cfg.world_size, key) == []
+        assert parallel.model_problems(hf_config, key) == []
+        assert parallel.data_parallel_size(cfg.world_size) == dp
+    # each data-parallel replica gets a whole share of every mini-batch
+    assert (plan.ppo_mini_batch_size * plan.rollout_n) % dp == 0
+
+
+def test_cp_shrinks_the_mask_build_so_a_128k_sample_fits_8_h100():
+    """The engine builds only this CP rank's S/CP query rows of each sample's S × S mask
+    ((2 + 2·B)·S²/CP bytes at its peak; the whole mask, 64 GiB at 131072 tokens, only at
+    CP 1), so CP shrinks the build as well: a 128k-token sample fits 8 × H100."""
+    long = dict(LONG_CONTEXT, max_response_length=131072 - 2048)
+    plan = make_plan(PlanRequest(**long))
+    n = plan.model.num_params
+    # By devices per replica, the larger CP first: 2 and 4 devices leave 81 GiB or more of
+    # activations (TP 2 × CP 2: 92.4 GiB in all); of the 8-device splits TP 1 × CP 8 needs
+    # 53.19 (7.5·N) + 3.06 (checkpoints) + 2 (mask) + 23.2 (logits, 16384 tokens × V × 10)
+    # = 81.5 GiB > 72.6; TP 2 × CP 4 fits, data parallel 1.
+    assert (plan.train_tp, plan.train_pp, plan.train_cp) == (2, 1, 4)
+    assert plan.num_devices // (plan.train_tp * plan.train_pp * plan.train_cp) == 1
+    mem = plan.memory
+    held = 4.5 * n  # TP 2: weights N, gradient buffer 2·N, optimizer 12·N/8: 31.92 GiB
+    s = 131072  # a multiple of TP × 2·CP = 16: no padding
+    local = s // 4  # 32768 tokens per rank
+    kept = local * 3584 * 2 / 2 * 28  # checkpointed layer inputs, / TP: 3.0625 GiB
+    logits = local * 152064 * 10 / 2  # / TP: 23.203 GiB
+    mask = s * s / 4  # this rank's rows of the boolean mask: 4 GiB
+    build = (2 * s + 2 * s) * s / 4  # building them: 16 GiB (64 GiB at CP 1)
+    layer = local * 2 * (4 * 3584 + 2 * 3584 + 1024 + 4 * 18944) / 2  # 3 GiB
+    gathered = (s - local) * 2 * 3584 * 2 / 2  # the other ranks' keys and values: 0.656 GiB
+    # the recomputed layer with the mask's working set in attention, 6 + 1.3125 + 16 =
+    # 23.3125 GiB, outgrows the logits
+    recompute = 2 * layer + 2 * gathered + 4 * mask
+    assert recompute > logits and build < kept + mask + recompute
+    activations = kept + mask + recompute  # 30.375 GiB
+    assert mem.train_activations_gib == pytest.approx(activations / GIB, abs=1e-3)
+    assert mem.train_logits_gib == pytest.approx(logits / GIB, abs=1e-3)
+    assert mem.train_mask_gib == pytest.approx(5 * mask / GIB, abs=1e-3)  # 20 GiB
+    assert mem.train_peak_gib == pytest.approx((held + activations) / GIB, abs=5e-3)  # 62.29
+    assert mem.fits()
+    # Offloading the state between phases lets the rollout run at TP 2 (without it, TP 4).
+    assert plan.param_offload and plan.rollout_tp == 2 and mem.rollout_resident_gib == 0
+    text = "\n".join(plan.reasoning)
+    assert "at CP 2 one sample needs 92.4 GiB > budget 72.6 GiB" in text
+    assert "each rank building only its S/CP rows) 20.0 GiB at its largest" in text
+    assert "before the CP split" not in text
+    assert plan.engine_overrides()[f"{ARR}.actor.megatron.context_parallel_size"] == 4
+    engine_config_for(plan)
+    # on an H200 (budget 128.7 GiB) TP 1 × CP 4 fits: 53.19 + 6.125 + 4 + 46.41 = 109.7 GiB
+    plan = make_plan(PlanRequest(**dict(long, accelerator="H200")))
+    assert (plan.train_tp, plan.train_pp, plan.train_cp) == (1, 1, 4)
+    assert plan.memory.train_peak_gib == pytest.approx(
+        (7.5 * n + (2 * kept + 2 * logits + mask)) / GIB, abs=5e-3
+    )
+
+
+def test_a_sample_too_long_for_megatron_at_any_cp():
+    """The mask still grows with S²: per rank S²/CP booleans kept and 4 B more per
+    query-key pair in attention, 5·S²/CP for one sample. The error gives it at the largest
+    CP tried."""
+    # 262144 tokens on 8 × H100: at CP 8, 5 × 262144² / 8 = 40 GiB of mask alone, next to
+    # 53.19 GiB of state (TP 1) and 46.4 GiB of logits (32768 tokens × V × 10): 117.4 GiB.
+    # 32 devices fit it.
+    long = dict(LONG_CONTEXT, max_response_length=262144 - 2048)
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest(**long))
+    message = str(info.value)
+    assert "at the largest split tried, TP 1 × PP 1 × CP 8" in message
+    assert "at CP 8 needs 117.4 GiB" in message
+    assert "40.0 GiB per device for one 262144-token sample at CP 8, the largest tried" in message
+    assert "more CP ranks (more devices) or shorter samples shrink it" in message
+    assert "no CP size shrinks" not in message
+    assert "needs ~4 nodes × H100:8 = 32 devices" in info.value.hint
+    # 2097152 tokens fit nowhere (up to 64 nodes × 8 = 512 H100): CP goes up to 512 (each
+    # rank keeping 4096 tokens), where one sample's mask is 5 × 2097152² / 512 = 40 GiB per
+    # device; with TP 1 the state is 6·N + 12·N/512 = 42.7 GiB, already 82.7 > 72.6 GiB.
+    # TP t or PP p leave 512/(t·p) CP ranks, (p + 4)·t·p·8 GiB of mask: more still.
+    n = 7_615_616_512
+    assert (6 * n + 12 * n / 512 + 5 * 2097152**2 / 512) / GIB == pytest.approx(82.7, abs=0.05)
+    huge = dict(LONG_CONTEXT, max_response_length=2097152 - 2048, num_devices=None)
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(PlanRequest(**huge))
+    message = str(info.value)
+    assert "does not fit on up to 64 nodes of H100" in message
+    assert "40.0 GiB per device for one 2097152-token sample at CP 512, the largest tried" in (
+        message
+    )
+    assert "CP goes no further (each rank keeps at least 4096 tokens" in message
+    assert "only shorter samples shrink it" in message
+    assert "shorten the sequences" in info.value.hint
 
 
 # ---------------------------------------------------------------------------
