@@ -293,6 +293,19 @@ def table_config(model_id: str) -> dict[str, Any]:
 
 def model_shape(model: str) -> ModelShape:
     """The shape of ``model``: a local folder or config.json, a known name, or a hub id."""
+    config, source = _resolve(model)
+    return shape_from_config(config, name=str(model).strip(), source=source)
+
+
+def model_config(model: str) -> dict[str, Any]:
+    """The Hugging Face config fields of ``model``, found as ``model_shape`` finds them
+    (the built-in table holds the fields that size and convert a model, not all)."""
+    return dict(_resolve(model)[0])
+
+
+def _resolve(model: str) -> tuple[Mapping[str, Any], str]:
+    """(config fields, where they came from) for a local folder or config.json, a known
+    name, or a hub id."""
     text = str(model).strip()
     if not text:
         raise UnknownModelError("empty model name", hint="give a Hugging Face id or a local folder")
@@ -304,16 +317,15 @@ def model_shape(model: str) -> ModelShape:
                 f"model {text!r} looks like a local path but {str(config_file)!r} does not exist",
                 hint="point at a Hugging Face model folder (one with config.json)",
             )
-        config = _read_json(config_file)
-        return shape_from_config(config, name=text, source=f"config.json at {config_file}")
+        return _read_json(config_file), f"config.json at {config_file}"
 
     table_id = _TABLE_INDEX.get(_table_key(text))
     if table_id is not None:
-        return shape_from_config(_TABLE[table_id], name=text, source=f"built-in table ({table_id})")
+        return _TABLE[table_id], f"built-in table ({table_id})"
 
     config = _hub_config(text)
     if config is not None:
-        return shape_from_config(config, name=text, source=f"hub metadata ({text})")
+        return config, f"hub metadata ({text})"
 
     suggestions = tuple(
         _TABLE_INDEX[k]

@@ -1692,8 +1692,8 @@ def _reasoning(
         if m.model_type not in MODEL_TYPES:
             lines.append(
                 f"megatron: sized here, but the engine has no conversion for"
-                f" {m.model_type!r} (it converts {', '.join(MODEL_TYPES)}) and stops when it"
-                " loads the model, after the cluster is up: use train_backend=fsdp2"
+                f" {m.model_type!r} (it converts {', '.join(MODEL_TYPES)}): rlctl validate and"
+                " launch refuse it; use trainer: fsdp2 in the recipe"
             )
     lines.append(f"image: {acc.default_image}")
     return lines

@@ -80,28 +80,53 @@ def build_spec(recipe: Recipe, plan_overrides: dict[str, Any], paths: JobPaths) 
     return JobSpec(
         recipe=recipe,
         paths=paths,
-        engine_yaml=engine_yaml(merged, recipe.source),
+        engine_yaml=engine_yaml(
+            merged, recipe.source, model=None if recipe.model == TINY_MODEL else recipe.model
+        ),
         setup=tuple(setup),
         env=dict(recipe.env),
         secrets=recipe.secrets,
     )
 
 
-def engine_yaml(dotted: dict[str, Any], source: str) -> str:
-    """The engine's config for these keys, validated; errors name the recipe's keys."""
+def engine_yaml(dotted: dict[str, Any], source: str, model: str | None = None) -> str:
+    """The engine's config for these keys, validated; errors name the recipe's keys.
+    With ``model``, the Megatron roles' sizes are also checked against its config
+    (``megatron_problems``): what the engine would refuse once the cluster is up."""
     from engine.config import load_config, to_yaml
     from engine.errors import ConfigError
 
     try:
         cfg = load_config(base=nest(dotted))
+        problems = megatron_problems(cfg, model) if model is not None else []
     except ConfigError as exc:
         problems = [p.replace("base config: ", "engine.") for p in exc.problems]
+    if problems:
         raise RecipeError(
             f"recipe {source}: the engine config it makes is invalid:\n"
             + "\n".join(f"  - {p}" for p in problems),
             hint="change the recipe's engine: keys (or hardware/algorithm) as each line says",
         ) from None
     return to_yaml(cfg)
+
+
+def megatron_problems(cfg: Any, model: str) -> list[str]:
+    """Why the Megatron engine would refuse this model with these sizes (TP must divide
+    the heads, PP form the stages, EP divide the experts, the model type be convertible),
+    from its config fields, before anything is launched. Empty without Megatron roles."""
+    roles = cfg.megatron_roles()
+    if not roles:
+        return []
+    from types import SimpleNamespace
+
+    from engine.train.megatron_parallel import MegatronParallel
+    from rlctl.models import model_config
+
+    hf_config = SimpleNamespace(**model_config(model))
+    problems: list[str] = []
+    for key, section in roles.values():
+        problems += MegatronParallel.of(section).model_problems(hf_config, key)
+    return problems
 
 
 def nest(dotted: dict[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ How it is built:
   ModelParallelLayout``). Megatron-core's own schedules are not used: they allocate CUDA
   tensors even at one stage and want the loss as their callback.
 - **Model.** ``TransformerConfig``/``GPTModel`` arguments come from
-  ``megatron_convert`` (Llama, Mistral, Qwen2, Qwen3). The layer spec is Megatron-core's
+  ``megatron_config`` (Llama, Mistral, Qwen2, Qwen3). The layer spec is Megatron-core's
   local one (its own parallel linears) with the core attention replaced by
   ``SDPAttention`` (``torch.nn.functional.scaled_dot_product_attention`` with an explicit
   causal + padding mask: memory-efficient kernels on GPUs, and runs on CPU) and torch's
@@ -85,7 +85,7 @@ How it is built:
   window is cut; gradients are scaled by DP × CP, the group DDP averages over.
 
 - **Mixture of experts** (Qwen2-MoE, Qwen3-MoE): Megatron's ``MoELayer`` in the sparse
-  layers, routed as Hugging Face routes (``megatron_convert._moe_kwargs``), experts run
+  layers, routed as Hugging Face routes (``megatron_config._moe_kwargs``), experts run
   one after another (``SequentialMLP``), sliced over TP like the dense MLP and spread over
   expert-parallel ranks (E/EP each; their names and checkpoints number experts in the
   whole model). Tokens meet in the experts through the all-gather exchange on CPU (each
@@ -125,20 +125,22 @@ from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.train import fsdp, megatron_context
 from engine.train.forward import trim_padding
-from engine.train.megatron_convert import (
+from engine.train.megatron_config import (
     AttentionShape,
-    expert_index,
     gpt_model_kwargs,
     has_shared_expert_gate,
+    moe_layers,
+    transformer_config_kwargs,
+)
+from engine.train.megatron_convert import (
+    expert_index,
     hf_to_megatron,
     is_expert,
     megatron_to_hf_pairs,
     merge_from_tp,
-    moe_layers,
     shift_expert,
     split_for_tp,
     tp_split_dim,
-    transformer_config_kwargs,
 )
 from engine.train.megatron_parallel import CONFIG_KEYS, MegatronParallel, pipeline_stage_layers
 from engine.train.megatron_pipeline import Stage, StageLink, one_f_one_b, shift_layer

@@ -1,8 +1,8 @@
 """The Megatron engine's parallel sizes and the rules on them, without torch.
 
 ``engine.config`` validates ``<role>.megatron.*`` with these rules before anything heavy
-is imported (``rlctl`` checks recipes on a laptop without torch); the rules that need
-the model's shape import the converter lazily. ``engine.train.megatron`` re-exports
+is imported, and ``rlctl`` checks a recipe against the model's config.json with
+``model_problems`` before it launches anything (on a laptop without torch). ``engine.train.megatron`` re-exports
 ``MegatronParallel``.
 """
 
@@ -12,9 +12,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from engine.errors import ConfigError
+from engine.train.megatron_config import (
+    MODEL_TYPES,  # noqa: F401  (re-exported: the planner names them)
+    AttentionShape,
+    conversion_problems,
+    moe_layers,
+)
 
-# Hugging Face model types the engine converts (engine.train.megatron_convert).
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 CONFIG_KEY = "actor_rollout_ref.actor.megatron"
 # Where each role's sizes live in the engine config (named in error messages).
 CONFIG_KEYS = {
@@ -115,12 +119,6 @@ class MegatronParallel:
 
     def model_problems(self, hf_config: Any, key: str = CONFIG_KEY) -> list[str]:
         """Rules that need the model's shape (checked when the engine is built)."""
-        from engine.train.megatron_convert import (
-            AttentionShape,
-            gpt_model_kwargs,
-            moe_layers,
-            transformer_config_kwargs,
-        )
 
         tp = self.tensor_model_parallel_size
         shape = AttentionShape.of(hf_config)
@@ -161,11 +159,7 @@ class MegatronParallel:
                 f" {experts} (each rank holds the same number of whole experts); pick a"
                 f" divisor of {experts}"
             )
-        try:
-            transformer_config_kwargs(hf_config)
-            gpt_model_kwargs(hf_config)
-        except ValueError as exc:
-            p.append(str(exc))
+        p.extend(conversion_problems(hf_config))
         return p
 
     def validate(self, world_size: int, hf_config: Any = None, key: str = CONFIG_KEY) -> None:

@@ -53,3 +53,53 @@ def test_stop_of_a_finished_job_changes_nothing(store):
     )
     store.transition(job.id, JobState.SUCCEEDED, exit_code=0)
     assert api.stop(job.id, store=store).state is JobState.SUCCEEDED
+
+
+MEGATRON_RECIPE = """\
+name: megatron-sizes
+algorithm: grpo
+model: {model}
+data:
+  train: [/data/train.parquet]
+hardware:
+  accelerators: H100:8
+  nodes: 1
+trainer: megatron
+engine:
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size: {tp}
+  actor_rollout_ref.ref.megatron.tensor_model_parallel_size: {tp}
+"""
+
+
+def test_megatron_sizes_the_model_cannot_take_are_refused_before_anything_runs(store, tmp_path):
+    """What the Megatron engine would refuse once the cluster is up (here: TP 2 for a
+    local checkpoint with 3 key/value heads) is refused by validate and launch, from the
+    model's config.json, naming the key and the value; nothing is recorded."""
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir()
+    config = dict(
+        model_type="qwen2", vocab_size=1024, hidden_size=384, intermediate_size=1024,
+        num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=3,
+    )  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    recipe = tmp_path / "tp2.yaml"
+    recipe.write_text(MEGATRON_RECIPE.format(model=model, tp=2))
+    for attempt in (api.validate, lambda ref: api.launch(ref, store=store)):
+        with pytest.raises(RlctlError) as err:
+            attempt(str(recipe))
+        message = str(err.value)
+        assert (
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2 must divide the"
+            " model's num_key_value_heads 3" in message
+        )
+        assert "actor_rollout_ref.ref.megatron.tensor_model_parallel_size 2" in message
+    assert store.list() == []
+    # A model the engine cannot convert at all, and sizes that fit.
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "phi3"}))
+    recipe.write_text(MEGATRON_RECIPE.format(model=model, tp=1))
+    with pytest.raises(RlctlError, match="no Megatron-core conversion for model_type 'phi3'"):
+        api.validate(str(recipe))
+    recipe.write_text(MEGATRON_RECIPE.format(model="Qwen/Qwen2.5-7B", tp=2))
+    api.validate(str(recipe))

@@ -7,18 +7,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.train.megatron_convert import (
+from engine.train.megatron_config import (
     AttentionShape,
+    gpt_model_kwargs,
+    transformer_config_kwargs,
+)
+from engine.train.megatron_convert import (
     fuse_gate_up,
     fuse_qkv,
-    gpt_model_kwargs,
     hf_to_megatron,
     megatron_to_hf,
     merge_from_tp,
     split_for_tp,
     split_gate_up,
     split_qkv,
-    transformer_config_kwargs,
 )
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=3)  # 2 query heads per group
@@ -403,7 +405,7 @@ def test_expert_numbering():
 
 
 def test_moe_config_translation():
-    from engine.train.megatron_convert import has_shared_expert_gate, moe_layers
+    from engine.train.megatron_config import has_shared_expert_gate, moe_layers
 
     qwen3 = transformer_config_kwargs(_moe_config("qwen3_moe", norm_topk_prob=True))
     assert qwen3["num_moe_experts"] == 4 and qwen3["moe_router_topk"] == 2
