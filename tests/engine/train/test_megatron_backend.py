@@ -41,9 +41,11 @@ needs_megatron = pytest.mark.skipif(
 
 
 def _config(model_type="qwen2", **kw):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    """A tiny config; the MoE types get 4 experts of width 32, 2 per token (Qwen2-MoE a
+    shared expert of width 48, Qwen3-MoE renormalised top-2 weights)."""
+    import transformers
 
-    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[model_type]
+    cls = transformers.AutoConfig.for_model(model_type).__class__
     base = dict(
         vocab_size=256,
         hidden_size=64,
@@ -55,6 +57,12 @@ def _config(model_type="qwen2", **kw):
         max_position_embeddings=128,
         tie_word_embeddings=True,
     )
+    if model_type.endswith("_moe"):
+        base.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    if model_type == "qwen2_moe":
+        base.update(shared_expert_intermediate_size=48)
+    if model_type == "qwen3_moe":
+        base.update(norm_topk_prob=True)
     base.update(kw)
     return cls(**base)
 
@@ -127,13 +135,11 @@ def test_parallel_sizes_against_the_model():
     # Expert parallelism needs experts, whole ones on every rank; TP slices them.
     (p,) = MegatronParallel(expert_model_parallel_size=2).model_problems(_config())
     assert "needs a mixture-of-experts model; qwen2 is dense, set it to 1" in p
-    from transformers import Qwen3MoeConfig
-
-    moe = Qwen3MoeConfig(**{**_config().to_dict(), "num_experts": 6, "moe_intermediate_size": 30})
+    moe = _config("qwen3_moe", num_experts=6, moe_intermediate_size=30)
     assert MegatronParallel(expert_model_parallel_size=2).model_problems(moe) == []
     (p,) = MegatronParallel(expert_model_parallel_size=4).model_problems(moe)
     assert "must divide the model's num_experts 6" in p
-    odd = Qwen3MoeConfig(**{**moe.to_dict(), "moe_intermediate_size": 31})
+    odd = _config("qwen3_moe", num_experts=6, moe_intermediate_size=31)
     (p,) = MegatronParallel(2, expert_model_parallel_size=2).model_problems(odd)
     assert "tensor_model_parallel_size 2 must divide the model's moe_intermediate_size 31" in p
     # Pipeline stages: 7 layers go 2, 2, 2, 1 over 4 stages; 28 layers cannot form 8.
@@ -592,36 +598,13 @@ def test_uneven_pipeline_stages_match_hf(tmp_path):
 
 def _tiny_moe(path, model_type: str, **kw):
     """A 2-layer Qwen2-MoE (shared expert with its sigmoid gate; the plain softmax's top 2)
-    or Qwen3-MoE (q/k norms; the top 2 renormalised), 4 experts. The router is drawn
-    wide (std 0.5, HF's default is 0.02) so that each token's top 2 are clear and 3 AdamW
-    steps do not reshuffle them between the two backends' rounding."""
-    from transformers import (
-        Qwen2MoeConfig,
-        Qwen2MoeForCausalLM,
-        Qwen3MoeConfig,
-        Qwen3MoeForCausalLM,
-    )
+    or Qwen3-MoE (q/k norms; the top 2 renormalised), 4 experts (``_config``). The router
+    is drawn wide (std 0.5, HF's default is 0.02) so that each token's top 2 are clear
+    and 3 AdamW steps do not reshuffle them between the two backends' rounding."""
+    from transformers import AutoModelForCausalLM
 
-    base = dict(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        num_experts=4,
-        num_experts_per_tok=2,
-    )
-    base.update(kw)
     torch.manual_seed(3)
-    if model_type == "qwen2_moe":
-        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(**base, shared_expert_intermediate_size=48))
-    else:
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**base, norm_topk_prob=True))
+    model = AutoModelForCausalLM.from_config(_config(model_type, **kw))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
@@ -660,11 +643,12 @@ def test_moe_actor_engine_matches_hf(tmp_path, model_type, world_size, tp, pp, e
     _check_actor(out, world_size)
 
 
-def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path):
+def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path, ep=1):
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     from engine.config import OptimConfig
+    from engine.controller.dispatch import take
     from engine.device import DEVICES
     from engine.train.forward import response_values
     from engine.train.megatron import MegatronEngine, hf_state_dict_from_checkpoint
@@ -677,6 +661,7 @@ def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path):
                 tensor_model_parallel_size=tp,
                 pipeline_model_parallel_size=pp,
                 context_parallel_size=cp,
+                expert_model_parallel_size=ep,
                 sequence_parallel=sp,
             ),
             OptimConfig(**{**OPTIM, "lr": CRITIC_LR}),
@@ -689,10 +674,13 @@ def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path):
         cfg = AutoConfig.from_pretrained(model_dir, num_labels=1)
         hf = AutoModelForTokenClassification.from_config(cfg)
         hf.dropout.p = 0.0  # HF's head drops 10% in training; the engine's value head does not
-        missing, unexpected = hf.load_state_dict(start, strict=False)
-        result = {"missing": list(missing), "unexpected": list(unexpected)}
+        missing, unexpected = _load_checkpoint_named(hf, start)
+        result = {"missing": missing, "unexpected": unexpected}
         result["output"] = (
-            engine.stage.last and engine.layout.tp_rank == 0 and engine.layout.cp_rank == 0
+            engine.stage.last
+            and engine.layout.tp_rank == 0
+            and engine.layout.cp_rank == 0
+            and engine.dp_rank == 0
         )
         result["head_std"] = start["score.weight"].std().item()
         batch = _batch(cfg.vocab_size)
@@ -705,23 +693,30 @@ def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path):
             theirs = response_values(hf, batch, torch.device("cpu"))
         result["value_err"] = ((ours - theirs) * mask).abs().max().item()
 
-        def engine_loss(eng, micro, rows, scale):
-            v = eng.response_values(micro)
-            m = micro.response_mask_BR
-            return 0.5 * (((v - returns[rows]) ** 2) * m).sum() / scale.num_tokens
-
         def hf_loss(model, b):
             v = response_values(model, b, torch.device("cpu"))
             return (
                 0.5 * (((v - returns) ** 2) * b.response_mask_BR).sum() / b.response_mask_BR.sum()
             )
 
-        result["losses"], result["norms"] = _engine_steps(engine, batch, engine_loss, STEPS, 2)
+        # This DP rank's rows (expert parallelism: the two ranks hold different rows).
+        dp_rows = take(batch, slice(engine.dp_rank, None, engine.dp_size))
+        dp_returns = returns[engine.dp_rank :: engine.dp_size]
+
+        def dp_loss(eng, micro, rows, scale):
+            v = eng.response_values(micro)
+            m = micro.response_mask_BR
+            return 0.5 * (((v - dp_returns[rows]) ** 2) * m).sum() / scale.num_tokens
+
+        losses, result["norms"] = _engine_steps(engine, dp_rows, dp_loss, STEPS, 2)
+        summed = torch.tensor(losses)
+        dist.all_reduce(summed, group=engine.dp_group)
+        result["losses"] = summed.tolist()
         result["ref_losses"], _, result["ref_norms"] = _hf_reference(
             hf, batch, hf_loss, STEPS, STEPS + 1, CRITIC_LR
         )
         trained = _hf_copy(engine)
-        result["update_err"] = _max_diff(trained, hf.state_dict())
+        result["update_err"] = _max_diff(trained, _checkpoint_state(hf))
         # The checkpoint merges offline into a token-classification state dict.
         engine.save(f"{out_path}.ckpt")
         if result["output"]:
@@ -750,6 +745,21 @@ def test_critic_engine_matches_hf_token_classification(
 ):
     out = str(tmp_path / "result")
     _spawn(_critic_run, world_size, tp, pp, sp, cp, str(tiny_model_dir), out)
+    _check_critic(out, world_size)
+
+
+@needs_megatron
+@pytest.mark.slow
+def test_moe_critic_with_expert_parallelism_matches_hf(tmp_path):
+    """A Qwen2-MoE critic over 2 expert-parallel ranks (each its own rows) against HF's
+    token-classification model of it."""
+    model_dir = _tiny_moe(tmp_path / "model", "qwen2_moe")
+    out = str(tmp_path / "result")
+    _spawn(_critic_run, 2, 1, 1, False, 1, model_dir, out, 2)
+    _check_critic(out, 2)
+
+
+def _check_critic(out, world_size):
     results = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world_size)]
     (r,) = [each for each in results if each["output"]]
     assert r["missing"] == [] and r["unexpected"] == []
