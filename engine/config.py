@@ -1001,6 +1001,7 @@ def _megatron_rules(cfg: EngineConfig) -> list[str]:
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
         "context_parallel_size",
+        "expert_model_parallel_size",
     )
     sizes = {
         role: tuple(getattr(section, name) for name in names)

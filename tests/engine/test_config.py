@@ -423,19 +423,26 @@ def test_megatron_rules_report_every_problem_with_its_key():
     assert found[1] == (
         "actor_rollout_ref.actor.megatron.context_parallel_size must be >= 1, got 0"
     )
-    assert found[2].startswith("actor_rollout_ref.ref.megatron.expert_model_parallel_size 2:")
-    # Pipeline stages are allowed, but colocated roles must agree on them.
+    # Expert parallelism with pipeline stages: TP × EP × PP = 4 devices, the world is 2.
+    assert found[2].startswith(
+        "the world size 2 must be a multiple of actor_rollout_ref.ref.megatron"
+        ".tensor_model_parallel_size × expert_model_parallel_size × pipeline_model_parallel"
+        "_size = 4"
+    )
+    # Pipeline stages and experts are allowed, but colocated roles must agree on them.
     assert "share their worker processes" in found[3]
     assert "pipeline_model_parallel_size=2" in found[3]
+    assert "expert_model_parallel_size=2" in found[3]
 
 
 def test_megatron_critic_is_checked_only_when_there_is_one():
-    experts = "critic.megatron.expert_model_parallel_size=2"
+    experts = "critic.megatron.expert_model_parallel_size=4"  # more than the 2 devices
     assert load_config([*GRPO, "critic.strategy=megatron", experts]).megatron_roles() == {}
     ppo = [*GRPO, "algorithm.adv_estimator=gae", "critic.strategy=megatron"]
     assert list(load_config(ppo).megatron_roles()) == ["critic"]
     p = one_problem([*ppo, experts])
-    assert p.startswith("critic.megatron.expert_model_parallel_size 2:") and "set it to 1" in p
+    assert p.startswith("the world size 2 must be a multiple of critic.megatron.")
+    assert "expert_model_parallel_size × pipeline_model_parallel_size = 4" in p
     # The critic shares the actor's processes: its sizes must fit the world and the actor's.
     world, shared = problems(
         [
