@@ -1,4 +1,11 @@
+import contextlib
+import json
 import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +23,90 @@ def tiny_model_dir(tmp_path_factory):
     from engine.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+# Helpers of the tests that drive jobs through the CLI (tests/e2e, tests/slurm,
+# tests/skypilot), given to them as fixtures: a conftest is not a module to import, and
+# `tests` is a namespace package a site-packages `tests` would shadow. Each takes
+# ``rlctl``: the test's CLI runner, ``rlctl(*args) -> subprocess.CompletedProcess``.
+
+
+def _job_state(rlctl, job_id: str) -> dict:
+    result = rlctl("status", job_id, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)[0]
+
+
+def _wait_state(
+    rlctl, job_id: str, states: set[str], timeout: float = 400, poll_s: float = 2
+) -> dict:
+    deadline = time.monotonic() + timeout
+    while (job := _job_state(rlctl, job_id))["state"] not in states:
+        assert time.monotonic() < deadline, (
+            f"{job_id} still {job['state']} after {timeout} s",
+            job,
+            rlctl("logs", job_id).stdout[-3000:],
+        )
+        time.sleep(poll_s)
+    return job
+
+
+@contextlib.contextmanager
+def _follow_logs(job_id: str, env: dict[str, str], cwd: Path) -> Iterator[subprocess.Popen]:
+    follow = subprocess.Popen(
+        [sys.executable, "-c", "from rlctl.cli import main; main()", "logs", job_id, "-f"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+    )  # fmt: skip
+    try:
+        yield follow
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+
+
+def _find_processes(*needles: str) -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not any(needle in cmd for needle in needles):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":  # exited, not yet reaped: nothing left to stop
+            found[int(entry.name)] = cmd[:160]
+    return found
+
+
+@pytest.fixture(scope="session")
+def job_state():
+    """``job_state(rlctl, job_id) -> dict``: the job's record from ``rlctl status JOB
+    --json`` (which must succeed)."""
+    return _job_state
+
+
+@pytest.fixture(scope="session")
+def wait_state():
+    """``wait_state(rlctl, job_id, states, timeout=400, poll_s=2) -> dict``: polls
+    ``rlctl status`` until the job is in one of ``states`` and returns its record; past
+    ``timeout`` seconds it fails with the record and the tail of the job's log."""
+    return _wait_state
+
+
+@pytest.fixture(scope="session")
+def follow_logs():
+    """``with follow_logs(job_id, env, cwd) as follow:``: ``rlctl logs JOB -f`` (a
+    ``subprocess.Popen``, output piped) running beside the block; killed if the block
+    leaves it running."""
+    return _follow_logs
+
+
+@pytest.fixture(scope="session")
+def find_processes():
+    """``find_processes(*needles) -> {pid: command line}``: the live processes whose
+    command line (its first 160 characters returned) contains one of ``needles``."""
+    return _find_processes

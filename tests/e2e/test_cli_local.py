@@ -47,23 +47,7 @@ def short_quickstart(tmp_path: Path, steps: int) -> Path:
     return path
 
 
-def job_state(rlctl, job_id: str) -> dict:
-    result = rlctl("status", job_id, "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)[0]
-
-
-def wait_state(rlctl, job_id: str, states: set[str], timeout: float = 400) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = job_state(rlctl, job_id)
-        if job["state"] in states:
-            return job
-        assert time.monotonic() < deadline, job
-        time.sleep(1)
-
-
-def test_quickstart_through_the_cli(rlctl, tmp_path):
+def test_quickstart_through_the_cli(rlctl, tmp_path, job_state, wait_state):
     assert rlctl("validate", "quickstart").returncode == 0
     plan = rlctl("plan", "quickstart")
     assert plan.returncode == 0, plan.stderr
@@ -75,7 +59,7 @@ def test_quickstart_through_the_cli(rlctl, tmp_path):
     job_id = launched.stdout.split()[1]
     assert job_id.startswith("quick3-")
 
-    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED"})
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED"}, poll_s=1)
     logs = rlctl("logs", job_id)
     assert done["state"] == "SUCCEEDED", logs.stdout[-3000:]
     assert "step 3/3 | score" in logs.stdout
@@ -124,7 +108,7 @@ def test_bad_recipe_is_refused_before_anything_is_recorded(rlctl, tmp_path):
     assert json.loads(rlctl("list", "--json").stdout) == []
 
 
-def test_secrets_reach_the_job_and_nothing_else(rlctl, tmp_path):
+def test_secrets_reach_the_job_and_nothing_else(rlctl, tmp_path, wait_state, read_metrics):
     """A secret named in the recipe is read from the launching environment, reaches the
     job's processes (the reward function sees it), and is written nowhere."""
     sentinel = "sk-test-5ecr3t-value"
@@ -145,14 +129,11 @@ def test_secrets_reach_the_job_and_nothing_else(rlctl, tmp_path):
     launched = rlctl("launch", str(recipe), extra_env={"RLCTL_TEST_TOKEN": sentinel})
     assert launched.returncode == 0, launched.stderr
     job_id = launched.stdout.split()[1]
-    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED"})
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED"}, poll_s=1)
     assert done["state"] == "SUCCEEDED", rlctl("logs", job_id).stdout[-3000:]
 
     home = tmp_path / "home"
-    metrics = [
-        json.loads(line)
-        for line in (home / "jobs" / job_id / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
+    metrics = read_metrics(home / "jobs" / job_id / "run")
     assert metrics[-1]["critic/score/mean"] == 1.0  # the job saw the secret
     for path in home.rglob("*"):
         if path.is_file() and path.stat().st_size < 50_000_000:

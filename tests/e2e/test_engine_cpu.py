@@ -2,7 +2,6 @@
 HF rollout, rule rewards, and the algorithms of the loop."""
 
 import importlib.util
-import json
 import math
 import os
 import subprocess
@@ -14,22 +13,6 @@ import pytest
 from engine.config import load_config
 
 pytestmark = pytest.mark.slow
-
-# Two CPU workers, the synthetic task, short responses: a few seconds a step.
-BASE = [
-    "trainer.device=cpu",
-    "trainer.n_gpus_per_node=2",
-    "data.max_prompt_length=64",
-    "data.max_response_length=8",
-    "reward_model.num_workers=1",
-    "actor_rollout_ref.actor.optim.lr=2e-3",
-    "trainer.val_before_train=false",
-]
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def _has_megatron() -> bool:
@@ -49,14 +32,16 @@ MEGATRON = pytest.param(
 
 
 @pytest.mark.parametrize("strategy", [pytest.param([], id="fsdp2"), MEGATRON])
-def test_grpo_learns_the_synthetic_task(strategy, tiny_model_dir, synthetic_data, tmp_path):
+def test_grpo_learns_the_synthetic_task(
+    strategy, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
     """Through the real command line (a subprocess: its Ray workers inherit PYTHONPATH).
     A zero learning rate or a flipped gradient sign leaves the score at its random-policy
     level (about 0.01) and fails the margin."""
     train, val = synthetic_data
     run_dir = tmp_path / "run"
     overrides = [
-        *BASE,
+        *base_overrides,
         *strategy,
         f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"data.train_files={train}",
@@ -102,17 +87,6 @@ def test_grpo_learns_the_synthetic_task(strategy, tiny_model_dir, synthetic_data
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert exported.num_parameters() == initial.num_parameters()
     assert not exported.model.norm.weight.equal(initial.model.norm.weight)  # it trained
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    from engine.runtime import init_ray
-
-    init_ray(load_config(["actor_rollout_ref.model.path=x", "data.train_files=x", *BASE]))
-    yield
-    ray.shutdown()
 
 
 ALGORITHMS = {
@@ -175,13 +149,15 @@ ALGORITHMS = {
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_algorithm_runs(name, ray_cluster, tiny_model_dir, synthetic_data, tmp_path):
+def test_algorithm_runs(
+    name, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
     from engine.runtime import run_training
 
     train, _ = synthetic_data
     cfg = load_config(
         [
-            *BASE,
+            *base_overrides,
             f"actor_rollout_ref.model.path={tiny_model_dir}",
             f"data.train_files={train}",
             "actor_rollout_ref.rollout.n=4",

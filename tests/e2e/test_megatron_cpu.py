@@ -35,52 +35,32 @@ pytestmark = [
     ),
 ]
 
-REPO = Path(__file__).parents[2]
-BASE = [
-    "trainer.device=cpu",
-    "trainer.n_gpus_per_node=2",
-    "data.max_prompt_length=64",
-    "data.max_response_length=8",
-    "reward_model.num_workers=1",
-    "actor_rollout_ref.actor.optim.lr=2e-3",
-    "trainer.val_before_train=false",
-    "trainer.logger=[]",
-]
 MEGATRON = ["actor_rollout_ref.actor.strategy=megatron"]
 # Metrics that measure the machine, not the run.
 MACHINE_METRICS = ("timing_s/", "perf/")
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    from engine.runtime import init_ray
-
-    init_ray(load_config(["actor_rollout_ref.model.path=x", "data.train_files=x", *BASE]))
-    yield
-    ray.shutdown()
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
-
-
-def run(model: Path, train: Path, run_dir: Path, *extra: str) -> list[dict]:
+def run(base_overrides, read_metrics):
+    """``run(model, train, run_dir, *extra) -> list[dict]``: an in-process training run
+    (on the module's ``ray_cluster``, no loggers) and its metrics."""
     from engine.runtime import run_training
 
-    cfg = load_config(
-        [
-            *BASE,
-            f"actor_rollout_ref.model.path={model}",
-            f"data.train_files={train}",
-            f"trainer.default_local_dir={run_dir}",
-            *extra,
-        ]
-    )
-    run_training(cfg)
-    return read_metrics(run_dir)
+    def run(model: Path, train: Path, run_dir: Path, *extra: str) -> list[dict]:
+        cfg = load_config(
+            [
+                *base_overrides,
+                "trainer.logger=[]",
+                f"actor_rollout_ref.model.path={model}",
+                f"data.train_files={train}",
+                f"trainer.default_local_dir={run_dir}",
+                *extra,
+            ]
+        )
+        run_training(cfg)
+        return read_metrics(run_dir)
+
+    return run
 
 
 GRPO_KL = [
@@ -98,7 +78,7 @@ GRPO_KL = [
 
 
 @pytest.fixture(scope="module")
-def fsdp_grpo(ray_cluster, tiny_model_dir, synthetic_data, tmp_path_factory):
+def fsdp_grpo(ray_cluster, run, tiny_model_dir, synthetic_data, tmp_path_factory):
     train, _ = synthetic_data
     return run(tiny_model_dir, train, tmp_path_factory.mktemp("fsdp"), *GRPO_KL)
 
@@ -122,7 +102,7 @@ def _sizes(roles: tuple[str, ...], tp: int, pp: int, sp: bool = False, cp: int =
     ids=["dp2", "tp2", "pp2", "tp2-sp", "cp2"],
 )
 def test_megatron_grpo_takes_the_fsdp_update(
-    tp, pp, sp, cp, fsdp_grpo, tiny_model_dir, synthetic_data, tmp_path
+    tp, pp, sp, cp, fsdp_grpo, run, tiny_model_dir, synthetic_data, tmp_path
 ):
     """Same config and seed, FSDP2 then Megatron (TP 1: DP 2; TP 2 or PP 2: both ranks
     hold the same rows; with PP the stages run 1F1B and the last one answers; with SP the
@@ -186,7 +166,7 @@ def _assert_same_update(fsdp: list[dict], megatron: list[dict]) -> None:
     assert "timing_s/old_log_prob" in megatron[0] and "timing_s/ref" in megatron[0]
 
 
-def test_megatron_moe_grpo_takes_the_fsdp_update(ray_cluster, synthetic_data, tmp_path):
+def test_megatron_moe_grpo_takes_the_fsdp_update(ray_cluster, run, synthetic_data, tmp_path):
     """A mixture-of-experts model (Qwen3-MoE, 4 experts, 2 per token), FSDP2 then Megatron
     with expert parallelism 2: each worker holds 2 experts and the tokens of both
     data-parallel ranks meet in them (padded to one shape per micro-batch). The same
@@ -242,7 +222,7 @@ PPO_BASE = [
 
 @pytest.mark.parametrize("pp", [1, 2], ids=["dp2", "pp2"])
 def test_megatron_ppo_with_a_megatron_critic_resumes_exactly(
-    pp, ray_cluster, tiny_model_dir, synthetic_data, tmp_path
+    pp, ray_cluster, run, tiny_model_dir, synthetic_data, tmp_path
 ):
     """PPO with GAE: Megatron actor and critic (with PP 2, each over two stages). A run
     saved at step 2 and resumed to step 3 logs the same step 3 as a run that went

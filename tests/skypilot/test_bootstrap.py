@@ -59,23 +59,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ray_processes(temp_dirs: list[str]) -> list[int]:
-    """Live processes whose command line names one of the test's Ray temp dirs."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(d in cmd for d in temp_dirs):
-            pids.append(int(entry.name))
-    return pids
-
-
-def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path):
+def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_processes):
     recipe = load_recipe(find_recipe("quickstart"))
     root = tmp_path / "job"
     backend = SkyPilotBackend(SkyPilotOptions(cloud="k8s", remote_root=str(tmp_path)))
@@ -157,21 +141,21 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path):
         engine_cfg = yaml.safe_load((root / "engine.yaml").read_text())
         assert engine_cfg == yaml.safe_load(spec.engine_yaml)
         deadline = time.monotonic() + 30
-        while _ray_processes(temp_dirs) and time.monotonic() < deadline:
+        while find_processes(*temp_dirs) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _ray_processes(temp_dirs) == [], "Ray processes left behind"
+        assert find_processes(*temp_dirs) == {}, "Ray processes left behind"
         print(f"two-node bootstrap: {elapsed:.1f} s")
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, 9)
-        for pid in _ray_processes(temp_dirs):
+        for pid in find_processes(*temp_dirs):
             os.kill(pid, 9)
         for d in temp_dirs:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def test_engine_failure_is_the_task_exit_code(tmp_path):
+def test_engine_failure_is_the_task_exit_code(tmp_path, find_processes):
     """Rank 0 returns the engine's exit code (75 = stopped on SIGTERM) and still stops Ray."""
     recipe = load_recipe(find_recipe("quickstart"))
     backend = SkyPilotBackend(SkyPilotOptions(remote_root=str(tmp_path)))
@@ -204,11 +188,11 @@ def test_engine_failure_is_the_task_exit_code(tmp_path):
         )
         assert proc.returncode == 75, proc.stdout + proc.stderr
         deadline = time.monotonic() + 30
-        while _ray_processes([temp_dir]) and time.monotonic() < deadline:
+        while find_processes(temp_dir) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _ray_processes([temp_dir]) == []
+        assert find_processes(temp_dir) == {}
     finally:
-        for pid in _ray_processes([temp_dir]):
+        for pid in find_processes(temp_dir):
             os.kill(pid, 9)
         shutil.rmtree(temp_dir, ignore_errors=True)
 

@@ -140,20 +140,6 @@ def recipe(tmp_path: Path, name: str, steps: int, hardware: str = "") -> Path:
     return path
 
 
-def state(rlctl, job_id: str) -> dict:
-    out = rlctl("status", job_id, "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)[0]
-
-
-def wait_for(rlctl, job_id: str, states: set[str], timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while (seen := state(rlctl, job_id))["state"] not in states:
-        assert time.monotonic() < deadline, f"{job_id} still {seen} after {timeout} s"
-        time.sleep(5)
-    return seen
-
-
 def launch(rlctl, path: Path, cluster: str) -> str:
     out = rlctl("launch", str(path), "--cloud", INFRA, "--cluster", cluster, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
@@ -181,21 +167,6 @@ def ray_dir(job_id: str) -> str:
     return f"/tmp/rlctl-ray-{job_id.replace('-', '')[-12:]}"
 
 
-def ray_processes(temp_dir_prefix: str) -> list[int]:
-    """Live processes whose command line names a job's Ray temp dir."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if temp_dir_prefix in cmd:
-            pids.append(int(entry.name))
-    return pids
-
-
 def assert_no_secret_kept(rlctl, tmp_path: Path, job_id: str) -> None:
     digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
     seen = (tmp_path / "secret.sha256").read_text().split()
@@ -207,7 +178,9 @@ def assert_no_secret_kept(rlctl, tmp_path: Path, job_id: str) -> None:
     assert not Path("/tmp/rlctl-sky-pwned").exists()
 
 
-def test_quickstart_trains_on_slurm_through_skypilot(rlctl, tmp_path):
+def test_quickstart_trains_on_slurm_through_skypilot(
+    rlctl, tmp_path, wait_state, follow_logs, find_processes
+):
     """Launch provisions a Slurm allocation, setup builds the model and data, the run
     section forms Ray and the engine trains; status says SUCCEEDED, logs show the steps."""
     Path("/tmp/rlctl-sky-pwned").unlink(missing_ok=True)
@@ -219,17 +192,10 @@ def test_quickstart_trains_on_slurm_through_skypilot(rlctl, tmp_path):
         started = time.monotonic()
         job_id = launch(rlctl, path, ONE_NODE)
         launched = time.monotonic() - started
-        follow = subprocess.Popen([sys.executable, "-c", CLI, "logs", job_id, "-f"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=rlctl.env, cwd=tmp_path)  # fmt: skip
-        try:
-            done = wait_for(rlctl, job_id, DONE, timeout=600)
+        with follow_logs(job_id, rlctl.env, tmp_path) as follow:
+            done = wait_state(rlctl, job_id, DONE, timeout=600, poll_s=5)
             finished = time.monotonic() - started
             followed, _ = follow.communicate(timeout=120)
-        finally:
-            if follow.poll() is None:
-                follow.kill()
-                follow.communicate()
         logs = rlctl("logs", job_id)
         assert logs.returncode == 0, logs.stderr
         assert done["state"] == "SUCCEEDED", (done, logs.stdout[-4000:])
@@ -240,14 +206,14 @@ def test_quickstart_trains_on_slurm_through_skypilot(rlctl, tmp_path):
             assert "rlctl: the engine exited with code 0" in text
         assert follow.returncode == 0  # `logs -f` ended by itself with the job
         assert_no_secret_kept(rlctl, tmp_path, job_id)
-        assert ray_processes(ray_dir(job_id)) == []
+        assert find_processes(ray_dir(job_id)) == {}
         assert slurm_jobs(ONE_NODE), "the cluster keeps its allocation until it is downed"
     except BaseException:
         sky_down(rlctl, ONE_NODE)
         raise
 
 
-def test_stop_cancels_the_job_and_downs_the_cluster(rlctl, tmp_path):
+def test_stop_cancels_the_job_and_downs_the_cluster(rlctl, tmp_path, job_state, find_processes):
     """A long run on the cluster (launched through the Python API, which takes
     ``down=True``), stopped while it trains: the job is CANCELLED, its Ray is gone, and the
     cluster's Slurm allocation is released."""
@@ -266,35 +232,35 @@ def test_stop_cancels_the_job_and_downs_the_cluster(rlctl, tmp_path):
         deadline = time.monotonic() + 300
         while "step 2/500" not in (logs := rlctl("logs", job_id)).stdout:
             assert time.monotonic() < deadline, logs.stdout[-3000:]
-            assert state(rlctl, job_id)["state"] == "RUNNING", logs.stdout[-3000:]
+            assert job_state(rlctl, job_id)["state"] == "RUNNING", logs.stdout[-3000:]
             time.sleep(5)
-        assert ray_processes(ray_dir(job_id)), "the job's Ray runs on the node"
+        assert find_processes(ray_dir(job_id)), "the job's Ray runs on the node"
         started = time.monotonic()
         stopped = rlctl("stop", job_id, timeout=300)
         assert stopped.returncode == 0, stopped.stderr
         print(f"stop: {time.monotonic() - started:.0f} s")
-        assert state(rlctl, job_id)["state"] == "CANCELLED"
+        assert job_state(rlctl, job_id)["state"] == "CANCELLED"
         deadline = time.monotonic() + 60
-        while ray_processes(ray_dir(job_id)) or slurm_jobs(ONE_NODE):
+        while find_processes(ray_dir(job_id)) or slurm_jobs(ONE_NODE):
             assert time.monotonic() < deadline, (
-                ray_processes(ray_dir(job_id)),
+                find_processes(ray_dir(job_id)),
                 slurm_jobs(ONE_NODE),
             )
             time.sleep(1)
         # rlctl's status of a cancelled job stays cancelled once the cluster is gone
-        assert state(rlctl, job_id)["state"] == "CANCELLED"
+        assert job_state(rlctl, job_id)["state"] == "CANCELLED"
     finally:
         sky_down(rlctl, ONE_NODE)
 
 
-def test_two_nodes_form_one_ray_cluster(rlctl, tmp_path):
+def test_two_nodes_form_one_ray_cluster(rlctl, tmp_path, wait_state):
     """Two Slurm nodes: rank 0 starts the Ray head, rank 1 joins it, the engine's two
     workers train across both."""
     path = recipe(tmp_path, "sky-two", steps=2, hardware="{accelerators: 'cpu:1', nodes: 2}")
     try:
         started = time.monotonic()
         job_id = launch(rlctl, path, TWO_NODES)
-        done = wait_for(rlctl, job_id, DONE, timeout=600)
+        done = wait_state(rlctl, job_id, DONE, timeout=600, poll_s=5)
         logs = rlctl("logs", job_id).stdout
         assert done["state"] == "SUCCEEDED", (done, logs[-4000:])
         print(f"two nodes: SUCCEEDED after {time.monotonic() - started:.0f} s")

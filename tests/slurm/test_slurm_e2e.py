@@ -86,22 +86,6 @@ def launch(rlctl, path: Path) -> str:
     return launched.stdout.split()[1]
 
 
-def job_state(rlctl, job_id: str) -> dict:
-    result = rlctl("status", job_id, "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)[0]
-
-
-def wait_state(rlctl, job_id: str, states: set[str], timeout: float = 400) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = job_state(rlctl, job_id)
-        if job["state"] in states:
-            return job
-        assert time.monotonic() < deadline, (job, rlctl("logs", job_id).stdout[-3000:])
-        time.sleep(2)
-
-
 def handle(rlctl, job_id: str) -> dict:
     return JobStore(rlctl.home / "jobs.db").get(job_id).handle
 
@@ -113,22 +97,13 @@ def wait_slurm_done(slurm_id: str, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
-def ray_processes(slurm_id: str) -> list[str]:
-    """Processes of this job's Ray nodes (their temp dirs are /tmp/rlray-<id>-<node>)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if f"/tmp/rlray-{slurm_id}-" in cmd:
-            found.append(f"{entry.name}: {cmd[:160]}")
-    return found
+def ray_temp_prefix(slurm_id: str) -> str:
+    """What names this job's Ray nodes in their command lines: their temp dirs are
+    /tmp/rlray-<id>-<node>."""
+    return f"/tmp/rlray-{slurm_id}-"
 
 
-def test_two_node_job_succeeds(rlctl, tmp_path):
+def test_two_node_job_succeeds(rlctl, tmp_path, wait_state, find_processes):
     started = time.monotonic()
     job_id = launch(rlctl, recipe(tmp_path, "slurm2", steps=2))
     done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -163,10 +138,10 @@ def test_two_node_job_succeeds(rlctl, tmp_path):
     followed = rlctl("logs", job_id, "-f", timeout=60)  # ends: the job ended
     assert followed.returncode == 0 and "step 2/2" in followed.stdout
     wait_slurm_done(slurm_id)
-    assert ray_processes(slurm_id) == []
+    assert find_processes(ray_temp_prefix(slurm_id)) == {}
 
 
-def test_failing_job_reports_exit_code_and_log_tail(rlctl, tmp_path):
+def test_failing_job_reports_exit_code_and_log_tail(rlctl, tmp_path, wait_state, find_processes):
     path = recipe(
         tmp_path, "slurmfail", steps=2, **{"actor_rollout_ref.model.path": "/nonexistent/model"}
     )
@@ -178,10 +153,10 @@ def test_failing_job_reports_exit_code_and_log_tail(rlctl, tmp_path):
     assert "nonexistent" in done["reason"]  # the tail of the job's log
     slurm_id = handle(rlctl, job_id)["slurm_job_id"]
     wait_slurm_done(slurm_id)
-    assert ray_processes(slurm_id) == []
+    assert find_processes(ray_temp_prefix(slurm_id)) == {}
 
 
-def test_stop_running_job(rlctl, tmp_path):
+def test_stop_running_job(rlctl, tmp_path, job_state, find_processes):
     job_id = launch(rlctl, recipe(tmp_path, "slurmlong", steps=500))
     deadline = time.monotonic() + 300
     while "step 1/500" not in rlctl("logs", job_id).stdout:
@@ -193,7 +168,7 @@ def test_stop_running_job(rlctl, tmp_path):
     assert job_state(rlctl, job_id)["state"] == "CANCELLED"
     slurm_id = handle(rlctl, job_id)["slurm_job_id"]
     wait_slurm_done(slurm_id)
-    assert ray_processes(slurm_id) == []
+    assert find_processes(ray_temp_prefix(slurm_id)) == {}
     assert "stopping the engine" in rlctl("logs", job_id).stdout
     # graceful: the engine finished its step and exited with 75 ("stopped on SIGTERM")
     root = Path(handle(rlctl, job_id)["root"])
@@ -211,7 +186,7 @@ def test_bad_partition_is_a_clear_error(rlctl, tmp_path):
     assert [(j["state"], "nosuch" in (j["reason"] or "")) for j in jobs] == [("FAILED", True)]
 
 
-def test_preempted_job_requeues_and_resumes(rlctl, tmp_path):
+def test_preempted_job_requeues_and_resumes(rlctl, tmp_path, job_state, find_processes):
     """SIGTERM to the batch shell (what Slurm's --signal=B:TERM@... sends before a time limit
     or preemption): the engine saves and exits 75, the script requeues the job, and the
     requeued run resumes from the checkpoint."""
@@ -232,4 +207,4 @@ def test_preempted_job_requeues_and_resumes(rlctl, tmp_path):
     assert job_state(rlctl, job_id)["state"] == "RUNNING"
     assert rlctl("stop", job_id, "--grace", "60").returncode == 0
     wait_slurm_done(slurm_id)
-    assert ray_processes(slurm_id) == []
+    assert find_processes(ray_temp_prefix(slurm_id)) == {}

@@ -27,7 +27,7 @@ import pytest
 
 from rlctl.backends.slurm import SlurmBackend, SlurmProfile
 from rlctl.errors import RlctlError
-from tests.slurm.test_slurm_e2e import CLI, REPO, handle, recipe, wait_state, write_profile
+from tests.slurm.test_slurm_e2e import CLI, REPO, handle, recipe, write_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -138,7 +138,7 @@ def login_node(tmp_path_factory, slurm_cluster):
             server.wait()
 
 
-def test_launch_over_ssh(tmp_path, login_node):
+def test_launch_over_ssh(tmp_path, login_node, wait_state, follow_logs):
     home = tmp_path / "home"
     jobs = tmp_path / "jobs"
     write_profile(home, jobs)
@@ -181,17 +181,10 @@ def test_launch_over_ssh(tmp_path, login_node):
         assert (root / name).is_file(), name
 
     # follow from the start: it streams over SSH and ends by itself when the job ends
-    follow = subprocess.Popen([sys.executable, "-c", CLI, "logs", job_id, "-f"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env, cwd=tmp_path)  # fmt: skip
-    try:
+    with follow_logs(job_id, env, tmp_path) as follow:
         done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"})
         ended = time.monotonic()
         followed, follow_err = follow.communicate(timeout=90)
-    finally:
-        if follow.poll() is None:
-            follow.kill()
-            follow.communicate()
     logs = rlctl("logs", job_id)
     assert logs.returncode == 0, logs.stderr
     assert done["state"] == "SUCCEEDED", (done, logs.stdout[-3000:])
