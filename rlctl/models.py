@@ -227,6 +227,9 @@ _TABLE: dict[str, dict[str, Any]] = {
         n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=3,
         moe_layer_freq=1, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
         qk_rope_head_dim=64, v_head_dim=128, tie_word_embeddings=False,
+        n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_scaling=dict(type="yarn", factor=40, original_max_position_embeddings=4096,
+                          beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
     ),
     # Mistral 7B: v0.1 and v0.2 have a 32000-token vocabulary, v0.3 32768
     "mistralai/Mistral-7B-v0.1": dict(

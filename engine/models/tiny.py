@@ -148,26 +148,28 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
     num_experts: int = 0,
+    model_type: str = "qwen2",
 ) -> Path:
-    """Save a random ``Qwen2ForCausalLM`` and its tokenizer under ``out_dir``; return it.
-    With ``num_experts``, a ``Qwen3MoeForCausalLM`` instead: every layer a mixture of that
-    many experts of width ``hidden_size``, 2 per token (renormalised), its router drawn
-    with std 0.5 (HF's 0.02 would route almost uniformly, so that rounding could flip a
+    """Save a random model and its tokenizer under ``out_dir``; return it.
+
+    ``model_type``: ``qwen2`` (the default; with ``num_experts``, ``qwen3_moe``), or
+    ``qwen3_moe``: every layer a mixture of ``num_experts`` (default 4) experts of width
+    ``hidden_size``, 2 per token, renormalised; or ``deepseek_v3``: multi-latent attention,
+    the first layer dense, then ``num_experts`` (default 8) experts in 4 groups, 4 per
+    token from the best 2 groups, a shared expert, a routing bias. Routers are drawn with
+    std 0.5 (HF's 0.02 would route almost uniformly, so that rounding could flip a
     token's experts)."""
     import torch
-    from transformers import (
-        GenerationConfig,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3MoeConfig,
-        Qwen3MoeForCausalLM,
-    )
+    import transformers
+    from transformers import GenerationConfig
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    if num_experts and model_type == "qwen2":
+        model_type = "qwen3_moe"
     shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -182,24 +184,46 @@ def build_tiny_model(
         pad_token_id=pad_id,
         dtype="float32",
     )
+    head = hidden_size // num_heads
+    if model_type == "qwen3_moe":
+        shape.update(
+            head_dim=head,
+            num_experts=num_experts or 4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=hidden_size,
+            norm_topk_prob=True,
+        )
+    elif model_type == "deepseek_v3":
+        shape.update(
+            num_key_value_heads=num_heads,
+            q_lora_rank=hidden_size // 2,
+            kv_lora_rank=hidden_size // 4,
+            qk_nope_head_dim=head,
+            qk_rope_head_dim=head // 2,
+            v_head_dim=head,
+            n_routed_experts=num_experts or 8,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            moe_intermediate_size=hidden_size // 2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        )
+    elif model_type != "qwen2":
+        raise ValueError(f"model_type {model_type!r}: qwen2, qwen3_moe or deepseek_v3")
+    config = transformers.AutoConfig.for_model(model_type, **shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if num_experts:
-            config = Qwen3MoeConfig(
-                **shape,
-                head_dim=hidden_size // num_heads,
-                num_experts=num_experts,
-                num_experts_per_tok=2,
-                moe_intermediate_size=hidden_size,
-                norm_topk_prob=True,
-            )
-            model = Qwen3MoeForCausalLM(config)
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    if name.endswith("mlp.gate.weight"):
-                        param.normal_(0.0, 0.5)
-        else:
-            model = Qwen2ForCausalLM(Qwen2Config(**shape))
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    param.normal_(0.0, 0.5)
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.normal_(0.0, 0.05)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

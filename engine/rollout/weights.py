@@ -223,10 +223,14 @@ def checkpoint_tensors(
 
 def checkpoint_slots(module: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
     """Where each checkpoint-named tensor goes: ``{checkpoint name: (parameter name,
-    the parameter or the slice of it that the tensor fills)}``."""
+    the parameter or the slice of it that the tensor fills)}``. Buffers a checkpoint
+    holds (DeepSeek-V3's ``e_score_correction_bias``) count as parameters; rotary
+    ``inv_freq`` and other non-persistent buffers do not."""
     revert = checkpoint_reverter(module)
     slots: dict[str, tuple[str, torch.Tensor]] = {}
-    for name, param in module.named_parameters():
+    saved = set(module.state_dict().keys())
+    buffers = ((n, b) for n, b in module.named_buffers() if n in saved)
+    for name, param in (*module.named_parameters(), *buffers):
         for ckpt_name, view in checkpoint_tensors(name, param.detach(), revert):
             if view.untyped_storage().data_ptr() != param.untyped_storage().data_ptr():
                 raise ValueError(

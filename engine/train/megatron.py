@@ -107,6 +107,7 @@ import contextlib
 import json
 import math
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -129,7 +130,9 @@ from engine.train.megatron_config import (
     AttentionShape,
     gpt_model_kwargs,
     has_shared_expert_gate,
+    is_mla,
     moe_layers,
+    num_experts,
     transformer_config_kwargs,
 )
 from engine.train.megatron_convert import (
@@ -301,7 +304,7 @@ class SDPAttention(nn.Module):
     ) -> torch.Tensor:
         if packed_seq_params is not None or attention_bias is not None:
             raise NotImplementedError("SDPAttention takes neither packed sequences nor a bias")
-        s, b, heads, d = query.shape
+        s, b, heads = query.shape[:3]
         per_group = heads // key.shape[2]
         if self.cp_group is not None:  # this rank's queries against the whole sequence
             key = megatron_context.gather(key, 0, self.cp_group, sum_grads=True)
@@ -318,7 +321,7 @@ class SDPAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             scale=self.softmax_scale,
         )
-        return out.permute(2, 0, 1, 3).reshape(s, b, heads * d)
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # MLA: the value head dim
 
 
 class ValueHead(nn.Linear):
@@ -353,6 +356,49 @@ class TorchRMSNorm(nn.RMSNorm):
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         if config.sequence_parallel:
             self.weight.sequence_parallel = True
+
+
+class DuplicatedLinear(nn.Linear):
+    """A linear layer every TP rank holds whole, for multi-latent attention's low-rank
+    down projections (Transformer Engine's ``parallel_mode="duplicated"``).
+
+    Megatron-core's local spec splits them column-wise instead, and then the rotary part
+    of the keys, which each rank uses for its own heads only, gets back the gradient of
+    those heads alone (the gather's backward keeps this rank's columns): with TP > 1
+    the down projection's gradient misses the other ranks' heads (seen on
+    megatron-core 0.14: gradient norms 2e-5 off at TP 2). Whole, on the rank's slice of
+    the sequence, the rotary keys are gathered over the sequence instead, whose backward
+    sums every rank's heads; the weight's gradient, partial over the sequence, is summed
+    over TP by ``finalize_model_grads`` (the ``sequence_parallel`` mark). Needs sequence
+    parallelism when TP > 1 (``MegatronParallel.model_problems``)."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        *,
+        config: Any,
+        bias: bool = False,
+        skip_bias_add: bool = False,
+        **_: Any,  # init_method, gather_output, ...: the weights are loaded
+    ) -> None:
+        super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
+        for param in self.parameters():
+            param.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return super().forward(x), None
+
+
+def _duplicated_linear() -> type:
+    """The whole-on-every-rank linear Megatron's MLA accepts for its down projections:
+    Megatron's own (with Transformer Engine installed) or ``DuplicatedLinear``, bound to
+    the name the MLA module checks against (None without Transformer Engine)."""
+    from megatron.core.transformer import multi_latent_attention
+
+    if multi_latent_attention.Linear is None:
+        multi_latent_attention.Linear = DuplicatedLinear
+    return multi_latent_attention.Linear
 
 
 # ---------------------------------------------------------------------------
@@ -488,7 +534,6 @@ class MegatronEngine:
         self.device = device
         self.role = role
         self.total_steps = max(1, total_steps)
-        self.shape = AttentionShape.of(hf_config)
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         self.model_parallel_group = ps.get_model_parallel_group()
@@ -514,7 +559,7 @@ class MegatronEngine:
         self.tp_ep_group = ps.get_expert_tensor_and_model_parallel_group()
         # Each routed expert's TP slice once: what the gradient norm sums over for them.
         self.expert_norm_group = ps.get_expert_tensor_model_pipeline_parallel_group()
-        self.experts_per_rank = (getattr(hf_config, "num_experts", 0) or 0) // self.layout.ep
+        self.experts_per_rank = num_experts(hf_config) // self.layout.ep
         self.stage = stage
         self.link = StageLink()
         # (stage input, stage output) of each micro-batch whose backward is still to come:
@@ -934,7 +979,7 @@ class MegatronEngine:
         experts numbered in the whole model); the last stage's copy of tied embeddings
         (``shared``) only when asked."""
         first_expert = self.layout.ep_rank * self.experts_per_rank
-        for name, param in self.model.named_parameters():
+        for name, param in _weights(self.model):
             if with_shared or not getattr(param, "shared", False):
                 yield shift_expert(shift_layer(name, self.stage.layer_offset), first_expert), param
 
@@ -998,7 +1043,7 @@ class MegatronEngine:
         on every rank). The critic's value head comes out as ``score.{weight,bias}``.
         Tensors not split over TP are views of the live parameters: copy what you keep."""
         pairs = self._full_megatron_tensors()
-        for name, tensor in _to_hf_pairs(pairs, self.shape, self.role):
+        for name, tensor in _to_hf_pairs(pairs, self.hf_config, self.role):
             yield name, tensor if dtype is None else tensor.to(dtype)
 
     # -- checkpoints ----------------------------------------------------------------
@@ -1125,7 +1170,12 @@ def _build_gpt(
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     if len(set(stage.stage_layers)) > 1:  # uneven: the last stage holds fewer
         kw["num_layers_in_last_pipeline_stage"] = stage.stage_layers[-1]
-    config = TransformerConfig(
+    config_class = TransformerConfig
+    if kw.get("multi_latent_attention"):
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        config_class = MLATransformerConfig
+    config = config_class(
         **kw,
         activation_func=F.silu,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
@@ -1184,18 +1234,23 @@ def _layer_spec(hf_config: Any, qk_layernorm: bool, moe: bool) -> Any:
     ``SequentialMLP``, no grouped GEMM) with our attention core and norms."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    mla = is_mla(hf_config)
     spec = get_gpt_layer_local_spec(
-        num_experts=hf_config.num_experts if moe else None,
+        num_experts=num_experts(hf_config) if moe else None,
         moe_grouped_gemm=False,
         qk_layernorm=qk_layernorm,
+        multi_latent_attention=mla,
         normalization="RMSNorm",
     )
     layer = spec.submodules
-    layer.self_attention.submodules.core_attention = SDPAttention
+    attention = layer.self_attention.submodules
+    attention.core_attention = SDPAttention
     layer.input_layernorm = layer.pre_mlp_layernorm = TorchRMSNorm
-    if qk_layernorm:  # Qwen3; per head, after the (gathered) qkv projection
-        layer.self_attention.submodules.q_layernorm = TorchRMSNorm
-        layer.self_attention.submodules.k_layernorm = TorchRMSNorm
+    if mla:  # the low-rank query's and key/value's norms; whole down projections
+        attention.q_layernorm = attention.kv_layernorm = TorchRMSNorm
+        attention.linear_q_down_proj = attention.linear_kv_down_proj = _duplicated_linear()
+    elif qk_layernorm:  # Qwen3; per head, after the (gathered) qkv projection
+        attention.q_layernorm = attention.k_layernorm = TorchRMSNorm
     if moe:
         layer.mlp.module = _moe_layer_class()
         shared = layer.mlp.submodules.shared_experts
@@ -1262,9 +1317,7 @@ def _load_hf_weights(
 
     tp = ps.get_tensor_model_parallel_world_size()
     tp_rank = ps.get_tensor_model_parallel_rank()
-    per_rank = (
-        getattr(hf_config, "num_experts", 0) or 0
-    ) // ps.get_expert_model_parallel_world_size()
+    per_rank = num_experts(hf_config) // ps.get_expert_model_parallel_world_size()
     first_expert = ps.get_expert_model_parallel_rank() * per_rank
 
     def held(name: str) -> bool:  # this stage's, and this expert-parallel rank's experts
@@ -1275,11 +1328,17 @@ def _load_hf_weights(
     body = {
         k: v
         for k, v in hf_state.items()
-        if not k.startswith("score.") and not (role == "critic" and k == "lm_head.weight")
+        if not k.startswith("score.")
+        and not (role == "critic" and k == "lm_head.weight")
+        and not _beyond_the_model(k, hf_config)
     }
     tied = bool(hf_config.tie_word_embeddings) or role == "critic"
     full = hf_to_megatron(
-        body, AttentionShape.of(hf_config), tie_word_embeddings=tied, fused_norms=FUSED_NORMS
+        body,
+        AttentionShape.of(hf_config),
+        tie_word_embeddings=tied,
+        fused_norms=FUSED_NORMS,
+        mla=is_mla(hf_config),
     )
     if role == "critic":
         full.update(_value_head_state(head, hf_config, seed))
@@ -1292,7 +1351,7 @@ def _load_hf_weights(
         for name, t in full.items()
         if held(name)
     }
-    params = dict(model.named_parameters())
+    params = dict(_weights(model))
     missing = sorted(set(params) - set(mine))
     unexpected = sorted(set(mine) - set(params))
     if missing or unexpected:
@@ -1354,8 +1413,24 @@ def _is_tp_split(name: str, role: str) -> bool:
     return tp_split_dim(name) is not None
 
 
+def _weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The parameters, and the one buffer that is a checkpoint's weight too: DeepSeek's
+    per-expert routing bias (``router.expert_bias``, fixed here, as in HF's forward)."""
+    yield from model.named_parameters()
+    for name, buffer in model.named_buffers():
+        if name.endswith("router.expert_bias"):
+            yield name, buffer
+
+
+def _beyond_the_model(name: str, hf_config: Any) -> bool:
+    """DeepSeek-V3 checkpoints hold their multi-token-prediction modules as layers after
+    the last (``num_nextn_predict_layers``); the causal LM, HF's too, leaves them out."""
+    match = re.match(r"model\.layers\.(\d+)\.", name)
+    return match is not None and int(match.group(1)) >= hf_config.num_hidden_layers
+
+
 def _to_hf_pairs(
-    pairs: Iterator[tuple[str, torch.Tensor]], shape: AttentionShape, role: str
+    pairs: Iterator[tuple[str, torch.Tensor]], hf_config: Any, role: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Full Megatron pairs as HF pairs; the critic's head as ``score.*``."""
 
@@ -1367,7 +1442,13 @@ def _to_hf_pairs(
                 yield name, tensor
 
     head: list[tuple[str, torch.Tensor]] = []
-    yield from megatron_to_hf_pairs(body(), shape, fused_norms=FUSED_NORMS)
+    yield from megatron_to_hf_pairs(
+        body(),
+        AttentionShape.of(hf_config),
+        fused_norms=FUSED_NORMS,
+        mla=is_mla(hf_config),
+        shared_expert="shared_experts" if is_mla(hf_config) else "shared_expert",
+    )
     yield from head
 
 
@@ -1403,4 +1484,4 @@ def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
                     merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]
                 )
     hf_config = AutoConfig.from_pretrained(path / "hf")
-    return dict(_to_hf_pairs(iter(merged.items()), AttentionShape.of(hf_config), role))
+    return dict(_to_hf_pairs(iter(merged.items()), hf_config, role))

@@ -1,4 +1,5 @@
-"""Weights between Hugging Face and Megatron-core layouts (Llama, Qwen2, Qwen3), both ways.
+"""Weights between Hugging Face and Megatron-core layouts, both ways: Llama, Mistral,
+Qwen2, Qwen3, their MoE, DeepSeek-V3.
 
 Used for loading a Hugging Face checkpoint into a Megatron-core ``GPTModel``, for
 pushing Megatron weights to a rollout engine (which takes HF names; see
@@ -42,6 +43,21 @@ _proj.weight (Qwen2-MoE)
 layers.i.mlp.shared_expert_gate.weight         ...mlp.shared_experts.gate_weight
 =============================================  ==============================================
 
+DeepSeek-V3 (``mla=True``): multi-latent attention, a routing bias, shared experts named
+``shared_experts`` (one MLP of ``n_shared_experts`` × the expert width):
+
+=============================================  ==============================================
+layers.i.self_attn.q_a_proj.weight             ...self_attention.linear_q_down_proj.weight
+layers.i.self_attn.q_a_layernorm.weight        ...self_attention.q_layernorm.weight
+layers.i.self_attn.q_b_proj.weight             ...self_attention.linear_q_up_proj.weight
+layers.i.self_attn.q_proj.weight (no lora)     ...self_attention.linear_q_proj.weight
+layers.i.self_attn.kv_a_proj_with_mqa.weight   ...self_attention.linear_kv_down_proj.weight
+layers.i.self_attn.kv_a_layernorm.weight       ...self_attention.kv_layernorm.weight
+layers.i.self_attn.kv_b_proj.weight            ...self_attention.linear_kv_up_proj.weight
+layers.i.mlp.gate.e_score_correction_bias      ...mlp.router.expert_bias (a buffer)
+layers.i.mlp.shared_experts.*_proj.weight      ...mlp.shared_experts.linear_fc{1,2}.weight
+=============================================  ==============================================
+
 Expert ``j`` is numbered in the whole model here; an expert-parallel rank holds the
 experts ``ep_rank·E/EP ...`` under local numbers 0..E/EP-1 (``shift_expert``).
 
@@ -52,13 +68,15 @@ as gate and up separately, so each rank holds ``[gate_r; up_r]``), row-parallel 
 (``linear_proj``, ``linear_fc2``) along dim 1, the vocabulary along dim 0; norms are
 replicated. Experts, routed and shared, split as the dense MLP (Megatron's default
 expert tensor parallelism: the TP size); expert parallelism then gives each rank E/EP of
-the routed experts, whole in number and TP-sliced.
+the routed experts, whole in number and TP-sliced. MLA's up projections split by heads
+(dim 0); its down projections are whole on every rank.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -119,9 +137,22 @@ _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _MC_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
-def _simple_layer_names(fused_norms: bool) -> dict[str, str]:
-    """HF per-layer suffix → Megatron per-layer suffix, for one-to-one tensors."""
-    return {
+_MLA_NAMES = {  # multi-latent attention (DeepSeek-V3), local spec
+    "self_attn.q_a_proj.weight": "self_attention.linear_q_down_proj.weight",
+    "self_attn.q_a_layernorm.weight": "self_attention.q_layernorm.weight",
+    "self_attn.q_b_proj.weight": "self_attention.linear_q_up_proj.weight",
+    "self_attn.q_proj.weight": "self_attention.linear_q_proj.weight",  # no q_lora_rank
+    "self_attn.kv_a_proj_with_mqa.weight": "self_attention.linear_kv_down_proj.weight",
+    "self_attn.kv_a_layernorm.weight": "self_attention.kv_layernorm.weight",
+    "self_attn.kv_b_proj.weight": "self_attention.linear_kv_up_proj.weight",
+    "mlp.gate.e_score_correction_bias": "mlp.router.expert_bias",
+}
+
+
+def _simple_layer_names(fused_norms: bool, mla: bool = False) -> dict[str, str]:
+    """HF per-layer suffix → Megatron per-layer suffix, for one-to-one tensors (MLA's
+    last: its query norm takes the Megatron name Qwen3's has, and wins the way back)."""
+    names = {
         "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight"
         if fused_norms
         else "input_layernorm.weight",
@@ -134,20 +165,25 @@ def _simple_layer_names(fused_norms: bool) -> dict[str, str]:
         "mlp.gate.weight": "mlp.router.weight",
         "mlp.shared_expert_gate.weight": "mlp.shared_experts.gate_weight",
     }
+    return names | (_MLA_NAMES if mla else {})
 
 
-# The MLPs of a layer: the dense one, a shared expert (Qwen2-MoE), routed expert j.
-_HF_MLP = re.compile(r"mlp\.(?:(shared_expert)\.|experts\.(\d+)\.)?(gate|up|down)_proj\.weight")
+# The MLPs of a layer: the dense one, the shared expert(s) (Qwen2-MoE: shared_expert;
+# DeepSeek: shared_experts, one MLP), routed expert j.
+_HF_MLP = re.compile(r"mlp\.(?:(shared_experts?)\.|experts\.(\d+)\.)?(gate|up|down)_proj\.weight")
 _MC_MLP = re.compile(
     r"mlp\.(?:(shared_experts)\.|experts\.local_experts\.(\d+)\.)?linear_fc([12])\.weight"
 )
 _MC_EXPERT = re.compile(r"(\.mlp\.experts\.local_experts\.)(\d+)\.")
 
 
-def _mlp_names(shared: bool, expert: str | None) -> tuple[str, str]:
-    """(HF, Megatron) name prefixes of one MLP of a layer."""
+def _mlp_names(
+    shared: bool, expert: str | None, shared_expert: str = "shared_expert"
+) -> tuple[str, str]:
+    """(HF, Megatron) name prefixes of one MLP of a layer (HF names the shared experts
+    ``shared_expert`` in Qwen2-MoE, ``shared_experts`` in DeepSeek)."""
     if shared:
-        return "mlp.shared_expert.", "mlp.shared_experts."
+        return f"mlp.{shared_expert}.", "mlp.shared_experts."
     if expert is not None:
         return f"mlp.experts.{expert}.", f"mlp.experts.local_experts.{expert}."
     return "mlp.", "mlp."
@@ -184,9 +220,11 @@ def hf_to_megatron(
     *,
     tie_word_embeddings: bool,
     fused_norms: bool = True,
+    mla: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """A full (unsharded) HF state dict as a Megatron-core GPTModel state dict."""
-    simple = _simple_layer_names(fused_norms)
+    """A full (unsharded) HF state dict as a Megatron-core GPTModel state dict
+    (``mla``: DeepSeek-V3's multi-latent attention names)."""
+    simple = _simple_layer_names(fused_norms, mla)
     out: dict[str, torch.Tensor] = {}
     pending: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, tensor in state.items():
@@ -233,11 +271,16 @@ def hf_to_megatron(
 
 
 def megatron_to_hf_pairs(
-    pairs: Iterable[NamedTensor], shape: AttentionShape, *, fused_norms: bool = True
+    pairs: Iterable[NamedTensor],
+    shape: AttentionShape,
+    *,
+    fused_norms: bool = True,
+    mla: bool = False,
+    shared_expert: str = "shared_expert",
 ) -> Iterator[NamedTensor]:
     """Megatron-core (name, full tensor) pairs as HF pairs, lazily: the form the rollout
     weight sync consumes (engine.rollout.weights.bucketize)."""
-    simple = {v: k for k, v in _simple_layer_names(fused_norms).items()}
+    simple = {v: k for k, v in _simple_layer_names(fused_norms, mla).items()}
     global_names = {v: k for k, v in _GLOBAL.items()}
     for name, tensor in pairs:
         if name in global_names:
@@ -261,7 +304,7 @@ def megatron_to_hf_pairs(
                 (f"{prefix}self_attn.v_proj.{leaf}", v),
             )
         elif mlp := _MC_MLP.fullmatch(suffix):
-            hf_mlp = prefix + _mlp_names(bool(mlp.group(1)), mlp.group(2))[0]
+            hf_mlp = prefix + _mlp_names(bool(mlp.group(1)), mlp.group(2), shared_expert)[0]
             if mlp.group(3) == "2":
                 yield f"{hf_mlp}down_proj.weight", tensor
             else:
@@ -273,9 +316,9 @@ def megatron_to_hf_pairs(
 
 
 def megatron_to_hf(
-    state: dict[str, torch.Tensor], shape: AttentionShape, *, fused_norms: bool = True
+    state: dict[str, torch.Tensor], shape: AttentionShape, **names: Any
 ) -> dict[str, torch.Tensor]:
-    return dict(megatron_to_hf_pairs(state.items(), shape, fused_norms=fused_norms))
+    return dict(megatron_to_hf_pairs(state.items(), shape, **names))
 
 
 # ---------------------------------------------------------------------------
@@ -291,7 +334,17 @@ def tp_split_dim(name: str) -> int | None:
         return 1
     if (
         name.endswith(
-            ("linear_qkv.weight", "linear_qkv.bias", "linear_fc1.weight", "word_embeddings.weight")
+            (
+                "linear_qkv.weight",
+                "linear_qkv.bias",
+                "linear_fc1.weight",
+                "word_embeddings.weight",
+                # MLA: the up projections are column-parallel by heads (the down
+                # projections are whole on every rank: megatron.DuplicatedLinear)
+                "linear_q_proj.weight",
+                "linear_q_up_proj.weight",
+                "linear_kv_up_proj.weight",
+            )
         )
         or name == "output_layer.weight"
     ):

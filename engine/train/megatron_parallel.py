@@ -16,7 +16,9 @@ from engine.train.megatron_config import (
     MODEL_TYPES,  # noqa: F401  (re-exported: the planner names them)
     AttentionShape,
     conversion_problems,
+    is_mla,
     moe_layers,
+    num_experts,
 )
 
 CONFIG_KEY = "actor_rollout_ref.actor.megatron"
@@ -129,6 +131,13 @@ class MegatronParallel:
             ("intermediate_size", hf_config.intermediate_size, "the MLP is split by columns"),
             ("vocab_size", hf_config.vocab_size, "the vocabulary is split; none is padded"),
         ]
+        if tp > 1 and is_mla(hf_config) and not self.sequence_parallel:
+            p.append(
+                f"{key}.tensor_model_parallel_size {tp} with multi-latent attention"
+                f" ({hf_config.model_type}) needs {key}.sequence_parallel=true: the low-rank"
+                " projections are whole on every rank and their rotary keys are gathered"
+                " over the sequence"
+            )
         for what in ("moe_intermediate_size", "shared_expert_intermediate_size"):
             if any(moe_layers(hf_config)) and getattr(hf_config, what, 0):
                 split.append((what, getattr(hf_config, what), "experts are split by columns"))
@@ -147,7 +156,7 @@ class MegatronParallel:
                 f" ⌈{layers}/{pp}⌉ and the last must keep at least one; sizes that work near"
                 f" it: {', '.join(map(str, _nearest(fits, pp)))}"
             )
-        ep, experts = self.expert_model_parallel_size, getattr(hf_config, "num_experts", 0) or 0
+        ep, experts = self.expert_model_parallel_size, num_experts(hf_config)
         if ep > 1 and not any(moe_layers(hf_config)):
             p.append(
                 f"{key}.expert_model_parallel_size {ep}: expert parallelism needs a"

@@ -166,19 +166,25 @@ def _assert_same_update(fsdp: list[dict], megatron: list[dict]) -> None:
     assert "timing_s/old_log_prob" in megatron[0] and "timing_s/ref" in megatron[0]
 
 
-def test_megatron_moe_grpo_takes_the_fsdp_update(ray_cluster, run, synthetic_data, tmp_path):
-    """A mixture-of-experts model (Qwen3-MoE, 4 experts, 2 per token), FSDP2 then Megatron
-    with expert parallelism 2: each worker holds 2 experts and the tokens of both
-    data-parallel ranks meet in them (padded to one shape per micro-batch). The same
-    update as FSDP's, step by step; step 2 samples from the rollout's HF model after the
-    experts were synced into its fused parameters by their checkpoint names; the export
-    merges both ranks' experts."""
+@pytest.mark.parametrize("model_type,experts", [("qwen3_moe", 4), ("deepseek_v3", 8)])
+def test_megatron_moe_grpo_takes_the_fsdp_update(
+    model_type, experts, ray_cluster, run, synthetic_data, tmp_path
+):
+    """Mixture-of-experts models (Qwen3-MoE: 4 experts, 2 per token; DeepSeek-V3:
+    multi-latent attention, 8 experts in 4 groups, 4 per token, a shared expert and a
+    routing bias), FSDP2 then Megatron with expert parallelism 2: each worker holds half
+    the experts and the tokens of both data-parallel ranks meet in them (padded to one
+    shape per micro-batch). The same update as FSDP's, step by step; step 2 samples from
+    the rollout's HF model after the experts (and the routing bias, a buffer) were synced
+    into it by their checkpoint names; the export merges both ranks' experts."""
     from transformers import AutoModelForCausalLM
 
     from engine.models.tiny import build_tiny_model
     from engine.rollout.weights import as_checkpoint, checkpoint_reverter
 
-    model = build_tiny_model(tmp_path / "model", seed=0, num_layers=2, num_experts=4)
+    model = build_tiny_model(
+        tmp_path / "model", seed=0, num_layers=2, num_experts=experts, model_type=model_type
+    )
     train, _ = synthetic_data
     fsdp = run(model, train, tmp_path / "fsdp", *GRPO_KL)
     megatron = run(
@@ -195,13 +201,13 @@ def test_megatron_moe_grpo_takes_the_fsdp_update(ray_cluster, run, synthetic_dat
     layouts = json.loads((tmp_path / "megatron/global_step_2/actor/meta.json").read_text())
     assert [(r["dp_rank"], r["ep_rank"]) for r in layouts["ranks"]] == [(0, 0), (1, 1)]
 
-    def experts(path):
+    def checkpoint(path):
         m = AutoModelForCausalLM.from_pretrained(path)
         return dict(as_checkpoint(m.state_dict().items(), checkpoint_reverter(m)))
 
-    exported, initial = experts(tmp_path / "hf"), experts(model)
+    exported, initial = checkpoint(tmp_path / "hf"), checkpoint(model)
     assert set(exported) == set(initial)
-    for j in range(4):  # every expert, from either rank, trained
+    for j in range(experts):  # every expert, from either rank, trained
         name = f"model.layers.1.mlp.experts.{j}.down_proj.weight"
         assert (exported[name] - initial[name]).abs().max() > 1e-3, name
 

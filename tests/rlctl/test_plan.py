@@ -521,11 +521,17 @@ def test_published_runs(name):
 
 @pytest.mark.parametrize(
     "model,accelerator",
-    [("Qwen/Qwen3-30B-A3B", "H100"), ("Qwen/Qwen3-235B-A22B", "H200")],
+    [
+        ("Qwen/Qwen3-30B-A3B", "H100"),
+        ("Qwen/Qwen3-235B-A22B", "H200"),
+        ("deepseek-ai/DeepSeek-V3", "H200"),
+    ],
 )
 def test_moe_megatron_plans_pass_the_engine_checks(model, accelerator):
-    """Qwen3-MoE on Megatron: the plan's EP divides the experts and, with TP and PP, the
-    world (experts are TP-sliced too); the engine's config and model checks accept it."""
+    """Qwen3-MoE and DeepSeek-V3 on Megatron: the plan's EP divides the experts and, with
+    TP and PP, the world (experts are TP-sliced too); the engine's config and model checks
+    accept it (DeepSeek's multi-latent attention with TP needs sequence parallelism,
+    which the plan turns on with TP)."""
     import transformers
 
     from engine.train.megatron_parallel import MegatronParallel
@@ -541,11 +547,22 @@ def test_moe_megatron_plans_pass_the_engine_checks(model, accelerator):
         assert parallel.expert_model_parallel_size == plan.train_ep
         assert parallel.problems(cfg.world_size, key) == []
         assert parallel.model_problems(hf_config, key) == []
-    # DeepSeek-V3 is sized too, but the engine has no conversion for it: the plan says so.
-    deepseek = make_plan(
-        PlanRequest("deepseek-ai/DeepSeek-V3", "H200", None, train_backend="megatron")
-    )
-    assert any("no conversion for 'deepseek_v3'" in line for line in deepseek.reasoning)
+
+
+def test_an_unconverted_moe_is_sized_and_named(tmp_path):
+    """A mixture of experts the Megatron engine has no conversion for (Mixtral here) is
+    still sized; the plan says that validate and launch will refuse it."""
+    import json
+
+    config = dict(
+        model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = make_plan(PlanRequest(str(tmp_path), "H100", None, train_backend="megatron"))
+    (line,) = [line for line in plan.reasoning if "no conversion" in line]
+    assert "'mixtral'" in line and "refuse it; use trainer: fsdp2" in line
 
 
 def test_published_run_at_its_published_size_fits():

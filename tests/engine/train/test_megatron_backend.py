@@ -63,6 +63,37 @@ def _config(model_type="qwen2", **kw):
         base.update(shared_expert_intermediate_size=48)
     if model_type == "qwen3_moe":
         base.update(norm_topk_prob=True)
+    if model_type == "deepseek_v3":  # multi-latent attention, YaRN, grouped sigmoid routing
+        base.update(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            tie_word_embeddings=False,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=4,
+            moe_intermediate_size=32,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            rope_interleave=True,
+            rope_scaling=dict(
+                rope_type="yarn",
+                factor=4.0,
+                original_max_position_embeddings=32,
+                beta_fast=32,
+                beta_slow=1,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+            ),
+        )
+        del base["head_dim"]  # HF's is the rotary part's
     base.update(kw)
     return cls(**base)
 
@@ -351,7 +382,8 @@ def _checkpoint_state(model) -> dict:
     from engine.rollout.weights import as_checkpoint, checkpoint_reverter
 
     pairs = as_checkpoint(model.state_dict().items(), checkpoint_reverter(model))
-    return {k: v.clone() for k, v in pairs if k != "lm_head.weight"}
+    tied = model.config.tie_word_embeddings  # the engine sends no tied lm_head
+    return {k: v.clone() for k, v in pairs if not (tied and k == "lm_head.weight")}
 
 
 def _load_checkpoint_named(model, state: dict) -> tuple[list, list]:
@@ -609,6 +641,9 @@ def _tiny_moe(path, model_type: str, **kw):
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 param.normal_(0.0, 0.5)
+        for name, buffer in model.named_buffers():  # DeepSeek's routing bias (HF: zeros)
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.05)
     model.save_pretrained(path)
     return str(path)
 
@@ -623,6 +658,9 @@ def _tiny_moe(path, model_type: str, **kw):
         ("qwen2_moe", 2, 1, 1, 2),
         ("qwen2_moe", 4, 2, 1, 2),
         ("qwen3_moe", 4, 1, 2, 2),
+        ("deepseek_v3", 1, 1, 1, 1),
+        ("deepseek_v3", 4, 2, 1, 2),
+        ("deepseek_v3", 2, 1, 2, 1),
     ],
     ids=[
         "qwen3-ws1",
@@ -630,6 +668,9 @@ def _tiny_moe(path, model_type: str, **kw):
         "qwen2-ep2",  # with the shared expert and its gate
         "qwen2-tp2-ep2-sp",  # experts TP-sliced too; the shared expert's gather
         "qwen3-pp2-ep2",
+        "deepseek-ws1",  # MLA with YaRN; sigmoid routing, groups, bias, shared experts
+        "deepseek-tp2-ep2-sp",  # the low-rank projections' outputs gathered over TP
+        "deepseek-pp2",  # 3 layers, 2 + 1; the dense first layer on stage 0
     ],
 )
 def test_moe_actor_engine_matches_hf(tmp_path, model_type, world_size, tp, pp, ep):

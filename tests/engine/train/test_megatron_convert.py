@@ -427,3 +427,90 @@ def test_moe_config_translation():
     # a dense model has no MoE arguments at all
     dense = transformer_config_kwargs(_moe_config("qwen3_moe", num_experts=0))
     assert "num_moe_experts" not in dense
+
+
+def _deepseek_config(**kw):
+    from transformers import DeepseekV3Config
+
+    base = dict(
+        vocab_size=32, hidden_size=16, intermediate_size=24, moe_intermediate_size=8,
+        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=12,
+        kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4,
+        n_routed_experts=8, num_experts_per_tok=4, n_group=4, topk_group=2,
+        n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, tie_word_embeddings=False,
+        rope_scaling=dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=16,
+                          beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+    )  # fmt: skip
+    base.update(kw)
+    return DeepseekV3Config(**base)
+
+
+def test_deepseek_names_both_ways():
+    """DeepSeek-V3's multi-latent attention, routing bias and shared experts: checkpoint
+    names to Megatron's and back, every tensor in place."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.rollout.weights import as_checkpoint, checkpoint_reverter
+
+    cfg = _deepseek_config()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    state = dict(as_checkpoint(model.state_dict().items(), checkpoint_reverter(model)))
+    shape = AttentionShape.of(cfg)
+    mc = hf_to_megatron(state, shape, tie_word_embeddings=False, fused_norms=False, mla=True)
+    attn, hf_attn = "decoder.layers.1.self_attention.", "model.layers.1.self_attn."
+    for hf_name, mc_name in [
+        ("q_a_proj.weight", "linear_q_down_proj.weight"),
+        ("q_a_layernorm.weight", "q_layernorm.weight"),
+        ("q_b_proj.weight", "linear_q_up_proj.weight"),
+        ("kv_a_proj_with_mqa.weight", "linear_kv_down_proj.weight"),  # [kv_lora + rope, h]
+        ("kv_a_layernorm.weight", "kv_layernorm.weight"),
+        ("kv_b_proj.weight", "linear_kv_up_proj.weight"),
+    ]:
+        assert torch.equal(mc[attn + mc_name], state[hf_attn + hf_name]), hf_name
+    mlp = "decoder.layers.1.mlp."
+    assert torch.equal(
+        mc[mlp + "router.expert_bias"], state["model.layers.1.mlp.gate.e_score_correction_bias"]
+    )
+    assert mc[mlp + "shared_experts.linear_fc1.weight"].shape == (2 * 2 * 8, 16)  # 2 shared
+    assert "decoder.layers.0.mlp.linear_fc1.weight" in mc  # first_k_dense_replace = 1
+    back = megatron_to_hf(mc, shape, fused_norms=False, mla=True, shared_expert="shared_experts")
+    assert set(back) == set(state)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_deepseek_config_translation():
+    from engine.train.megatron_config import conversion_problems, moe_layers
+    from engine.train.megatron_parallel import MegatronParallel
+
+    kw = transformer_config_kwargs(_deepseek_config())
+    assert kw["multi_latent_attention"] and kw["qk_layernorm"]
+    assert (kw["q_lora_rank"], kw["kv_lora_rank"]) == (12, 6)
+    assert (kw["qk_head_dim"], kw["qk_pos_emb_head_dim"], kw["v_head_dim"]) == (4, 2, 4)
+    assert kw["rope_type"] == "yarn" and kw["rotary_scaling_factor"] == 40.0
+    assert (kw["mscale"], kw["mscale_all_dim"], kw["original_max_position_embeddings"]) == (
+        1.0,
+        1.0,
+        16,
+    )
+    # sigmoid scores, a fixed routing bias, 2 of 4 groups, the weights × 2.5
+    assert kw["moe_router_score_function"] == "sigmoid"
+    assert kw["moe_router_enable_expert_bias"] and kw["moe_router_bias_update_rate"] == 0.0
+    assert (kw["moe_router_num_groups"], kw["moe_router_group_topk"]) == (4, 2)
+    assert kw["moe_router_topk_scaling_factor"] == 2.5
+    assert kw["num_moe_experts"] == 8 and kw["moe_shared_expert_intermediate_size"] == 2 * 8
+    assert moe_layers(_deepseek_config()) == [False, True, True]
+    assert "rope_scaling" not in gpt_model_kwargs(_deepseek_config())  # MLA rotates itself
+    # Settings Megatron routes or rotates otherwise are refused, each named.
+    assert conversion_problems(_deepseek_config()) == []
+    (p,) = conversion_problems(_deepseek_config(rope_interleave=False))
+    assert p.startswith("rope_interleave=False")
+    (p,) = conversion_problems(_deepseek_config(norm_topk_prob=False))
+    assert p.startswith("norm_topk_prob=False")
+    (p,) = conversion_problems(_deepseek_config(num_experts_per_tok=6))
+    assert "num_experts_per_tok 6 // topk_group 2 must be 2" in p
+    # TP with MLA needs sequence parallelism (the whole down projections).
+    (p,) = MegatronParallel(2).model_problems(_deepseek_config())
+    assert "multi-latent attention (deepseek_v3) needs" in p and "sequence_parallel=true" in p
+    assert MegatronParallel(2, sequence_parallel=True).model_problems(_deepseek_config()) == []
