@@ -8,4 +8,8 @@ python3 -m venv .venv
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
 python -m pip install --quiet -e ".[engine,dev]"
+# Megatron-core beside the venv, without its dependencies: its metadata pins numpy<2,
+# which the rest of the environment needs; what the engine uses runs on numpy 2.
+# scripts/test.sh puts .megatron-core on PYTHONPATH when it exists.
+python -m pip install --quiet --no-deps --target .megatron-core "megatron-core==0.14.0"
 echo "ready: . .venv/bin/activate"

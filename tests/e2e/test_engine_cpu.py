@@ -22,8 +22,8 @@ def _has_megatron() -> bool:
         return False
 
 
-# megatron-core is not in this repository's environment (its numpy<2 pin): install it
-# into a side directory and put that on PYTHONPATH (tests/e2e/test_megatron_cpu.py).
+# megatron-core lives beside the venv in .megatron-core (scripts/setup.sh; its numpy<2
+# pin); this case runs with RLCTL_TEST_MEGATRON=all (tests/conftest.py).
 MEGATRON = pytest.param(
     ["actor_rollout_ref.actor.strategy=megatron"],
     marks=pytest.mark.skipif(not _has_megatron(), reason="megatron-core is not installed"),

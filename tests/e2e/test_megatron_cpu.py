@@ -3,9 +3,10 @@ TP=1 × DP=2, TP=2 × DP=1, and two pipeline stages, PP=2 × DP=1):
 ``actor_rollout_ref.actor.strategy=megatron`` (the reference follows it) and
 ``critic.strategy=megatron``, HF rollout on its own model synced from the actor.
 
-Needs megatron-core, which is not in this repository's environment (its numpy<2 pin):
-``pip install --no-deps megatron-core==0.14.0 --target DIR`` and run pytest with DIR on
-PYTHONPATH; the local Ray cluster's workers inherit it. Skipped otherwise.
+Needs megatron-core: ``scripts/setup.sh`` installs it with ``--no-deps`` (its numpy<2
+pin) into ``.megatron-core``, which ``scripts/test.sh`` puts on PYTHONPATH; the local Ray
+cluster's workers inherit it. Skipped otherwise. The suite runs the DeepSeek-V3 case;
+``RLCTL_TEST_MEGATRON=all`` runs all (tests/conftest.py).
 The learning run is the FSDP one's parameter ``megatron``
 (``tests/e2e/test_engine_cpu.py::test_grpo_learns_the_synthetic_task``).
 """

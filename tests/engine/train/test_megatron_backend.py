@@ -1,9 +1,10 @@
 """The Megatron-core training backend (engine.train.megatron).
 
 Always run: the parallel-size rules, the install error, the attention mask and the
-SDPA core attention (pure torch). With megatron-core importable (not in this
-repository's environment: install it with ``pip install --no-deps megatron-core==0.14.0
---target DIR`` and put DIR on PYTHONPATH), real ``GPTModel`` engines run under
+SDPA core attention (pure torch). With megatron-core importable (``scripts/setup.sh``
+installs it with ``--no-deps`` into ``.megatron-core``, which ``scripts/test.sh`` puts on
+PYTHONPATH; the suite runs a smoke subset, ``RLCTL_TEST_MEGATRON=all`` every layout:
+see tests/conftest.py), real ``GPTModel`` engines run under
 torch.distributed with gloo on CPU, in spawned processes: world size 1 (TP=1), 2 (TP=1,
 DP=2) and 2 (TP=2), each checked against Hugging Face models trained with the same
 AdamW settings on the same batch.

@@ -1,6 +1,6 @@
 """HF ↔ Megatron-core weight layouts: hand-checked shapes and orders, round trips, and
 tensor-parallel slices. A forward through a real Megatron-core GPTModel runs only when
-megatron-core is importable (it is not installed in this repository's environment)."""
+megatron-core is importable (``scripts/setup.sh`` installs it beside the venv)."""
 
 from __future__ import annotations
 
