@@ -41,11 +41,13 @@ How it is built:
   ModelParallelLayout``). Megatron-core's own schedules are not used: they allocate CUDA
   tensors even at one stage and want the loss as their callback.
 - **Model.** ``TransformerConfig``/``GPTModel`` arguments come from
-  ``megatron_config`` (Llama, Mistral, Qwen2, Qwen3). The layer spec is Megatron-core's
-  local one (its own parallel linears) with the core attention replaced by
-  ``SDPAttention`` (``torch.nn.functional.scaled_dot_product_attention`` with an explicit
-  causal + padding mask: memory-efficient kernels on GPUs, and runs on CPU) and torch's
-  RMSNorm in the norm slots (``TorchRMSNorm``). Transformer Engine is not used; modules
+  ``megatron_config`` (Llama, Mistral, Qwen2, Qwen3, their MoE; DeepSeek-V3 through
+  ``MLATransformerConfig``). The layer spec is Megatron-core's local one (its own
+  parallel linears) with the core attention replaced by ``SDPAttention``
+  (``torch.nn.functional.scaled_dot_product_attention`` with an explicit causal +
+  padding mask: memory-efficient kernels on GPUs, and runs on CPU), torch's RMSNorm in
+  the norm slots (``TorchRMSNorm``) and, for multi-latent attention, whole down
+  projections (``DuplicatedLinear``). Transformer Engine is not used; modules
   Megatron does not place itself are moved to the device after the build. Megatron's
   rotary embedding takes positions 0..S-1 and ignores ``position_ids``; rotary attention
   depends only on position differences, so for rows whose tokens are consecutive
