@@ -106,6 +106,7 @@ another (no grouped GEMM), and the LM head run over every position (GPTModel has
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -561,7 +562,7 @@ class MegatronEngine:
         self.tp_ep_group = ps.get_expert_tensor_and_model_parallel_group()
         # Each routed expert's TP slice once: what the gradient norm sums over for them.
         self.expert_norm_group = ps.get_expert_tensor_model_pipeline_parallel_group()
-        self.experts_per_rank = num_experts(hf_config) // self.layout.ep
+        self.experts = _local_experts(hf_config)  # global numbers of this rank's experts
         self.stage = stage
         self.link = StageLink()
         # (stage input, stage output) of each micro-batch whose backward is still to come:
@@ -980,10 +981,10 @@ class MegatronEngine:
         """This stage's parameters by their global Megatron names (layers and routed
         experts numbered in the whole model); the last stage's copy of tied embeddings
         (``shared``) only when asked."""
-        first_expert = self.layout.ep_rank * self.experts_per_rank
         for name, param in _weights(self.model):
             if with_shared or not getattr(param, "shared", False):
-                yield shift_expert(shift_layer(name, self.stage.layer_offset), first_expert), param
+                global_name = shift_layer(name, self.stage.layer_offset)
+                yield shift_expert(global_name, self.experts.start), param
 
     def _gathered(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """The full tensor of this rank's slice (the TP group takes part)."""
@@ -999,7 +1000,7 @@ class MegatronEngine:
         expert-parallel ranks hold: a routed expert's on each EP rank, else itself."""
         if self.layout.ep == 1 or not is_expert(name):
             return [name]
-        n, mine = self.experts_per_rank, self.layout.ep_rank
+        n, mine = len(self.experts), self.layout.ep_rank
         return [shift_expert(name, (r - mine) * n) for r in range(self.layout.ep)]
 
     def _full_tensors_of(self, name: str, param: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -1260,6 +1261,7 @@ def _layer_spec(hf_config: Any, qk_layernorm: bool, moe: bool) -> Any:
     return spec
 
 
+@functools.cache
 def _moe_layer_class() -> type:
     """Megatron-core's ``MoELayer``, keeping its own copy of the gathered tokens.
 
@@ -1305,6 +1307,16 @@ def _stage(hf_config: Any) -> Stage:
     )
 
 
+def _local_experts(hf_config: Any) -> range:
+    """The routed experts this rank holds, by their numbers in the whole model: E/EP of
+    them from ``ep_rank`` · E/EP (empty for a dense model; parallel state initialised)."""
+    from megatron.core import parallel_state as ps
+
+    per_rank = num_experts(hf_config) // ps.get_expert_model_parallel_world_size()
+    first = ps.get_expert_model_parallel_rank() * per_rank
+    return range(first, first + per_rank)
+
+
 def _load_hf_weights(
     model: nn.Module,
     hf_state: dict[str, torch.Tensor],
@@ -1319,11 +1331,9 @@ def _load_hf_weights(
 
     tp = ps.get_tensor_model_parallel_world_size()
     tp_rank = ps.get_tensor_model_parallel_rank()
-    per_rank = num_experts(hf_config) // ps.get_expert_model_parallel_world_size()
-    first_expert = ps.get_expert_model_parallel_rank() * per_rank
+    experts = _local_experts(hf_config)
 
     def held(name: str) -> bool:  # this stage's, and this expert-parallel rank's experts
-        experts = range(first_expert, first_expert + per_rank)
         return stage.holds(name) and (not is_expert(name) or expert_index(name) in experts)
 
     head = {k: v for k, v in hf_state.items() if k.startswith("score.")}
@@ -1347,7 +1357,7 @@ def _load_hf_weights(
     elif tied and stage.count > 1:  # the last stage's copy of the embeddings
         full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
     mine = {
-        shift_expert(shift_layer(name, -stage.layer_offset), -first_expert): (
+        shift_expert(shift_layer(name, -stage.layer_offset), -experts.start): (
             split_for_tp(name, t, tp)[tp_rank] if _is_tp_split(name, role) else t
         )
         for name, t in full.items()

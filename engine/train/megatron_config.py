@@ -121,15 +121,13 @@ def shared_expert_size(hf_config: Any) -> int:
 
 def has_shared_expert_gate(hf_config: Any) -> bool:
     """Qwen2-MoE scales its shared expert by sigmoid(gate · x)."""
-    return hf_config.model_type == "qwen2_moe" and bool(
-        getattr(hf_config, "shared_expert_intermediate_size", 0)
-    )
+    return hf_config.model_type == "qwen2_moe" and shared_expert_size(hf_config) > 0
 
 
 def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
-    """``megatron.core.transformer.TransformerConfig`` arguments for a Llama/Qwen2/Qwen3
-    (and Qwen2-MoE/Qwen3-MoE) Hugging Face config (parallel sizes are added by the
-    caller, from the plan)."""
+    """``megatron.core.transformer.TransformerConfig`` arguments (``MLATransformerConfig``
+    ones for DeepSeek-V3) for a Hugging Face config of ``MODEL_TYPES`` (parallel sizes
+    are added by the caller, from the plan)."""
     _refuse(conversion_problems(hf_config))
     model_type = hf_config.model_type
     shape = AttentionShape.of(hf_config)
@@ -170,7 +168,7 @@ def _mla_kwargs(hf_config: Any) -> dict[str, Any]:
         "qk_head_dim": hf_config.qk_nope_head_dim,
         "qk_pos_emb_head_dim": hf_config.qk_rope_head_dim,
         "v_head_dim": hf_config.v_head_dim,
-        "rotary_base": float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))),
+        "rotary_base": float(_rope_theta(hf_config, rope)),
     }
     if kind == "yarn":
         kw.update(
@@ -190,7 +188,7 @@ def _mla_kwargs(hf_config: Any) -> dict[str, Any]:
 def gpt_model_kwargs(hf_config: Any) -> dict[str, Any]:
     """``megatron.core.models.gpt.GPTModel`` arguments other than the config and layer spec."""
     rope, kind = _rope(hf_config)
-    theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    theta = _rope_theta(hf_config, rope)
     kwargs = {
         "vocab_size": hf_config.vocab_size,
         "max_sequence_length": hf_config.max_position_embeddings,
@@ -272,8 +270,9 @@ def _mla_problems(hf_config: Any) -> list[str]:
 
 def _rope(hf_config: Any) -> tuple[dict[str, Any], str]:
     """The RoPE settings and their kind: "default", "llama3" (with Megatron-core's fixed
-    constants) or "unsupported". transformers 5 keeps them in ``rope_parameters``, 4.x in
-    ``rope_theta``/``rope_scaling``."""
+    constants), "yarn" (multi-latent attention converts it) or "unsupported".
+    transformers 5 keeps them in ``rope_parameters``, 4.x in ``rope_theta``/
+    ``rope_scaling``."""
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
     rope.update(getattr(hf_config, "rope_scaling", None) or {})
     kind = rope.get("rope_type", rope.get("type", "default"))
@@ -281,6 +280,10 @@ def _rope(hf_config: Any) -> tuple[dict[str, Any], str]:
         fixed = all(rope.get(k) == v for k, v in _LLAMA3_FIXED_ROPE.items())
         return rope, "llama3" if fixed else "unsupported"
     return rope, kind if kind in ("default", "yarn") else "unsupported"
+
+
+def _rope_theta(hf_config: Any, rope: dict[str, Any]) -> float:
+    return rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
 
 
 def _refuse(problems: list[str]) -> None:
