@@ -310,6 +310,18 @@ FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Truncated importance sampling against the rollout engine's own probabilities
+    (engine.algo.rollout_correction); needs ``rollout.calculate_log_probs``."""
+
+    rollout_is: str | None = None  # token | sequence | null (off)
+    rollout_is_threshold: float = 2.0  # C: the cap on π_old / π_rollout
+
+
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -319,6 +331,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # estimator used for the in-reward penalty
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # ---------------------------------------------------------------------------
@@ -414,13 +427,16 @@ class EngineConfig:
     def update_is_on_policy(self) -> bool:
         """The actor update's first forward sees the weights that generated the batch:
         one PPO epoch of one mini-batch. Then π_old needs no pass of its own, unless the
-        KL in the reward needs it before the update (or the user asks for it)."""
+        KL in the reward needs it before the update, the rollout's own log-probs are to
+        be compared with it (``calculate_log_probs``: mismatch metrics, TIS), or the user
+        asks for it."""
         actor = self.actor_rollout_ref.actor
         return (
             actor.ppo_epochs == 1
             and actor.ppo_mini_batch_size == self.data.train_batch_size
             and not self.algorithm.use_kl_in_reward
             and not actor.recompute_old_log_prob
+            and not self.actor_rollout_ref.rollout.calculate_log_probs
         )
 
     def token_budget(self, role: str) -> int | None:
@@ -896,6 +912,23 @@ def _algorithm_rules(cfg: EngineConfig) -> list[str]:
         )
     if algo.filter_groups.max_num_gen_batches < 0:
         p.append("algorithm.filter_groups.max_num_gen_batches must be >= 0 (0: no cap)")
+    rc = algo.rollout_correction
+    if rc.rollout_is is not None and rc.rollout_is not in ROLLOUT_IS_LEVELS:
+        p.append(
+            f"algorithm.rollout_correction.rollout_is {rc.rollout_is!r} is not a level;"
+            f" valid: {', '.join(ROLLOUT_IS_LEVELS)}, or null (off)"
+        )
+    if rc.rollout_is is not None and not rollout.calculate_log_probs:
+        p.append(
+            f"algorithm.rollout_correction.rollout_is={rc.rollout_is} weighs tokens by the"
+            " rollout engine's own probabilities: set"
+            " actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if not rc.rollout_is_threshold > 0:
+        p.append(
+            "algorithm.rollout_correction.rollout_is_threshold must be > 0 (the cap on"
+            f" π_old / π_rollout; 2.0 is usual), got {rc.rollout_is_threshold}"
+        )
     ob = cfg.reward_model.overlong_buffer
     if ob.enable and not 0 < ob.len < cfg.data.max_response_length:
         p.append(

@@ -20,6 +20,12 @@ import torch
 
 from engine.algo.advantage import AdvantageInputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
+from engine.algo.rollout_correction import (
+    is_weight_metrics,
+    mismatch_metrics,
+    ragged_to_padded,
+    rollout_is_weights,
+)
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
 from engine.controller.dispatch import concat, split
@@ -60,6 +66,8 @@ class Rollout:
     acc_B: torch.Tensor
     preds: list[str | None]  # each sample's extracted answer, when the scorer gives one
     pad_token_id: int
+    # The engine's log-prob of each response token (rollout.calculate_log_probs), or None
+    rollout_logprobs: list[list[float]] | None = None
 
     @functools.cached_property
     def tokens(self) -> TokenBatch:
@@ -240,9 +248,14 @@ class Trainer:
                     metrics |= self.workers.call_split(
                         "critic", "update", batch, gather=reduce_rank_metrics
                     )
+            is_weights = None
+            if rollout.rollout_logprobs is not None and old_logprobs is not None:
+                is_weights = self.rollout_correction(rollout, old_logprobs, metrics)
             if updates_actor:
                 with timer("update_actor"):
-                    batch = ActorBatch(tokens, old_logprobs, adv.advantages_BT, ref_logprobs)
+                    batch = ActorBatch(
+                        tokens, old_logprobs, adv.advantages_BT, ref_logprobs, is_weights
+                    )
                     metrics |= self.workers.call_split(
                         "actor", "update", batch, gather=reduce_rank_metrics
                     )
@@ -264,6 +277,23 @@ class Trainer:
         return metrics
 
     # -- stages -------------------------------------------------------------
+
+    def rollout_correction(
+        self, rollout: Rollout, old_logprobs: torch.Tensor, metrics: dict[str, float]
+    ) -> torch.Tensor | None:
+        """The rollout engine's probabilities against the training forward's: the
+        mismatch metrics, and TIS weights when ``algorithm.rollout_correction`` asks."""
+        mask = rollout.tokens.response_mask_BR
+        engine_logprobs = ragged_to_padded(rollout.rollout_logprobs, rollout.tokens.response_length)
+        metrics |= mismatch_metrics(old_logprobs, engine_logprobs, mask)
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.rollout_is is None:
+            return None
+        weights = rollout_is_weights(
+            old_logprobs, engine_logprobs, mask, rc.rollout_is, rc.rollout_is_threshold
+        )
+        metrics |= is_weight_metrics(weights, mask, rc.rollout_is_threshold)
+        return weights
 
     def next_prompts(self) -> list[PromptSample]:
         """The next batch of prompts; a new epoch starts when one runs out."""
@@ -320,6 +350,7 @@ class Trainer:
             acc_B=torch.tensor([r.acc for r in results], dtype=torch.float32),
             preds=[r.pred for r in results],
             pad_token_id=self.pad_token_id,
+            rollout_logprobs=output.logprobs,
         )
 
     def score(self, responses: list[list[int]], meta: SampleMeta) -> list[ScoreResult]:

@@ -106,6 +106,8 @@ class ActorBatch:
     old_logprobs_BR: torch.Tensor | None  # None: on-policy, the update's own log-probs
     advantages_BR: torch.Tensor
     ref_logprobs_BR: torch.Tensor | None = None  # present when the KL loss is on
+    # Truncated importance weights vs the rollout engine (algorithm.rollout_correction)
+    rollout_is_weights_BR: torch.Tensor | None = None
 
 
 @dataclass

@@ -52,6 +52,8 @@ class PolicyLossInputs:
     old_logprobs_BT: torch.Tensor  # log π_old(o_t) at sampling time (no grad)
     advantages_BT: torch.Tensor
     response_mask_BT: torch.Tensor  # 1 for a response token, 0 for padding
+    # Truncated importance weights w_t against the rollout engine (no grad), or None
+    is_weights_BT: torch.Tensor | None = None
 
 
 @dataclass
@@ -79,7 +81,9 @@ def compute_policy_loss(
             inputs.old_logprobs_BT,
             inputs.advantages_BT,
             inputs.response_mask_BT,
+            inputs.is_weights_BT,
         )
+        if t is not None
     }
     if len(shapes) != 1:
         raise ValueError(f"policy loss inputs must share one (B, T) shape, got {sorted(shapes)}")
@@ -95,8 +99,13 @@ def _valid(inputs: PolicyLossInputs) -> torch.Tensor:
 
 
 def _advantages(inputs: PolicyLossInputs) -> torch.Tensor:
-    """A_t, 0 on padding (so a NaN there cannot reach a gradient through a product)."""
+    """A_t, 0 on padding (so a NaN there cannot reach a gradient through a product),
+    times the token's importance weight w_t when TIS is on. Weighting the advantage is
+    weighting the token's loss: A enters every loss as a factor of its policy-gradient
+    term, and w_t ≥ 0 passes through the clip's min/max unchanged."""
     adv = inputs.advantages_BT
+    if inputs.is_weights_BT is not None:
+        adv = adv * inputs.is_weights_BT
     return torch.where(_valid(inputs), adv, torch.zeros_like(adv))
 
 
@@ -171,7 +180,7 @@ def _centred_covariance(inputs: PolicyLossInputs) -> torch.Tensor:
     of this micro-batch; detached, 0 on padding."""
     mask = inputs.response_mask_BT
     with torch.no_grad():
-        adv = _advantages(inputs)
+        adv = torch.where(_valid(inputs), inputs.advantages_BT, 0.0)
         logp = _logprobs(inputs)
         cov = (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
         return torch.where(_valid(inputs), cov, torch.zeros_like(cov))

@@ -191,7 +191,12 @@ class WorkerGroup:
         results = self.get(refs)
         return gather([results[rank] for rank in layout.output_ranks(world)])
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Give each worker ``grace_s`` to release what outlives its process (a CPU
+        vLLM engine's shared-memory segments), then end it."""
+        if self.workers:
+            closing = [worker.close.remote() for worker in self.workers]
+            ray.wait(closing, num_returns=len(closing), timeout=grace_s)
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []

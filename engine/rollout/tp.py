@@ -90,3 +90,27 @@ def gather_group_rows(rows: list[Any], layout: TPLayout, group: Any) -> tuple[li
     dist.all_gather_object(parts, rows, group=group)
     merged, slices = merge_rows(parts)
     return merged, slices[layout.tp_rank]
+
+
+def group_seed(layout: TPLayout, group: Any) -> int:
+    """A seed drawn from this rank's random state, the same on every member of its TP
+    group (the first member's). An engine that runs SPMD over the group must sample
+    the same tokens on every member, or their schedules part ways; drawing it from the
+    (checkpointed) random state makes a resumed run sample as the uninterrupted one."""
+    import torch
+
+    seed = [int(torch.randint(0, 2**31 - 1, ()))]
+    if layout.tp > 1:
+        dist.broadcast_object_list(seed, src=layout.group_ranks[0], group=group)
+    return seed[0]
+
+
+def group_token(layout: TPLayout, group: Any) -> str:
+    """A random token shared by the members of this rank's TP group (the first
+    member's), drawn from the OS so that the run's random state is left alone."""
+    import os
+
+    token = [os.urandom(6).hex()]
+    if layout.tp > 1:
+        dist.broadcast_object_list(token, src=layout.group_ranks[0], group=group)
+    return token[0]

@@ -94,12 +94,16 @@ def engine_args_for(
     seed: int = 0,
     trust_remote_code: bool = False,
     load_format: str = "auto",
+    dtype: str | None = None,
+    kv_cache_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(**kw)`` or ``sglang.Engine(**kw)`` built inside a
     colocated worker (one engine per tensor-parallel group, within a node).
 
     ``load_format="dummy"`` skips reading the checkpoint: the weights then come from
-    the actor's first ``sync_weights``, before any generation.
+    the actor's first ``sync_weights``, before any generation. ``dtype``: the engine's
+    (None: ``cfg.dtype``). ``kv_cache_bytes``: an explicit KV cache size (vLLM on CPU,
+    where ``gpu_memory_utilization`` would be a fraction of the host's RAM per engine).
     """
     if tp < 1:
         raise EngineError(
@@ -110,14 +114,15 @@ def engine_args_for(
             "actor_rollout_ref.rollout.gpu_memory_utilization must be in (0, 1],"
             f" got {cfg.gpu_memory_utilization}"
         )
+    dtype = dtype or cfg.dtype
     if backend == "vllm":
-        return {
+        args = {
             "model": model_path,
             "tokenizer": model_path,
             "tensor_parallel_size": tp,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
             "enforce_eager": cfg.enforce_eager,
-            "dtype": cfg.dtype,
+            "dtype": dtype,
             "max_model_len": max_model_len,
             # vLLM V1 always chunks prefill; the budget must still hold one full sequence
             # for models whose prefill cannot be chunked.
@@ -134,14 +139,20 @@ def engine_args_for(
             "trust_remote_code": trust_remote_code,
             "load_format": load_format,
             "skip_tokenizer_init": False,
+            # Log-probs of the distribution the token was drawn from (after temperature,
+            # top-k, top-p), as the training side computes them; V1's default is raw.
+            "logprobs_mode": "processed_logprobs",
         }
+        if kv_cache_bytes is not None:
+            args["kv_cache_memory_bytes"] = kv_cache_bytes
+        return args
     if backend == "sglang":
         return {
             "model_path": model_path,
             "tp_size": tp,
             "mem_fraction_static": cfg.gpu_memory_utilization,
             "disable_cuda_graph": cfg.enforce_eager,
-            "dtype": cfg.dtype,
+            "dtype": dtype,
             "context_length": max_model_len,
             "chunked_prefill_size": cfg.max_num_batched_tokens,
             "max_prefill_tokens": max(cfg.max_num_batched_tokens, max_model_len),
@@ -169,6 +180,8 @@ class EngineSettings:
     load_format: str = "auto"
     local_world_size: int | None = None  # devices per node; None: TP is not checked against it
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    dtype: str | None = None  # the engine's; None: the rollout config's
+    kv_cache_bytes: int | None = None  # an explicit KV cache size (CPU); None: the engine's
 
     def __post_init__(self) -> None:
         if not self.eos_token_ids:
@@ -185,7 +198,40 @@ class EngineSettings:
             seed=self.seed,
             trust_remote_code=self.trust_remote_code,
             load_format=self.load_format,
+            dtype=self.dtype,
+            kv_cache_bytes=self.kv_cache_bytes,
         )
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token(hf_config: Any, dtype: str) -> int:
+    """Bytes of KV cache one token takes in every layer: keys and values of each KV head
+    (2 x layers x KV heads x head dim x dtype size), or, for multi-latent attention
+    (DeepSeek's ``kv_lora_rank``), the latent and the rotary key that vLLM caches instead
+    (layers x (kv_lora_rank + qk_rope_head_dim) x dtype size)."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    size = DTYPE_BYTES[dtype]
+    layers = text.num_hidden_layers
+    latent = getattr(text, "kv_lora_rank", None)
+    if latent:
+        return layers * (latent + text.qk_rope_head_dim) * size
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * layers * kv_heads * head_dim * size
+
+
+# vLLM's paged cache hands out blocks of tokens; a sequence's last block is whole.
+KV_BLOCK_TOKENS = 128
+
+
+def kv_cache_bytes_for(hf_config: Any, dtype: str, max_model_len: int, rows: int) -> int:
+    """A KV cache that holds ``rows`` sequences of ``max_model_len`` tokens at once: what
+    one engine generates per call, so that no sequence waits for another's blocks."""
+    blocks = -(-max_model_len // KV_BLOCK_TOKENS)
+    return max(1, rows) * blocks * KV_BLOCK_TOKENS * kv_bytes_per_token(hf_config, dtype)
 
 
 # Fragments of the engines' messages when the KV cache (or the weights) do not fit.

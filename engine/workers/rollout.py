@@ -59,16 +59,26 @@ class RolloutWorker:
             self.owns_weights = self.megatron_actor
             return
         generation_config = _generation_config(model) if self.megatron_actor else self.actor.module
+        # The engine holds what the actor pushes: the rollout dtype on accelerators,
+        # float32 on CPU (where the actor trains in float32, see DeviceSpec.supports_bf16).
+        engine_dtype = rollout_cfg.dtype if device.supports_bf16 else "float32"
+        max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
         settings = EngineSettings(
             model_path=model.path,
             eos_token_ids=frozenset(eos_ids(tokenizer, generation_config)),
-            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            max_model_len=max_model_len,
             seed=cfg.trainer.seed,
             trust_remote_code=model.trust_remote_code,
             # The first generation pushes the actor's weights: no second read from disk.
             load_format="dummy",
             local_world_size=cfg.trainer.n_gpus_per_node,
             bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * 2**20,
+            dtype=engine_dtype,
+            kv_cache_bytes=(
+                _cpu_kv_cache_bytes(cfg, engine_dtype, max_model_len)
+                if device.type == "cpu"
+                else None
+            ),
         )
         if rollout_cfg.name == "vllm":
             from engine.rollout.vllm import VLLMRollout
@@ -92,6 +102,11 @@ class RolloutWorker:
         finally:
             self.engine.sleep()
 
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
+
     def sync_weights(self) -> None:
         """Push the actor's current weights into the engine, in the rollout dtype, as
         the engine names them (Hugging Face names, unfused)."""
@@ -109,6 +124,22 @@ class RolloutWorker:
         module = load_hf_model(model_cfg)
         module.requires_grad_(False)
         return module.to(device=self.device.torch_device(), dtype=self.rollout_dtype)
+
+
+def _cpu_kv_cache_bytes(cfg: EngineConfig, dtype: str, max_model_len: int) -> int:
+    """On CPU vLLM sizes its KV cache as a fraction of the host's RAM per engine (two
+    workers at the default 0.5 would ask for all of it): size it for what one engine
+    generates per training step instead, every sequence at full length."""
+    from transformers import AutoConfig
+
+    from engine.rollout.translate import kv_cache_bytes_for
+
+    model = cfg.actor_rollout_ref.model
+    rollout = cfg.actor_rollout_ref.rollout
+    hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    engines = max(1, cfg.world_size // rollout.tensor_model_parallel_size)
+    rows = -(-cfg.data.train_batch_size * rollout.n // engines)
+    return kv_cache_bytes_for(hf_config, dtype, max_model_len, rows)
 
 
 def _generation_config(model_cfg: Any) -> Any:

@@ -31,13 +31,24 @@ MEGATRON = pytest.param(
 )
 
 
-@pytest.mark.parametrize("strategy", [pytest.param([], id="fsdp2"), MEGATRON])
+# The rollout on a real vLLM engine (its CPU build), its log-probs compared with the
+# training forward's at every step.
+VLLM_ROLLOUT = [
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+]
+VLLM = pytest.param(VLLM_ROLLOUT, marks=pytest.mark.vllm, id="vllm")
+
+
+@pytest.mark.parametrize("strategy", [pytest.param([], id="fsdp2"), MEGATRON, VLLM])
 def test_grpo_learns_the_synthetic_task(
     strategy, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
 ):
     """Through the real command line (a subprocess: its Ray workers inherit PYTHONPATH).
     A zero learning rate or a flipped gradient sign leaves the score at its random-policy
-    level (about 0.01) and fails the margin."""
+    level (about 0.01) and fails the margin. With vLLM generating, the same margin, and
+    at every step the engine's log-probs are the training forward's: a weight push that
+    did not land (stale, half-applied) breaks that on the step after it."""
     train, val = synthetic_data
     run_dir = tmp_path / "run"
     overrides = [
@@ -75,10 +86,16 @@ def test_grpo_learns_the_synthetic_task(
     scores = [r["critic/score/mean"] for r in records]
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last > first + 0.04, f"score did not rise: {scores}"
-    # On-policy (one mini-batch, one epoch): the ratio starts at exactly 1, and π_old
-    # comes from the update's own forward, with no pass of its own.
+    # On-policy (one mini-batch, one epoch): the ratio starts at 1, and π_old comes from
+    # the update's own forward, with no pass of its own, unless the engine's log-probs
+    # are to be compared with it.
     assert all(abs(r["actor/ppo_kl"]) < 1e-6 for r in records)
-    assert not any("timing_s/old_log_prob" in r for r in records)
+    if VLLM_ROLLOUT[1] in strategy:
+        assert all("timing_s/old_log_prob" in r for r in records)
+        assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
+        assert max(r["training/rollout_probs_diff_max"] for r in records) < 1e-4
+    else:
+        assert not any("timing_s/old_log_prob" in r for r in records)
     assert any("val/score/mean" in r for r in records)  # validation ran at test_freq
     # The trained policy, exported at the end, loads as a plain Hugging Face model.
     from transformers import AutoModelForCausalLM
@@ -134,6 +151,23 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
     ],
     "remax": ["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2"],
+    # DAPO's dynamic sampling on vLLM, with truncated importance sampling against it.
+    "dapo_vllm_tis": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=score",
+        "algorithm.filter_groups.max_num_gen_batches=3",
+        "reward_model.reward_manager=dapo",
+        *VLLM_ROLLOUT,
+        "algorithm.rollout_correction.rollout_is=token",
+    ],
+    # vLLM with tensor parallelism 2 over the two CPU workers (one engine, SPMD).
+    "grpo_vllm_tp2": [
+        "algorithm.adv_estimator=grpo",
+        *VLLM_ROLLOUT,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    ],
     "reinforce_pp": [
         "algorithm.adv_estimator=reinforce_plus_plus",
         "actor_rollout_ref.rollout.n=2",
@@ -148,13 +182,16 @@ ALGORITHMS = {
 }
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.vllm] if "vllm" in n else []) for n in ALGORITHMS]
+)
 def test_algorithm_runs(
     name, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
 ):
     from engine.runtime import run_training
 
     train, _ = synthetic_data
+    shared_memory = set(os.listdir("/dev/shm"))
     cfg = load_config(
         [
             *base_overrides,
@@ -188,3 +225,13 @@ def test_algorithm_runs(
         assert last["actor/kl_loss"] >= 0  # k3 is non-negative
     if cfg.algorithm.filter_groups.enable:
         assert 1 <= last["training/gen_batches"] <= 3
+    if cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        # The engine's probabilities match the training forward's (TP 2 reduces in
+        # another order: float noise, still far below what a stale push gives).
+        assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-2
+    if cfg.algorithm.rollout_correction.rollout_is:
+        assert last["training/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    if cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
+        # vLLM's CPU all-reduce and broadcast segments go with the run (a second TP run
+        # on the machine would otherwise fail to create them, and they hold memory).
+        assert set(os.listdir("/dev/shm")) <= shared_memory

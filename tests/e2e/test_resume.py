@@ -81,10 +81,26 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
-def test_killed_run_resumes_exactly(tiny_model_dir, synthetic_data, tmp_path):
+ROLLOUTS = [
+    pytest.param([], id="hf"),
+    # A resumed vLLM run builds a new engine and pushes the checkpoint's weights into it;
+    # it samples from the run's restored random state, as the uninterrupted run did.
+    pytest.param(
+        [
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+        ],
+        marks=pytest.mark.vllm,
+        id="vllm",
+    ),
+]
+
+
+@pytest.mark.parametrize("rollout", ROLLOUTS)
+def test_killed_run_resumes_exactly(rollout, tiny_model_dir, synthetic_data, tmp_path):
     train, _ = synthetic_data
     straight = tmp_path / "straight"
-    result = run(engine_args(tiny_model_dir, train, straight))
+    result = run(engine_args(tiny_model_dir, train, straight, *rollout))
     assert result.returncode == 0, result.stderr[-3000:]
     expected = by_step(straight)
     assert sorted(expected) == [1, 2, 3, 4, 5, 6]
@@ -93,7 +109,7 @@ def test_killed_run_resumes_exactly(tiny_model_dir, synthetic_data, tmp_path):
     # step-4 checkpoint is complete: what a lost node looks like.
     broken = tmp_path / "broken"
     proc = subprocess.Popen(
-        engine_args(tiny_model_dir, train, broken),
+        engine_args(tiny_model_dir, train, broken, *rollout),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -106,7 +122,7 @@ def test_killed_run_resumes_exactly(tiny_model_dir, synthetic_data, tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
-    resumed = run(engine_args(tiny_model_dir, train, broken))
+    resumed = run(engine_args(tiny_model_dir, train, broken, *rollout))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
     got = by_step(broken)

@@ -1,0 +1,168 @@
+"""The real vLLM engine driven through VLLMRollout, in a process of its own.
+
+Run by test_vllm_engine.py as ``python vllm_checks.py SCENARIO MODEL_DIR OUT.json``: vLLM's
+CPU worker replaces ``torch.set_num_threads`` for the whole process and initialises
+torch.distributed, so it must not share the pytest process. This script only *records*
+(token ids, log-probs, errors); the tests make the comparisons.
+
+Scenarios:
+- ``main``: greedy and sampled generation against the HF model and its training
+  forward; a weight update pushed as the actor pushes it; then a sync that leaves a
+  parameter out.
+- ``interrupted``: a sync whose stream fails part-way (the actor's gather failing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def _single_process_dist() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+
+
+def _training_logprobs(model, prompts, responses, temperature=1.0, top_k=0):
+    """log p(token) as the training forward computes it at ``temperature``; with
+    ``top_k``, renormalised over the k most likely tokens (the distribution sampled)."""
+    import torch
+
+    from engine.types import TokenBatch
+
+    tokens = TokenBatch.from_ragged(prompts, responses, 0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=tokens.input_ids_BS,
+            attention_mask=tokens.attention_mask_BS,
+            position_ids=tokens.position_ids_BS,
+        ).logits.float()
+    r = tokens.response_length
+    logits = logits[:, -r - 1 : -1] / temperature
+    if top_k:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    logp = torch.log_softmax(logits, -1).gather(-1, tokens.responses_BR.unsqueeze(-1))
+    return [logp[i, : len(row), 0].tolist() for i, row in enumerate(responses)]
+
+
+def _rows(output):
+    return {
+        "response_ids": output.response_ids,
+        "finished": output.finished,
+        "logprobs": output.logprobs,
+    }
+
+
+def main(scenario: str, model_dir: str, out_path: str) -> None:
+    _single_process_dist()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.config import RolloutConfig
+    from engine.rollout.hf import HFRollout
+    from engine.rollout.translate import EngineSettings
+    from engine.rollout.vllm import VLLMRollout
+    from engine.rollout.weights import full_tensors
+    from engine.types import GenerationRequest, SamplingParams
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    hf = HFRollout(model, tokenizer, torch.device("cpu"))
+    prompts = [[1, 40, 41, 42], [1, 50, 51], [1, 60], [7, 8, 9, 10, 11]]
+    greedy = SamplingParams(do_sample=False, max_new_tokens=10)
+    # An EOS id that greedy decoding of the first prompt reaches at its 4th token, so
+    # that cutting at EOS (and finished=True) is exercised beside length-capped rows.
+    probe = hf.generate(GenerationRequest(prompts, greedy)).response_ids[0]
+    eos = set(hf.eos_token_ids) | {probe[3]}
+    hf.eos_token_ids = eos
+    results: dict = {"eos": sorted(eos)}
+
+    cfg = RolloutConfig(
+        name="vllm", dtype="float32", calculate_log_probs=True, enforce_eager=True
+    )  # free_cache_engine stays true: on CPU the engine must decide "no sleep mode"
+    settings = EngineSettings(
+        model_dir,
+        eos_token_ids=frozenset(eos),
+        max_model_len=128,
+        load_format="dummy",  # as the rollout role builds it: weights come from the actor
+        kv_cache_bytes=64 * 2**20,
+        bucket_bytes=256 * 1024,  # several buckets for the tiny model
+    )
+    rollout = VLLMRollout(cfg, settings)
+
+    def push(source_model):
+        # What the FSDP actor hands the rollout: HF checkpoint names, the tied lm_head
+        # left out (engine.rollout.weights skips it; vLLM must tie it itself).
+        rollout.sleep()
+        rollout.sync_weights(full_tensors(source_model, dtype=torch.float32))
+        rollout.wake()
+
+    if scenario == "interrupted":
+        push(model)
+
+        def failing_stream():
+            for i, pair in enumerate(full_tensors(model, dtype=torch.float32)):
+                if i == 12:
+                    raise RuntimeError("the actor's all-gather failed")
+                yield pair
+
+        try:
+            rollout.sync_weights(failing_stream())
+        except Exception as error:
+            results["sync_error"] = [type(error).__name__, str(error)]
+        try:
+            rollout.generate(GenerationRequest(prompts, greedy))
+            results["generate_after"] = "generated"
+        except Exception as error:
+            results["generate_after"] = [type(error).__name__, str(error)]
+        _write(out_path, results)
+        return
+
+    push(model)
+    results["hf_greedy"] = _rows(hf.generate(GenerationRequest(prompts, greedy)))
+    got = rollout.generate(GenerationRequest(prompts, greedy))
+    results["vllm_greedy"] = _rows(got)
+    results["train_logprobs_greedy"] = _training_logprobs(model, prompts, got.response_ids)
+
+    for name, sampling, top_k in [
+        ("t07", SamplingParams(temperature=0.7, max_new_tokens=10), 0),
+        ("t07_topk5", SamplingParams(temperature=0.7, top_k=5, max_new_tokens=10), 5),
+    ]:
+        out = rollout.generate(GenerationRequest(prompts * 4, sampling))
+        results[f"vllm_{name}"] = _rows(out)
+        results[f"train_logprobs_{name}"] = _training_logprobs(
+            model, prompts * 4, out.response_ids, temperature=0.7, top_k=top_k
+        )
+
+    # A weight update as training makes one, pushed as the actor pushes it.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.3)
+    push(model)
+    results["hf_greedy_updated"] = _rows(hf.generate(GenerationRequest(prompts, greedy)))
+    results["vllm_greedy_updated"] = _rows(rollout.generate(GenerationRequest(prompts, greedy)))
+
+    # A stream that leaves one parameter out: refused at the end of the session.
+    partial = ((n, t) for n, t in full_tensors(model) if n != "model.layers.1.mlp.down_proj.weight")
+    try:
+        rollout.sync_weights(partial)
+    except Exception as error:
+        results["partial_sync_error"] = [type(error).__name__, str(error)]
+    _write(out_path, results)
+
+
+def _write(path: str, results: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
