@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # The test suite, as the README runs it. Extra arguments go to pytest:
 #   scripts/test.sh -m "not slow"     # the quick run
+#   scripts/test.sh -m "not vllm"     # without the real vLLM engine
+# It runs in .venv (scripts/setup.sh) when there is one, activated or not; otherwise in
+# the python on the PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+py=python
+if [ -x .venv/bin/python ]; then
+    # As activation would: its console scripts (rlctl, ray, sky) first on the PATH too.
+    export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
+    py=.venv/bin/python
+fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Megatron-core installed beside the venv (scripts/setup.sh): spawned workers inherit it.
 if [ -d .megatron-core ]; then
     export PYTHONPATH="$PWD/.megatron-core${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec python -m pytest -q "$@"
+exec "$py" -m pytest -q "$@"

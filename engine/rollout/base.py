@@ -40,3 +40,21 @@ def trim_response(
             if token in eos_token_ids:
                 return token_ids[: i + 1], True
     return token_ids, False
+
+
+def finish_row(
+    token_ids: list[int],
+    logprobs: list[float] | None,
+    eos_token_ids: set[int],
+    ignore_eos: bool,
+) -> tuple[list[int], list[float] | None, bool]:
+    """One engine completion in the HF backend's terms: cut after the first EOS (kept),
+    log-probs cut alike; finished when it ends with EOS."""
+    tokens, finished = trim_response(list(token_ids), eos_token_ids, ignore_eos)
+    if logprobs is not None:
+        if len(logprobs) < len(tokens):
+            raise RuntimeError(
+                f"the engine returned {len(logprobs)} log-probs for {len(tokens)} tokens"
+            )
+        logprobs = list(logprobs[: len(tokens)])
+    return tokens, logprobs, finished

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from transformers import LogitsProcessorList
 
-from engine.rollout.base import trim_response
+from engine.rollout.base import finish_row
 from engine.rollout.weights import checkpoint_slots
 from engine.train.fsdp import full_parameters
 from engine.types import GenerationOutput, GenerationRequest, SamplingParams
@@ -75,6 +76,55 @@ def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (root.get_submodule(path) if path else root), leaf
 
 
+class SampledLogprobs:
+    """The last logits processor of ``generate``: the log-probability each drawn token
+    had in the distribution it was drawn from (after temperature, top-k, top-p). A step's
+    scores are kept until the next call, whose ``input_ids`` end with the token drawn
+    from them; ``finish`` takes the last step's from the output. One [B, V] at a time."""
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []
+        self._pending: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1:])
+        self._pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _take(self, drawn: torch.Tensor) -> None:
+        if self._pending is not None:
+            self.steps.append(self._pending.gather(1, drawn).squeeze(1))
+            self._pending = None
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[B, new tokens] once ``generate`` has returned ``sequences``."""
+        self._take(sequences[:, -1:])
+        return (
+            torch.stack(self.steps, dim=1)
+            if self.steps
+            else sequences.new_zeros((len(sequences), 0), dtype=torch.float32)
+        )
+
+
+def sampling_processors(sampling: SamplingParams) -> list[Any]:
+    """transformers' own warpers for ``sampling``, in its order (temperature, top-k,
+    top-p), for a chain that ends with ``SampledLogprobs``: passed to ``generate`` as
+    its processors, with its own sampling settings cleared, they run before the
+    recorder (``generate`` puts the ones it builds itself after any it is given)."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    if not sampling.do_sample:
+        return []
+    warpers: list[Any] = []
+    if sampling.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k > 0:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    return warpers
+
+
 class HFRollout:
     def __init__(
         self,
@@ -82,10 +132,14 @@ class HFRollout:
         tokenizer: Any,
         device: torch.device,
         micro_batch_size: int | None = None,
+        logprobs: bool = False,
     ) -> None:
+        """``logprobs``: also return each response token's log-probability under the
+        distribution it was sampled from (``rollout.calculate_log_probs``)."""
         self.module = module
         self.device = device
         self.micro_batch_size = micro_batch_size
+        self.logprobs = logprobs
         self.eos_token_ids = eos_ids(tokenizer, module)
         if not self.eos_token_ids:
             raise ValueError("the tokenizer defines no EOS token; responses would never end")
@@ -97,6 +151,7 @@ class HFRollout:
     def generate(self, request: GenerationRequest) -> GenerationOutput:
         responses: list[list[int]] = []
         finished: list[bool] = []
+        logprobs: list[list[float]] = []
         was_training = self.module.training
         self.module.eval()
         try:
@@ -106,15 +161,21 @@ class HFRollout:
                 step = self.micro_batch_size or max(1, len(prompts))
                 for start in range(0, len(prompts), step):
                     chunk = prompts[start : start + step]
-                    for row in self._generate_chunk(model, chunk, request.sampling):
-                        tokens, done = trim_response(
-                            row, self.eos_token_ids, request.sampling.ignore_eos
+                    rows, row_logprobs = self._generate_chunk(model, chunk, request.sampling)
+                    for row, lps in zip(rows, row_logprobs, strict=True):
+                        tokens, lps, done = finish_row(
+                            row, lps, self.eos_token_ids, request.sampling.ignore_eos
                         )
                         responses.append(tokens)
                         finished.append(done)
+                        logprobs.append(lps or [])
         finally:
             self.module.train(was_training)
-        return GenerationOutput(response_ids=responses, finished=finished)
+        return GenerationOutput(
+            response_ids=responses,
+            finished=finished,
+            logprobs=logprobs if self.logprobs else None,
+        )
 
     def model_for_generation(self) -> nn.Module:
         """The module to call ``generate`` on; inside ``full_parameters``."""
@@ -122,32 +183,34 @@ class HFRollout:
 
     def _generate_chunk(
         self, model: nn.Module, prompts: list[list[int]], sampling: SamplingParams
-    ) -> list[list[int]]:
+    ) -> tuple[list[list[int]], list[list[float] | None]]:
+        """Token rows and, with ``self.logprobs``, their sampling log-probs."""
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
         for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
             attention[i, width - len(prompt) :] = 1
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": sampling.max_new_tokens,
-            "do_sample": sampling.do_sample,
-            "pad_token_id": self.pad_token_id,
-            "eos_token_id": None if sampling.ignore_eos else sorted(self.eos_token_ids),
-            "use_cache": True,
-        }
-        if sampling.do_sample:
-            kwargs.update(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else None,
-            )
-        else:  # greedy: clear the model's own sampling defaults so none leaks in
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+        recorder = SampledLogprobs() if self.logprobs else None
+        processors = sampling_processors(sampling) + ([recorder] if recorder else [])
         out = model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=sampling.do_sample,
+            pad_token_id=self.pad_token_id,
+            eos_token_id=None if sampling.ignore_eos else sorted(self.eos_token_ids),
+            use_cache=True,
+            # Our warpers (above), not the model's own sampling defaults: None clears them.
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            logits_processor=LogitsProcessorList(processors),
         )
-        return out[:, width:].tolist()
+        rows = out[:, width:].tolist()
+        if recorder is None:
+            return rows, [None] * len(rows)
+        return rows, recorder.finish(out).tolist()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy full tensors, under Hugging Face checkpoint names, into the module this

@@ -25,11 +25,11 @@ import torch.distributed as dist
 
 from engine.config import RolloutConfig
 from engine.errors import EngineError
+from engine.rollout.base import finish_row
 from engine.rollout.tp import gather_group_rows, new_tp_group, tp_layout
 from engine.rollout.translate import (
     EngineSettings,
     explain_kv_cache_errors,
-    finish_row,
     sampling_params_for,
 )
 from engine.rollout.versions import check_version

@@ -27,7 +27,6 @@ from typing import Any
 
 from engine.config import RolloutConfig
 from engine.errors import EngineError
-from engine.rollout.base import trim_response
 from engine.rollout.weights import DEFAULT_BUCKET_BYTES
 from engine.types import SamplingParams
 
@@ -288,21 +287,3 @@ def explain_kv_cache_errors(backend: str, cfg: RolloutConfig, max_model_len: int
                 backend, error, cfg, cfg.tensor_model_parallel_size, max_model_len
             ) from error
         raise
-
-
-def finish_row(
-    token_ids: list[int],
-    logprobs: list[float] | None,
-    eos_token_ids: set[int],
-    ignore_eos: bool,
-) -> tuple[list[int], list[float] | None, bool]:
-    """One engine completion in the HF backend's terms: cut after the first EOS (kept),
-    log-probs cut alike; finished when it ends with EOS."""
-    tokens, finished = trim_response(list(token_ids), eos_token_ids, ignore_eos)
-    if logprobs is not None:
-        if len(logprobs) < len(tokens):
-            raise RuntimeError(
-                f"the engine returned {len(logprobs)} log-probs for {len(tokens)} tokens"
-            )
-        logprobs = list(logprobs[: len(tokens)])
-    return tokens, logprobs, finished

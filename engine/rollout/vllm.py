@@ -36,6 +36,7 @@ import torch
 
 from engine.config import RolloutConfig
 from engine.errors import EngineError
+from engine.rollout.base import finish_row
 from engine.rollout.tp import (
     gather_group_rows,
     group_seed,
@@ -46,7 +47,6 @@ from engine.rollout.tp import (
 from engine.rollout.translate import (
     EngineSettings,
     explain_kv_cache_errors,
-    finish_row,
     sampling_params_for,
 )
 from engine.rollout.versions import check_version

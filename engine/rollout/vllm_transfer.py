@@ -101,7 +101,13 @@ class InProcessTransfer(WeightTransferEngine[InProcessInitInfo, InProcessUpdateI
         loaded = self.model.load_weights(weights)
         # Models return the vLLM names they loaded; one that returns nothing cannot be
         # checked name by name, so every expected name counts as loaded for it.
-        self.loaded |= set(self.expected) if loaded is None else set(loaded)
+        loaded = set(self.expected) if loaded is None else set(loaded)
+        # Some versions skip a tied head's name (it is the embedding's parameter) and do
+        # not report it: it is loaded with the embedding. Whether its output follows is
+        # what the engine's conformance test checks, on every version CI runs.
+        for name in list(loaded):
+            loaded.update(self.aliases.get(name, ()))
+        self.loaded |= loaded
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload

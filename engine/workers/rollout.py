@@ -55,6 +55,7 @@ class RolloutWorker:
                 tokenizer,
                 device.torch_device(),
                 micro_batch_size=rollout_cfg.micro_batch_size,
+                logprobs=rollout_cfg.calculate_log_probs,
             )
             self.owns_weights = self.megatron_actor
             return

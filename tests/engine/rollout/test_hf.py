@@ -38,6 +38,18 @@ def prompts(tokenizer, texts):
     ]
 
 
+def response_logits(model, tokens: TokenBatch) -> torch.Tensor:
+    """The training forward's logits at the positions that predict each response token."""
+    with torch.no_grad():
+        logits = model(
+            input_ids=tokens.input_ids_BS,
+            attention_mask=tokens.attention_mask_BS,
+            position_ids=tokens.position_ids_BS,
+        ).logits
+    r = tokens.response_length
+    return logits[:, -r - 1 : -1]
+
+
 def test_greedy_tokens_are_the_argmax_of_the_training_forward(model_and_tokenizer):
     """Left padding, positions and the response slice agree between generate and training:
     otherwise PPO's ratio would not start at 1."""
@@ -48,14 +60,7 @@ def test_greedy_tokens_are_the_argmax_of_the_training_forward(model_and_tokenize
     greedy = SamplingParams(do_sample=False, max_new_tokens=8, ignore_eos=True)
     out = rollout.generate(GenerationRequest(ids, greedy))
     tokens = TokenBatch.from_ragged(ids, out.response_ids, tokenizer.pad_token_id)
-    with torch.no_grad():
-        logits = model(
-            input_ids=tokens.input_ids_BS,
-            attention_mask=tokens.attention_mask_BS,
-            position_ids=tokens.position_ids_BS,
-        ).logits
-    r = tokens.response_length
-    argmax = logits[:, -r - 1 : -1].argmax(-1)
+    argmax = response_logits(model, tokens).argmax(-1)
     mask = tokens.response_mask_BR.bool()
     assert torch.equal(argmax[mask], tokens.responses_BR[mask])
     logp, _ = response_logprobs(model, tokens, torch.device("cpu"))
@@ -127,3 +132,47 @@ def test_sync_weights_fills_an_owned_model(model_and_tokenizer, tiny_model_dir):
         rollout.sync_weights(iter(pairs[1:]))
     with pytest.raises(KeyError, match=r"no parameter 'model\.extra'"):
         rollout.sync_weights(iter([("model.extra", torch.zeros(1))]))
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(do_sample=False, max_new_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0.7, max_new_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0.7, top_k=5, max_new_tokens=8, ignore_eos=True),
+    ],
+    ids=["greedy", "t07", "t07_topk5"],
+)
+def test_logprobs_are_of_the_distribution_sampled(model_and_tokenizer, sampling):
+    """With ``logprobs`` the HF rollout returns, like vLLM's, each token's log-prob under
+    the distribution it was drawn from: log softmax(logits / T), renormalised over the
+    top k when top-k is on (the model's own sampling defaults play no part)."""
+    model, tokenizer = model_and_tokenizer
+    model.generation_config.top_k = 3  # a model default that must not leak in
+    try:
+        rollout = HFRollout(model, tokenizer, torch.device("cpu"), logprobs=True)
+        ids = prompts(tokenizer, ["Add 3 and 4.", "What is 12 minus 5? Answer with a number."])
+        out = rollout.generate(GenerationRequest(ids * 4, sampling))
+    finally:
+        model.generation_config.top_k = None
+    tokens = TokenBatch.from_ragged(ids * 4, out.response_ids, tokenizer.pad_token_id)
+    logits = response_logits(model, tokens) / (sampling.temperature if sampling.do_sample else 1.0)
+    if sampling.do_sample and sampling.top_k > 0:
+        kth = logits.topk(sampling.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens.responses_BR.unsqueeze(-1))[..., 0]
+    for i, row in enumerate(out.logprobs):
+        assert len(row) == len(out.response_ids[i])
+        assert torch.allclose(torch.tensor(row), expected[i, : len(row)], atol=1e-4)
+    if sampling.do_sample:  # it sampled, and not from the model's top-3 default
+        drawn = logits.gather(-1, tokens.responses_BR.unsqueeze(-1))
+        rank = (logits > drawn).sum(-1) + 1  # 1: the most likely token
+        assert rank[tokens.response_mask_BR.bool()].max() > 3
+
+
+def test_no_logprobs_unless_asked(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    out = HFRollout(model, tokenizer, torch.device("cpu")).generate(
+        GenerationRequest([[1, 2, 3]], SamplingParams(max_new_tokens=4))
+    )
+    assert out.logprobs is None

@@ -3,7 +3,10 @@
 The engine runs in a process of its own (vllm_checks.py records what it generates and
 how it fails); the comparisons are made here. The reference is the HF backend and the
 training forward of the same model in float32: the batch must be the same whichever
-engine generated it.
+engine generated it. Every check runs against both ends of the supported range that
+install here: the vLLM in the venv (the newest CPU build) and the oldest supported
+CPU build, which scripts/setup.sh puts in .vllm-oldest (first on the path, it shadows
+the venv's).
 """
 
 from __future__ import annotations
@@ -20,15 +23,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 CHECKS = Path(__file__).with_name("vllm_checks.py")
 REPO = Path(__file__).parents[3]
+OLDEST = REPO / ".vllm-oldest"
 LOGPROB_ATOL = 1e-3
 
 
-def _run(scenario: str, model_dir: Path, tmp: Path) -> tuple[dict, str]:
+@pytest.fixture(scope="module", params=["installed", "oldest"])
+def vllm_build(request) -> list[str]:
+    """Path entries that select the vLLM build under test."""
+    if request.param == "installed":
+        return []
+    assert OLDEST.is_dir(), (
+        f"{OLDEST} is missing: scripts/setup.sh installs the oldest supported vLLM CPU"
+        " build there (deselect these tests with -m 'not vllm')"
+    )
+    return [str(OLDEST)]
+
+
+def _run(scenario: str, model_dir: Path, tmp: Path, build: list[str]) -> tuple[dict, str]:
     out = tmp / f"{scenario}.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
+    path = [str(REPO), *build, os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     result = subprocess.run(
         [sys.executable, str(CHECKS), scenario, str(model_dir), str(out)],
         capture_output=True,
@@ -41,13 +55,23 @@ def _run(scenario: str, model_dir: Path, tmp: Path) -> tuple[dict, str]:
 
 
 @pytest.fixture(scope="module")
-def main_run(tiny_model_dir, tmp_path_factory):
-    return _run("main", tiny_model_dir, tmp_path_factory.mktemp("vllm"))
+def main_run(tiny_model_dir, tmp_path_factory, vllm_build):
+    return _run("main", tiny_model_dir, tmp_path_factory.mktemp("vllm"), vllm_build)
 
 
 @pytest.fixture(scope="module")
 def checks(main_run):
     return main_run[0]
+
+
+def test_the_build_under_test_is_the_one_asked_for(checks, vllm_build):
+    from engine.rollout.versions import SUPPORTED, installed_version, version_tuple
+
+    version = version_tuple(checks["vllm_version"])
+    if vllm_build:  # the oldest supported: the range's minimum
+        assert version[:2] == version_tuple(SUPPORTED["vllm"].minimum)
+    else:
+        assert version == version_tuple(installed_version("vllm"))
 
 
 def _max_abs_diff(rows_a, rows_b):
@@ -105,8 +129,10 @@ def test_without_sleep_mode_the_engine_says_so_once_and_starts(main_run):
     assert "free_cache_engine" in output
 
 
-def test_a_sync_that_fails_part_way_leaves_the_engine_unusable(tiny_model_dir, tmp_path):
-    results, _ = _run("interrupted", tiny_model_dir, tmp_path)
+def test_a_sync_that_fails_part_way_leaves_the_engine_unusable(
+    tiny_model_dir, tmp_path, vllm_build
+):
+    results, _ = _run("interrupted", tiny_model_dir, tmp_path, vllm_build)
     kind, message = results["sync_error"]
     assert kind == "EngineError"
     assert "the actor's all-gather failed" in message

