@@ -168,6 +168,14 @@ ALGORITHMS = {
         *VLLM_ROLLOUT,
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     ],
+    # A Megatron actor (TP 2 with sequence parallelism) pushing its HF-named tensors to vLLM.
+    "grpo_megatron_tp2_vllm": [
+        "algorithm.adv_estimator=grpo",
+        *VLLM_ROLLOUT,
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.sequence_parallel=true",
+    ],
     "reinforce_pp": [
         "algorithm.adv_estimator=reinforce_plus_plus",
         "actor_rollout_ref.rollout.n=2",
@@ -182,8 +190,15 @@ ALGORITHMS = {
 }
 
 
+def _algorithm_marks(name: str) -> list:
+    marks = [pytest.mark.vllm] if "vllm" in name else []
+    if "megatron" in name:
+        marks.append(MEGATRON.marks[0])  # skipped without megatron-core
+    return marks
+
+
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.vllm] if "vllm" in n else []) for n in ALGORITHMS]
+    "name", [pytest.param(n, marks=_algorithm_marks(n)) for n in ALGORITHMS]
 )
 def test_algorithm_runs(
     name, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
