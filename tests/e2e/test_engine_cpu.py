@@ -197,9 +197,7 @@ def _algorithm_marks(name: str) -> list:
     return marks
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_algorithm_marks(n)) for n in ALGORITHMS]
-)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_algorithm_marks(n)) for n in ALGORITHMS])
 def test_algorithm_runs(
     name, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
 ):
@@ -241,9 +239,10 @@ def test_algorithm_runs(
     if cfg.algorithm.filter_groups.enable:
         assert 1 <= last["training/gen_batches"] <= 3
     if cfg.actor_rollout_ref.rollout.calculate_log_probs:
-        # The engine's probabilities match the training forward's (TP 2 reduces in
-        # another order: float noise, still far below what a stale push gives).
-        assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-2
+        # The engine's probabilities are the training forward's, at TP 2 too: its members
+        # sample in step (were they not, a member's rows would be another engine's draw:
+        # 4e-4 in probability was seen so).
+        assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
     if cfg.algorithm.rollout_correction.rollout_is:
         assert last["training/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
     if cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
