@@ -31,6 +31,8 @@ from engine.rollout.weights import DEFAULT_BUCKET_BYTES
 from engine.types import SamplingParams
 
 BACKENDS = ("vllm", "sglang")
+# Tokens SGLang's context must hold beyond prompt + response (see engine_args_for).
+SGLANG_CONTEXT_ROOM = 2
 
 
 def sampling_params_for(
@@ -70,7 +72,7 @@ def sampling_params_for(
             "n": 1,
             "temperature": temperature,
             "top_p": top_p,
-            "top_k": top_k if top_k > 0 else -1,  # SGLang: -1 is off
+            "top_k": top_k if top_k > 0 else -1,  # SGLang: -1 is off (0 is refused)
             "max_new_tokens": params.max_new_tokens,
             "ignore_eos": params.ignore_eos,
             "stop_token_ids": stop_ids,
@@ -78,6 +80,8 @@ def sampling_params_for(
             "no_stop_trim": True,  # keep the stop token in the output ids
         }
         if seed is not None:
+            # Honoured only by an engine started with enable_deterministic_inference
+            # (sampling/sampling_batch_info.py); otherwise SGLang ignores it.
             kw["sampling_seed"] = seed
         return kw
     raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
@@ -138,8 +142,10 @@ def engine_args_for(
             "trust_remote_code": trust_remote_code,
             "load_format": load_format,
             "skip_tokenizer_init": False,
-            # Log-probs of the distribution the token was drawn from (after temperature,
-            # top-k, top-p), as the training side computes them; V1's default is raw.
+            # Log-probs of the distribution the token was drawn from: after temperature
+            # (as the training side computes them) and after top-k/top-p (which training
+            # does not apply: with those on, the gap is real, and TIS corrects for it).
+            # V1's default is the raw log-probs, before temperature.
             "logprobs_mode": "processed_logprobs",
         }
         if kv_cache_bytes is not None:
@@ -152,7 +158,10 @@ def engine_args_for(
             "mem_fraction_static": cfg.gpu_memory_utilization,
             "disable_cuda_graph": cfg.enforce_eager,
             "dtype": dtype,
-            "context_length": max_model_len,
+            # SGLang caps a request's new tokens at context_length - 2 - prompt length
+            # (max_req_len = context_length - 1, less one more): two tokens of room let
+            # a full-length prompt get a full-length response, as on the other backends.
+            "context_length": max_model_len + SGLANG_CONTEXT_ROOM,
             "chunked_prefill_size": cfg.max_num_batched_tokens,
             "max_prefill_tokens": max(cfg.max_num_batched_tokens, max_model_len),
             "random_seed": seed,

@@ -144,7 +144,7 @@ def test_sglang_engine_args_come_from_the_rollout_config():
     assert kw["tp_size"] == 4
     assert kw["mem_fraction_static"] == 0.4
     assert kw["disable_cuda_graph"] is False
-    assert kw["context_length"] == 2048
+    assert kw["context_length"] == 2048 + 2  # room for a full-length response
     assert kw["chunked_prefill_size"] == 8192
     assert kw["random_seed"] == 3
     assert kw["enable_memory_saver"] is False
