@@ -40,5 +40,5 @@ fi
 # Megatron-core beside the venv, without its dependencies: its metadata pins numpy<2,
 # which the rest of the environment needs; what the engine uses runs on numpy 2.
 # scripts/test.sh puts .megatron-core on PYTHONPATH when it exists.
-"$py" -m pip install --quiet --no-deps --target .megatron-core "megatron-core==0.14.0"
+"$py" -m pip install --quiet --no-deps --target .megatron-core "megatron-core==0.16.1"
 echo "ready: . .venv/bin/activate"

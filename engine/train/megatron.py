@@ -107,13 +107,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import math
 import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -397,8 +398,15 @@ def _duplicated_linear() -> type:
     """The whole-on-every-rank linear Megatron's MLA accepts for its down projections:
     Megatron's own (with Transformer Engine installed) or ``DuplicatedLinear``, bound to
     the name the MLA module checks against (None without Transformer Engine)."""
+    from megatron.core.extensions import transformer_engine
     from megatron.core.transformer import multi_latent_attention
 
+    # Without Transformer Engine, megatron-core's TE extension still imports (its ``te`` is
+    # a MagicMock, so ``TELinear`` is a mock, not a class) and the MLA module believes TE
+    # is there. 0.16's MLASelfAttention then calls ``isinstance(linear_proj, TELinear)``
+    # first (0.14 tested ``config.fp8`` first), a TypeError: say what is installed.
+    if not transformer_engine.HAVE_TE:
+        multi_latent_attention.HAVE_TE = False
     if multi_latent_attention.Linear is None:
         multi_latent_attention.Linear = DuplicatedLinear
     return multi_latent_attention.Linear
@@ -655,6 +663,11 @@ class MegatronEngine:
             params_dtype=torch.bfloat16 if bf16 else torch.float32,
             use_distributed_optimizer=self.parallel.use_distributed_optimizer,
         )
+        # Decay every parameter. Megatron-core 0.14 takes ``no_weight_decay_cond``; 0.16
+        # removed it for ``config_overrides``, whose default (None) skips biases and 1-D
+        # parameters, and whose empty dict means no overrides: one decay for all.
+        if "config_overrides" in inspect.signature(get_megatron_optimizer).parameters:
+            return get_megatron_optimizer(config, [self.ddp], config_overrides={})
         return get_megatron_optimizer(
             config, [self.ddp], no_weight_decay_cond=lambda name, param: False
         )
@@ -1178,6 +1191,8 @@ def _build_gpt(
         from megatron.core.transformer.transformer_config import MLATransformerConfig
 
         config_class = MLATransformerConfig
+    if _shared_expert_gate_in_config():
+        kw["moe_shared_expert_gate"] = has_shared_expert_gate(hf_config)
     config = config_class(
         **kw,
         activation_func=F.silu,
@@ -1256,9 +1271,20 @@ def _layer_spec(hf_config: Any, qk_layernorm: bool, moe: bool) -> Any:
         attention.q_layernorm = attention.k_layernorm = TorchRMSNorm
     if moe:
         layer.mlp.module = _moe_layer_class()
-        shared = layer.mlp.submodules.shared_experts
-        shared.params = {**shared.params, "gate": has_shared_expert_gate(hf_config)}
+        if not _shared_expert_gate_in_config():  # megatron-core 0.14: the spec's param
+            shared = layer.mlp.submodules.shared_experts
+            shared.params = {**shared.params, "gate": has_shared_expert_gate(hf_config)}
     return spec
+
+
+def _shared_expert_gate_in_config() -> bool:
+    """Whether Qwen2-MoE's shared-expert gate is set in the TransformerConfig. Megatron-core
+    0.14 takes it as the shared-expert spec's ``gate`` param; 0.16 has a config field,
+    ``moe_shared_expert_gate``, that ``MoELayer`` passes as ``gate`` itself (a ``gate``
+    param in the spec too is then a TypeError: "got multiple values")."""
+    from megatron.core.transformer import TransformerConfig
+
+    return any(f.name == "moe_shared_expert_gate" for f in fields(TransformerConfig))
 
 
 @functools.cache

@@ -212,7 +212,7 @@ def test_missing_megatron_core_is_a_clear_error(monkeypatch):
         MegatronEngine.from_hf("unused", MegatronParallel(), OptimConfig(), DEVICES["cpu"])
     message = str(err.value)
     assert "pip install 'rlctl[megatron]'" in message
-    assert "megatron-core>=0.13,<0.15" in message
+    assert "megatron-core>=0.13,<0.17" in message
 
     # Installed (metadata says so) but not importable: still a clear error.
     monkeypatch.setattr(versions, "installed_version", lambda name: "0.14.0")
