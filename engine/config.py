@@ -13,7 +13,9 @@ on a laptop.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -496,7 +498,7 @@ def load_config(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    cfg = OmegaConf.structured(EngineConfig)
+    cfg = copy.deepcopy(_schema())
     layers: list[tuple[str, Any]] = []
     if base is not None:
         layers.append(("base config", dict(base)))
@@ -525,9 +527,59 @@ def load_config(
         result: EngineConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
         raise ConfigError([_omegaconf_problem(exc, "config")]) from None
+    untyped = [p for k in _PATH_KEYS if (p := _paths_problem(k, _selected(result, k)))]
+    if untyped:
+        raise ConfigError(untyped)
     if check:
         validate(result)
     return result
+
+
+@functools.cache
+def _schema() -> Any:
+    """The schema as OmegaConf's structured config, made once (the slowest step of a
+    load); ``load_config`` works on a copy."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(EngineConfig)
+
+
+def key_problems(dotted: Mapping[str, Any]) -> list[str]:
+    """Each dotted key checked alone against the schema (it exists, and its value has the
+    key's type; no cross-field rules), one problem a line as ``load_config`` words them
+    for a base mapping: every bad key, not only the first one a merge meets."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    def nested(key: str, value: Any) -> dict[str, Any]:
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        return value
+
+    problems = []
+    for key, value in dotted.items():
+        try:
+            merged = OmegaConf.merge(_schema(), nested(key, value))
+            if isinstance(value, str) and "${" in value:  # an interpolation: resolved here
+                OmegaConf.select(merged, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException as exc:
+            problems.append(_omegaconf_problem(exc, "base config"))
+            continue
+        if key in _PATH_KEYS and (problem := _paths_problem(key, value)):
+            problems.append(f"base config: {problem}")
+    return problems
+
+
+# Keys the schema types as Any (a path or a list of paths): checked here instead.
+_PATH_KEYS = ("data.train_files", "data.val_files")
+
+
+def _paths_problem(key: str, value: Any) -> str | None:
+    if value is None or isinstance(value, str):  # None: none (as an empty list)
+        return None
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return None
+    return f"{key}: expected a path or a list of paths, got {_short(value)}"
 
 
 def to_yaml(cfg: EngineConfig) -> str:
@@ -594,7 +646,68 @@ def _omegaconf_problem(exc: Exception, source: str) -> str:
         close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{source}: unknown key {key!r}{hint}"
+    leaf = schema_leaf(key) if key else None
+    wrong_type = ("could not be converted", "is not a valid", "Incompatible value", "is not a List")
+    if leaf is not None and hasattr(exc, "value") and any(w in msg for w in wrong_type):
+        kind, default = leaf
+        example = "" if default is None else f" (the default is {_short(default)})"
+        return (
+            f"{source}: {key}: expected {_expected(kind)}, got {_short(exc.value)};"
+            f" give {_expected(kind)}{example}"
+        )
     return f"{source}: {key + ': ' if key else ''}{msg}"
+
+
+@functools.cache
+def schema_leaf(key: str) -> tuple[Any, Any] | None:
+    """(type, default) of the schema's value at a dotted key; None where the key names
+    no value (unknown, or a section of keys)."""
+    import typing
+
+    node: Any = EngineConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not (isinstance(node, type) and is_dataclass(node)):
+            return None
+        found = next((f for f in fields(node) if f.name == part), None)
+        if found is None:
+            return None
+        default = _field_default(found)
+        if i == len(parts) - 1:
+            if is_dataclass(default):
+                return None
+            return typing.get_type_hints(node)[part], default
+        node = type(default)
+    return None
+
+
+def _expected(kind: Any) -> str:
+    """A schema type in words: ``int | None`` -> "a whole number or null"."""
+    import types
+    import typing
+
+    words = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_expected(a) for a in inner) + (
+            " or null" if len(inner) < len(args) else ""
+        )
+    if typing.get_origin(kind) is list:
+        return f"a list of {_expected(args[0]) if args else 'values'}"
+    return words.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """A value as a person wrote it, cut short: messages repeat what the user gave."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _as_list(value: Any) -> list[str]:

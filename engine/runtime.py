@@ -18,21 +18,26 @@ from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
 from engine.device import DEVICES
 from engine.errors import EngineError
 
-# Environment every worker process starts with.
+# Settings every worker process starts with: these constants and nothing read from the
+# environment. Ray writes a job's runtime_env into its logs (runtime_env_agent.log) and
+# its GCS, so a value copied from here (HF_TOKEN, a recipe's secrets) would land on disk.
+# The workers inherit the rest of their environment, secrets included, from the Ray node
+# that starts them: here the driver's own (ray.init starts the node), on Slurm and
+# SkyPilot the job script's, which starts `ray start` on every node.
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+# The names (never the values) of the secrets the job was given, set by rlctl's job
+# scripts: on a cluster joined by address, every node is checked to have them.
+SECRET_NAMES_ENV = "RLCTL_SECRET_NAMES"
 
 
 def init_ray(cfg: EngineConfig) -> None:
     """Join the cluster named by RAY_ADDRESS (Slurm, SkyPilot), or start one here."""
     if ray.is_initialized():
         return
-    env = {
-        **WORKER_ENV,
-        **{k: v for k, v in os.environ.items() if k.startswith(("HF_", "TRANSFORMERS_"))},
-    }
-    runtime_env = {"env_vars": env}
+    runtime_env = {"env_vars": dict(WORKER_ENV)}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
+        check_node_secrets(secret_names())
         return
     needed = cfg.world_size * cfg.trainer.cpus_per_worker
     ray.init(
@@ -42,6 +47,45 @@ def init_ray(cfg: EngineConfig) -> None:
         # Unix socket paths are limited to 107 bytes: keep Ray's session dir short.
         _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
     )
+
+
+def secret_names() -> list[str]:
+    return [n for n in os.environ.get(SECRET_NAMES_ENV, "").split(",") if n.strip()]
+
+
+def check_node_secrets(names: list[str], timeout_s: float = 300.0) -> None:
+    """Every alive node's workers see the named variables in their environment (each node
+    inherits them from the job script that started it; nothing carries them in Ray), or
+    an error naming the node and the missing names, before any model loads."""
+    if not names:
+        return
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def missing(wanted: list[str]) -> list[str]:
+        return [name for name in wanted if name not in os.environ]
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    pending = [
+        missing.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(names)
+        for n in nodes
+    ]
+    try:
+        answers = ray.get(pending, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise EngineError(
+            f"the Ray nodes did not all answer in {timeout_s:.0f} s (checking that each has"
+            f" the secrets {', '.join(names)}): is every node up? `ray status` says"
+        ) from None
+    for node, lacking in zip(nodes, answers, strict=True):
+        if lacking:
+            raise EngineError(
+                f"the Ray node at {node.get('NodeManagerAddress')} lacks the secrets"
+                f" {', '.join(lacking)} in its environment: start every node's `ray start`"
+                " with them exported (rlctl's job scripts do)"
+            )
 
 
 def resolve_cluster_device(cfg: EngineConfig) -> str:

@@ -69,17 +69,13 @@ def plan_recipe(recipe: Recipe) -> Any:
 
 def plan_request(recipe: Recipe) -> Any:
     """What the planner needs to know about a recipe: model, hardware, batch and lengths."""
-    from engine.config import EngineConfig
     from rlctl.hardware import parse_accelerator_spec
     from rlctl.plan import PlanRequest
 
-    keys = recipe.engine_overrides()
-    defaults = EngineConfig()
+    typed = _typed_engine_config(recipe)
 
     def value(key: str) -> Any:
-        if key in keys:
-            return keys[key]
-        node: Any = defaults
+        node: Any = typed
         for part in key.split("."):
             node = getattr(node, part)
         return node
@@ -95,6 +91,10 @@ def plan_request(recipe: Recipe) -> Any:
         acc, per_node = parse_accelerator_spec(hw.accelerators)
         accelerator = acc.name
         devices = per_node * hw.nodes if hw.nodes else None
+
+    def pinned(key: str) -> Any:
+        return value(key) if key in recipe.engine else None
+
     estimator = value("algorithm.adv_estimator")
     critic = value("critic.enable")
     return PlanRequest(
@@ -108,16 +108,30 @@ def plan_request(recipe: Recipe) -> Any:
         ),
         rollout_backend=recipe.rollout,
         train_backend=recipe.trainer,
-        train_batch_size=int(value("data.train_batch_size")),
-        rollout_n=int(value("actor_rollout_ref.rollout.n")),
-        max_prompt_length=int(value("data.max_prompt_length")),
-        max_response_length=int(value("data.max_response_length")),
-        ppo_mini_batch_size=recipe.engine.get("actor_rollout_ref.actor.ppo_mini_batch_size"),
-        micro_batch_size_per_device=recipe.engine.get(
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
-        ),
-        overrides=dict(recipe.engine),
+        train_batch_size=value("data.train_batch_size"),
+        rollout_n=value("actor_rollout_ref.rollout.n"),
+        max_prompt_length=value("data.max_prompt_length"),
+        max_response_length=value("data.max_response_length"),
+        ppo_mini_batch_size=pinned("actor_rollout_ref.actor.ppo_mini_batch_size"),
+        micro_batch_size_per_device=pinned("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+        overrides={key: value(key) for key in recipe.engine},
     )
+
+
+def _typed_engine_config(recipe: Recipe) -> Any:
+    """The engine config the recipe's keys make, typed by the engine's schema (no
+    cross-field rules yet: the plan fills in sizes first). The recipe parser checked
+    every key, so a problem here is reported the same way, naming the key."""
+    from engine.config import load_config
+    from engine.errors import ConfigError
+    from rlctl.recipe import RecipeError
+    from rlctl.spec import nest
+
+    try:
+        return load_config(base=nest(recipe.engine_overrides()), check=False)
+    except ConfigError as exc:
+        problems = [p.replace("base config: ", "engine.", 1) for p in exc.problems]
+        raise RecipeError(f"recipe {recipe.source}: " + "; ".join(problems)) from None
 
 
 def prepare(recipe: Recipe, backend: str, job_id: str, **backend_options: Any) -> Prepared:

@@ -457,6 +457,11 @@ def parse_accelerator_spec(spec: str) -> tuple[Accelerator, int]:
                 f"accelerator spec {spec!r} has more than one ':'",
                 hint="write NAME[:COUNT], e.g. H100:8",
             )
+        if re.fullmatch(r"[+-]?[0-9]+", count_text) and int(count_text) < 1:
+            raise AcceleratorSpecError(
+                f"accelerator spec {spec!r}: the count must be at least 1, got {count_text}",
+                hint=f"write the devices per node as a positive integer, e.g. {name.strip()}:8",
+            )
         if not _COUNT.fullmatch(count_text):
             raise AcceleratorSpecError(
                 f"accelerator spec {spec!r}: count {count_text!r} is not a whole number",

@@ -49,17 +49,13 @@ def _make_private_dir(path: Path) -> None:
 def read_site_file(name: str, shape: str, path: Path | None = None) -> dict | None:
     """A site settings file (``<RLCTL_HOME>/<name>``, or ``path``) as a mapping; None when
     there is none. ``shape`` says what the mapping holds, for the error when it is not one."""
-    import yaml
-
     from rlctl.errors import RlctlError
+    from rlctl.yamlfile import load_yaml_file
 
     path = path or rlctl_home(create=False) / name
     if not path.is_file():
         return None
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RlctlError(f"{path}: not valid YAML: {exc}") from None
+    raw = load_yaml_file(path) or {}
     if not isinstance(raw, dict):
         raise RlctlError(f"{path}: {shape}")
     return raw

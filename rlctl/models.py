@@ -425,6 +425,7 @@ def shape_from_config(config: Mapping[str, Any], name: str, source: str) -> Mode
             f"{source}: config lacks {', '.join(missing)}; cannot size model {name!r}",
             hint="is this a decoder-only language model's config.json?",
         )
+    _check_fields(cfg, source, name)
     counts = _count(cfg)
     return ModelShape(
         name=name,
@@ -450,6 +451,49 @@ def shape_from_config(config: Mapping[str, Any], name: str, source: str) -> Mode
         root_params=counts["root"],
         model_type=str(cfg.get("model_type", "")),
     )
+
+
+# The config fields the sizes are computed from: whole numbers, at least 1 (sizes and
+# the divisors of layer patterns) or 0 (counts that may be absent). A local config.json
+# is the user's file: anything else is refused naming the field, not met as a TypeError.
+_SIZES = (
+    "hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers",
+    "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "vocab_size",
+    "intermediate_size", "n_inner", "moe_intermediate_size", "moe_layer_freq",
+    "decoder_sparse_step",
+)  # fmt: skip
+_COUNTS = (
+    "num_experts", "n_routed_experts", "num_local_experts", "num_experts_per_tok", "moe_topk",
+    "n_shared_experts", "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "first_k_dense_replace",
+)  # fmt: skip
+_MLA = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MAX_LAYERS = 100_000
+MAX_SIZE = 2**40
+
+
+def _check_fields(cfg: Mapping[str, Any], source: str, name: str) -> None:
+    problems = []
+    for key in (*_SIZES, *_COUNTS):
+        value = cfg.get(key)
+        if value is None:
+            continue
+        least = 1 if key in _SIZES else 0
+        most = MAX_LAYERS if key in ("num_hidden_layers", "n_layer", "num_layers") else MAX_SIZE
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+            problems.append(f"{key} {value!r} is not a whole number from {least} to {most}")
+    if cfg.get("kv_lora_rank"):
+        problems += [f"{key} is missing (kv_lora_rank is set)" for key in _MLA if key not in cfg]
+    layers = cfg.get("mlp_only_layers")
+    if layers is not None and not (
+        isinstance(layers, list) and all(isinstance(i, int) for i in layers)
+    ):
+        problems.append(f"mlp_only_layers {layers!r} is not a list of layer indices")
+    if problems:
+        raise UnknownModelError(
+            f"{source}: cannot size model {name!r}: " + "; ".join(problems),
+            hint="is this a Hugging Face config.json as the model's library wrote it?",
+        )
 
 
 def _tied(cfg: Mapping[str, Any]) -> bool:

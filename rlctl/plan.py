@@ -30,7 +30,7 @@ weights do not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -64,6 +64,10 @@ HOST_RAM_USABLE = 0.8  # offload may take this share of it (the rest: OS, data, 
 CPU_WORKERS = 2  # the engine's CPU quickstart: two FSDP workers (gloo)
 CPU_PARAMS_WARNING = 1.0e9
 _NODE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Beyond these a value is a typo (a missing decimal point, a pasted id), not a run: the
+# planner refuses it instead of searching layouts for it.
+MAX_COUNT = 1_000_000  # prompts, samples per prompt, micro-batches, nodes, devices
+MAX_TOKENS = 100_000_000  # sequence lengths and token budgets
 
 
 class InfeasiblePlanError(RlctlError):
@@ -468,17 +472,42 @@ def _check_settings(s: _Settings, req: PlanRequest) -> None:
     ):
         if value is not None and value < 1:
             raise InfeasiblePlanError(f"{key} must be a positive integer, got {value}")
+    for key, value, most in (
+        ("data.train_batch_size", s.train_batch, MAX_COUNT),
+        ("actor_rollout_ref.rollout.n", s.n, MAX_COUNT),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", s.mini, MAX_COUNT),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", s.micro, MAX_COUNT),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", s.rollout_tp, MAX_COUNT),
+        ("trainer.nnodes", s.nodes, MAX_COUNT),
+        ("trainer.n_gpus_per_node", s.per_node, MAX_COUNT),
+        ("hardware.accelerators (devices per node)", req.max_devices_per_node, MAX_COUNT),
+        ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp, MAX_COUNT),
+        ("data.max_prompt_length", s.prompt_len, MAX_TOKENS),
+        ("data.max_response_length", s.response_len, MAX_TOKENS),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", s.token_len, MAX_TOKENS),
+    ):
+        if value is not None and value > most:
+            raise InfeasiblePlanError(
+                f"{key} {value} is more than {most:,}: not a size a run can have",
+                hint=f"check {key} (a typo?)",
+            )
     if s.fraction is not None and not 0.0 < s.fraction <= 1.0:
         raise InfeasiblePlanError(
             f"actor_rollout_ref.rollout.gpu_memory_utilization must be in (0, 1], got {s.fraction}"
         )
     if s.rollout_backend not in ("vllm", "sglang", "hf"):
         raise InfeasiblePlanError(
-            f"unknown rollout backend {s.rollout_backend!r}", hint="use vllm, sglang or hf"
+            f"actor_rollout_ref.rollout.name: unknown rollout backend {s.rollout_backend!r}",
+            hint="use vllm, sglang or hf (the recipe's rollout:)",
         )
     if s.train_backend not in ("fsdp", "fsdp2", "megatron"):
         raise InfeasiblePlanError(
-            f"unknown training backend {s.train_backend!r}", hint="use fsdp2, fsdp or megatron"
+            f"actor_rollout_ref.actor.strategy: unknown training backend {s.train_backend!r}",
+            hint="use fsdp2, fsdp or megatron (the recipe's trainer:)",
+        )
+    if not 0 < s.target_s < math.inf:
+        raise InfeasiblePlanError(
+            f"target_step_minutes must be a positive number, got {req.target_step_minutes}"
         )
 
 
@@ -761,7 +790,8 @@ def _megatron_forward_bytes(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) 
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _divisors_near(n: int, around: int, count: int = 3) -> list[int]:
@@ -799,6 +829,15 @@ def _micro_rule(s: _Settings, mini: int, micro: int, devices: int) -> str | None
             " actor_rollout_ref.actor.use_dynamic_bsz=true"
         )
     return None
+
+
+def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest k in [low, high] with ``ok(k)``, for ``ok`` true up to a point and false
+    after it (memory that grows with k); ``low`` when none is."""
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid - 1)
+    return low
 
 
 def _pick_mini(s: _Settings, devices: int) -> tuple[int | None, str | None]:
@@ -922,7 +961,7 @@ def _fit_train(
         micro = s.micro
         if not fits(micro * seq):
             act = _train_activations(m, c, micro * seq, seq)
-            best = max(k for k in range(1, micro) if fits(k * seq))
+            best = _largest(lambda k: fits(k * seq), 1, micro - 1)
             return None, (
                 f"pinned ppo_micro_batch_size_per_gpu {micro} needs"
                 f" {_fmt(state.peak(act.total))}"
@@ -1171,12 +1210,12 @@ _RESIDENT = {
 def _tp_heads_message(m: ModelShape, tp: int) -> str:
     if m.num_attention_heads % tp:
         return (
-            f"rollout tensor_model_parallel_size {tp} must divide the model's"
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size {tp} must divide the model's"
             f" {m.num_attention_heads} attention heads"
         )
     return (
-        f"rollout tensor_model_parallel_size {tp} must divide the model's {m.num_kv_heads}"
-        " KV heads or be a multiple of them"
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size {tp} must divide the model's"
+        f" {m.num_kv_heads} KV heads or be a multiple of them"
     )
 
 
@@ -1352,6 +1391,7 @@ def _search(
 ) -> tuple[_Fit | None, list[str]]:
     """The first layout (in order) with a fit, tier by tier (see ``_train_options``)."""
     tried: list[str] = []
+    same: dict[str, tuple[int, list[str]]] = {}  # a fixed layout's reason -> (entry, levels)
     options = {lay: _train_options(m, s, lay) for lay in layouts}
     for tier in range(max(len(o) for o in options.values())):
         for layout in layouts:
@@ -1380,8 +1420,14 @@ def _search(
             if not reasons:
                 continue
             if len(layouts) == 1:  # a fixed layout: say why each offload level failed
-                cfg = options[layout][tier][0][0]
-                tried.append(f"{layout.describe(acc.name)}, {_offload_label(cfg)}: {reasons[0]}")
+                label = _offload_label(options[layout][tier][0][0])
+                index, labels = same.setdefault(reasons[0], (len(tried), []))
+                labels.append(label)
+                entry = f"{layout.describe(acc.name)}, {' / '.join(labels)}: {reasons[0]}"
+                if index < len(tried):  # the same reason at another offload level: once
+                    tried[index] = entry
+                else:
+                    tried.append(entry)
                 if s.train_backend == "megatron" and len(failed) > 1:  # and the largest split
                     i = max(
                         range(len(failed)),
@@ -1429,6 +1475,8 @@ def make_plan(req: PlanRequest) -> Plan:
         )
 
     fixed = _fixed_layout(req, s, acc.name)
+    if fixed is not None:
+        _check_device_count(s, fixed.nodes, fixed.per_node)
     per_node = s.per_node or req.max_devices_per_node
     step_1 = _step_seconds(m, s, acc, 1)
     floor = 1
@@ -1444,6 +1492,28 @@ def make_plan(req: PlanRequest) -> Plan:
         raise _infeasible(req, s, m, acc, fixed, tried)
     lines = _reasoning(s, m, acc, fit, tried, step_1, floor, auto=fixed is None)
     return _assemble(s, m, acc, fit, lines, step_1)
+
+
+def _check_device_count(s: _Settings, nodes: int, per_node: int) -> None:
+    """More devices than a step has samples leaves some without work (every device trains
+    a share of each mini-batch): that is the node or device count's fault, not the batch
+    sizes'."""
+    samples = s.train_batch * s.n
+    if nodes * per_node <= samples:
+        return
+    nodes_key = "trainer.nnodes" if s.nodes is not None else "hardware.nodes"
+    devices_key = "trainer.n_gpus_per_node" if s.per_node is not None else "hardware.accelerators"
+    most = samples // per_node
+    if nodes > 1 and most >= 1:
+        field, fewer = nodes_key, f"at most {most} nodes ({nodes_key})"
+    else:
+        field, fewer = devices_key, f"at most {samples} devices per node ({devices_key})"
+    raise InfeasiblePlanError(
+        f"{field}: {nodes} nodes × {per_node} devices = {nodes * per_node} devices, more than"
+        f" the {samples} samples of a step (data.train_batch_size {s.train_batch} ×"
+        f" actor_rollout_ref.rollout.n {s.n}); each device trains at least one",
+        hint=f"use {fewer}, or raise data.train_batch_size or rollout.n",
+    )
 
 
 def _check_support(s: _Settings, acc: Accelerator) -> None:
@@ -1505,6 +1575,7 @@ def _infeasible(
     where = fixed.describe(acc.name) if fixed else f"up to {MAX_NODES} nodes of {acc.name}"
     # one layout: each offload level's reason; several: the smallest and the largest
     shown = tried if fixed is not None or len(tried) < 2 else [tried[0], tried[-1]]
+    shown = [t.removeprefix(f"{where}, ") for t in shown]  # said once, in front
     message = f"{m.name} does not fit on {where}: " + ("; ".join(shown) or "nothing to try")
     per_node = s.per_node or req.max_devices_per_node
     if s.train_backend == "megatron":
@@ -1839,6 +1910,7 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
             f"{total} CPU workers do not split evenly over nodes of {per_node}",
             hint="give a worker count that is a multiple of the workers per node",
         )
+    _check_device_count(s, nodes, per_node)
     workers = nodes * per_node
     lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
     if s.rollout_backend != "hf":

@@ -34,6 +34,7 @@ import yaml
 
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.presets import PRESETS
+from rlctl.yamlfile import load_yaml_file
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
 PREPARATIONS = ("gsm8k", "math", "synthetic")
@@ -90,6 +91,10 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
 _FIELDS = tuple(FIELD_DOCS)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_COUNT = re.compile(r"[0-9]{1,6}")
+# An OmegaConf resolver (``${oc.env:NAME}``): the engine config is resolved on the machine
+# that launches, so it would read that machine's environment into the job's files.
+_RESOLVER = re.compile(r"\$\{\s*[\w.-]*\s*:")
 
 
 class RecipeError(RlctlError):
@@ -218,10 +223,7 @@ def _load_with_extends(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
             f"recipe file {str(path)!r} does not exist{where}",
             hint="`rlctl recipes` lists the bundled recipes",
         )
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    raw = load_yaml_file(path, RecipeError) or {}
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of fields, got {type(raw).__name__}")
     parent = raw.pop("extends", None)
@@ -229,7 +231,12 @@ def _load_with_extends(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         return raw
     if not isinstance(parent, str):
         raise RecipeError(f"{path}: extends: expected a file path, got {parent!r}")
-    base = _load_with_extends(path.parent / parent, (*seen, resolved))
+    try:
+        base = _load_with_extends(path.parent / parent, (*seen, resolved))
+    except RecipeError as exc:  # a problem in (or with) the parent: say it came from extends
+        if exc.message.startswith("extends: "):
+            raise
+        raise RecipeError(f"extends: {exc.message}", hint=exc.hint) from None
     return _merge(base, raw)
 
 
@@ -269,6 +276,7 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         secrets=p.secrets(),
         engine=p.engine(),
     )
+    p.resolvers()
     if recipe.hardware.is_cpu and recipe.rollout != "hf" and "rollout" in raw:
         errors.append(
             f"rollout: {recipe.rollout} needs GPUs; with hardware.accelerators=cpu use rollout: hf"
@@ -397,9 +405,10 @@ class _Parser:
         elif accelerators != "auto":
             name, _, count = accelerators.partition(":")
             if name.lower() == "cpu":
-                if count and (not count.isdigit() or int(count) < 1):
+                if count and (not _COUNT.fullmatch(count) or int(count) < 1):
                     self.errors.append(
-                        f"hardware.accelerators: {accelerators!r}: cpu:N takes N >= 1 workers"
+                        f"hardware.accelerators: {accelerators!r}: cpu:N takes N >= 1 workers,"
+                        " e.g. cpu:2"
                     )
             else:
                 from rlctl.hardware import parse_accelerator_spec
@@ -407,8 +416,13 @@ class _Parser:
                 try:
                     parse_accelerator_spec(accelerators)
                 except RlctlError as exc:
-                    self.errors.append(f"hardware.accelerators: {exc}")
-        if nodes is not None and nodes != "auto" and (not isinstance(nodes, int) or nodes < 1):
+                    hint = f"; {exc.hint}" if exc.hint else ""
+                    self.errors.append(f"hardware.accelerators: {exc}{hint}")
+        if (
+            nodes is not None
+            and nodes != "auto"
+            and (not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1)
+        ):
             self.errors.append(
                 f"hardware.nodes: expected a positive integer or auto, got {nodes!r}"
             )
@@ -423,6 +437,8 @@ class _Parser:
                 self.errors.append(f"env.{key}: not a valid environment variable name")
             elif isinstance(value, dict | list) or value is None:
                 self.errors.append(f"env.{key}: expected a plain value, got {value!r}")
+            elif "\0" in str(value):
+                self.errors.append(f"env.{key}: holds a NUL character, which no environment can")
             elif _looks_secret(key):
                 self.errors.append(
                     f"env.{key}: looks like a secret; list it under secrets: (by name) so its"
@@ -448,19 +464,81 @@ class _Parser:
         return tuple(names)
 
     def engine(self) -> dict[str, Any]:
-        engine = self._mapping("engine")
-        return _flatten(engine)
+        engine = _flatten(self._mapping("engine"), errors=self.errors)
+        self.errors.extend(engine_key_problems(engine))
+        return engine
+
+    def resolvers(self) -> None:
+        """No ``${resolver:...}`` in a value that reaches the engine config (see _RESOLVER)."""
+        for key in ("model", "data", "reward", "checkpoints", "engine"):
+            for path, text in _strings(self.raw.get(key), key):
+                if _RESOLVER.search(text):
+                    self.errors.append(
+                        f"{path}: {_short(text)} uses an OmegaConf resolver, which would be"
+                        " resolved where you launch and its result written into the job's"
+                        " files; write the value itself (a secret: list it under secrets:)"
+                    )
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{data: {train_batch_size: 8}}`` and ``{data.train_batch_size: 8}`` alike."""
+def engine_key_problems(keys: dict[str, Any]) -> list[str]:
+    """Each engine key checked against the engine's schema: that it exists, names a value
+    (not a section of keys), and that the value has the key's type. One line per problem,
+    ``engine.<key>: ...``, naming the value and what to give instead."""
+    from engine.config import config_keys, key_problems, schema_leaf
+
+    problems: list[str] = []
+    typed: dict[str, Any] = {}
+    for key, value in keys.items():
+        if schema_leaf(key) is not None:
+            typed[key] = value
+            continue
+        inside = [k for k in config_keys() if k.startswith(f"{key}.")]
+        if inside:
+            problems.append(
+                f"engine.{key}: a section of keys, not a value; set the keys in it, e.g."
+                f" {inside[0]}"
+            )
+            continue
+        close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "docs/configuration.md lists them"
+        problems.append(f"engine.{key}: unknown engine key; {hint}")
+
+    problems += [p.replace("base config: ", "engine.", 1) for p in key_problems(typed)]
+    return problems
+
+
+def _strings(value: Any, path: str) -> list[tuple[str, str]]:
+    """Every text in a recipe value, with its field path."""
+    if isinstance(value, str):
+        return [(path, value)]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _strings(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [s for i, v in enumerate(value) for s in _strings(v, f"{path}[{i}]")]
+    return []
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _flatten(
+    tree: dict[str, Any], prefix: str = "", errors: list[str] | None = None
+) -> dict[str, Any]:
+    """``{data: {train_batch_size: 8}}`` and ``{data.train_batch_size: 8}`` alike; with
+    ``errors``, a key given both ways is reported there."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}."))
-        else:
-            out[name] = value
+        inner = _flatten(value, f"{name}.", errors) if isinstance(value, dict) else {name: value}
+        for dotted, leaf in inner.items():
+            if dotted in out and errors is not None:
+                errors.append(
+                    f"engine.{dotted}: given twice (dotted and nested), as {_short(out[dotted])}"
+                    f" and {_short(leaf)}; keep one"
+                )
+            out[dotted] = leaf
     return out
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from rlctl.errors import RlctlError
 from rlctl.jobs import Job, JobState
 from rlctl.spec import JobPaths, JobSpec
 
@@ -17,6 +19,22 @@ class Observed:
     state: JobState
     reason: str | None = None
     exit_code: int | None = None
+
+
+# A container image as the runtimes name it (registry/name:tag, name@sha256:..., a
+# docker:// URI, an Apptainer .sif path, Pyxis' registry#image): never an option (a
+# leading '-'), and no quotes, spaces or shell characters.
+_IMAGE = re.compile(r"[A-Za-z0-9/~.][A-Za-z0-9._/:@#+~-]{0,511}")
+
+
+def check_image(image: str, source: str) -> None:
+    """Refuse what cannot be a container image's name; ``source`` names the field."""
+    if not _IMAGE.fullmatch(image.removeprefix("docker:")):
+        raise RlctlError(
+            f"{source}: image {image!r} is not a container image name",
+            hint="e.g. registry.example.com/rlctl/engine:0.1.0-cuda, docker://name:tag or"
+            " /path/image.sif (letters, digits and . _ / : @ # + ~ -; not starting with '-')",
+        )
 
 
 class Backend(Protocol):

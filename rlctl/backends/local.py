@@ -28,9 +28,32 @@ from rlctl.spec import JobPaths, JobSpec
 LOG = "job.log"
 EXIT_CODE = "exit_code"
 PREEMPTED = 75  # the engine's "stopped on SIGTERM, requeue me"
-# Runs the script and records its exit code, whatever it was. The paths are argv
-# words ($1, $2), never part of the command string.
-_RUNNER = 'bash "$1"; code=$?; echo "$code" > "$2"; exit "$code"'
+# Runs the script; when it ends, ends whatever of the job is left in its session, then
+# records its exit code, whatever it was. A driver killed outright (OOM, kill -9) leaves
+# Ray's dashboard and runtime-env agents behind (they ignore SIGTERM once their raylet is
+# gone): SIGTERM, then SIGKILL after 3 s. The session's processes are found in /proc
+# (field 6 of /proc/PID/stat, after the parenthesised name). The paths are argv words
+# ($1, $2), never part of the command string.
+_RUNNER = r"""
+bash "$1"; code=$?
+left() {
+  local f line pid
+  for f in /proc/[0-9]*/stat; do
+    read -r line 2>/dev/null <"$f" || continue
+    read -r -a fields <<<"${line##*) }"
+    pid=${f#/proc/}; pid=${pid%/stat}
+    [ "${fields[3]}" = "$$" ] && [ "$pid" != "$$" ] && [ "$pid" != "$BASHPID" ] &&
+      [ "${fields[0]}" != Z ] && echo "$pid"
+  done
+}
+pids=$(left)
+if [ -n "$pids" ]; then
+  kill -TERM $pids 2>/dev/null
+  for _ in 1 2 3 4 5 6; do pids=$(left); [ -z "$pids" ] && break; sleep 0.5; done
+  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+fi
+echo "$code" > "$2"; exit "$code"
+"""
 
 
 class LocalBackend:

@@ -170,7 +170,30 @@ def parse_infra(text: str | None) -> Infra:
             f"unknown cloud {cloud!r}{did}",
             hint=f"give one of: {', '.join(sorted(known))}; optionally /region[/zone]",
         )
-    return Infra(cloud, location.strip("/"))
+    location = location.strip("/")
+    if location:
+        _check_location(cloud, location, text)
+    return Infra(cloud, location)
+
+
+# A region, zone, Slurm cluster/partition or Kubernetes context name: letters and digits
+# first, then those and . _ - : @ + (EKS contexts are ARNs, GKE's have underscores).
+_LOCATION_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,252}")
+
+
+def _check_location(cloud: str, location: str, text: str) -> None:
+    parts = location.split("/")
+    # a Kubernetes context may hold '/' (EKS: arn:...:cluster/NAME); elsewhere
+    # region[/zone] or cluster[/partition]
+    most = None if cloud == "kubernetes" else 2
+    if not all(_LOCATION_PART.fullmatch(p) for p in parts) or (most and len(parts) > most):
+        where = "context" if cloud == "kubernetes" else "region[/zone]"
+        raise RlctlError(
+            f"--cloud {text!r}: {location!r} is not a {cloud} {where}",
+            hint="names of letters, digits and . _ - : @ + (no spaces, quotes or shell"
+            " characters, not starting with '-'), e.g. gcp/us-central1,"
+            " aws/us-east-1/us-east-1a, k8s/my-context, slurm/my-cluster",
+        )
 
 
 def check_offered(acc: Accelerator, infra: Infra) -> None:
@@ -400,6 +423,7 @@ class SkyPilotBackend:
             recipe_name=spec.recipe.name,
             version=__version__,
             env=env,
+            secret_names=list(spec.secrets),
             prelude=list(self.software.prelude),
             root=spec.paths.root,
             ray_library=ray_library(),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from rlctl.backends.base import check_image
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.home import read_site_file, rlctl_home
 
@@ -40,10 +41,8 @@ class NodeSoftware:
     prelude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.image is not None and (
-            not self.image.strip() or any(c.isspace() for c in self.image)
-        ):
-            raise RlctlError(f"skypilot profile: image {self.image!r} is not an image name")
+        if self.image is not None:
+            check_image(self.image, "skypilot profile")
         for line in self.prelude:
             if "\n" in line:
                 raise RlctlError("skypilot profile: a prelude entry holds a newline: one line each")
@@ -61,6 +60,13 @@ def load_profile(path: Path | None = None) -> dict[str, NodeSoftware]:
     path = path or rlctl_home(create=False) / PROFILE_FILE
     shape = "a mapping of infra (slurm/NAME, k8s, gcp, ...) to settings"
     raw = read_site_file(PROFILE_FILE, shape, path) or {}
+    from rlctl.backends.skypilot import parse_infra
+
+    for infra in raw:
+        try:
+            parse_infra(str(infra))
+        except RlctlError as exc:
+            raise RlctlError(f"{path}: infra {infra!r}: {exc}", hint=exc.hint) from None
     return {str(infra): entry(value, f"{path}: {infra}") for infra, value in raw.items()}
 
 
@@ -79,7 +85,10 @@ def entry(raw: Any, source: str) -> NodeSoftware:
             values[key] = tuple(items)
         elif value is not None:
             values[key] = str(value)
-    return NodeSoftware(**values)
+    try:
+        return NodeSoftware(**values)
+    except RlctlError as exc:  # say which file and entry
+        raise RlctlError(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
 def for_infra(profile: Mapping[str, NodeSoftware], infra: str | None) -> NodeSoftware:

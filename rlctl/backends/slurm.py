@@ -8,8 +8,8 @@ shared filesystem, and talks to Slurm: ``sbatch`` to submit, ``squeue`` then ``s
 stop. Everything runs on this host, or on a login node over SSH (``ssh`` in the profile,
 or ``--ssh user@host``), files staged there as one tar stream.
 
-A cluster profile (``<RLCTL_HOME>/slurm.yaml``) holds what a site needs; docs/slurm.md
-lists its fields.
+A cluster profile (``<RLCTL_HOME>/slurm.yaml``, ``slurm_profile.py``) holds what a site
+needs; docs/slurm.md lists its fields.
 """
 
 from __future__ import annotations
@@ -30,146 +30,33 @@ import yaml
 
 from rlctl import __version__
 from rlctl.backends.base import Observed
-from rlctl.errors import RlctlError, closest_or_all
+from rlctl.backends.slurm_profile import (  # noqa: F401 (the profile, importable from here too)
+    PLAIN_PATH,
+    PROFILE_FILE,
+    SlurmProfile,
+    load_profile,
+    profile_from_mapping,
+)
+from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, parse_accelerator_spec
-from rlctl.home import read_site_file, rlctl_home
 from rlctl.jobs import Job, JobState
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec
 
-PROFILE_FILE = "slurm.yaml"
 LOG = "job.log"
 DRIVER_LOG = "driver.log"  # the driver's output alone (also in job.log)
 EXIT_CODE = "exit_code"
 STOP_MARKER = "stop-requested"
 PREEMPTED = 75  # the engine's "stopped on SIGTERM, requeue me"
-CONTAINERS = ("pyxis", "apptainer")
-GPU_REQUESTS = ("gres", "gres-untyped", "gpus-per-node")
 TAIL_LINES = 5
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=20")
 SSH_FAILED = 255  # ssh's own exit status when it could not run the remote command
 
-# A value on an #SBATCH line: one word, nothing a shell or sbatch's parser treats specially
-# beyond what Slurm syntax needs (node ranges, feature expressions, time and memory units).
-_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]*|&!()]+$")
-_SBATCH_LINE = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*(=[^\s'\"`$\\;<>]+| [^\s'\"`$\\;<>]+)?$")
-_PATH = re.compile(r"^[A-Za-z0-9_./~+-]+$")
 _SLURM_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 # squeue's errors when it could not ask slurmctld (a job it no longer knows is "Invalid job id")
 _UNREACHABLE = re.compile(
     r"Unable to contact slurm controller|timed out|Connection refused|Zero Bytes were transmitted"
 )
-
-
-# ---------------------------------------------------------------------------
-# the cluster profile
-
-
-@dataclass(frozen=True)
-class SlurmProfile:
-    """A site's settings: ``<RLCTL_HOME>/slurm.yaml``. Every field is optional."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    time: str | None = None  # --time, e.g. "24:00:00"
-    mem: str | None = None  # --mem per node, e.g. "0" (all of it) or "200G"
-    cpus_per_task: int | None = None  # CPUs per node (one task per node)
-    exclusive: bool = False
-    requeue: bool = False  # requeue on preemption; the engine resumes from its checkpoint
-    signal_grace_s: int = 120  # with requeue: SIGTERM this long before the time limit
-    gpu_request: str = "gres"  # gres (gpu:h100:8) | gres-untyped (gpu:8) | gpus-per-node
-    ssh: str | None = None  # user@login-node; none: this host runs sbatch
-    job_root: str = "~/rlctl-jobs"  # on the cluster's shared filesystem
-    sbatch: tuple[str, ...] = ()  # extra #SBATCH lines, e.g. "--reservation=rl"
-    prelude: tuple[str, ...] = ()  # shell lines run first on every node (module load, venv)
-    container: str | None = None  # pyxis | apptainer
-    image: str | None = None  # default: the accelerator's rlctl engine image
-    container_mounts: tuple[str, ...] = ()  # besides the job root
-    network_interface: str | None = None  # NCCL/GLOO/HCCL_SOCKET_IFNAME
-    ray_wait_s: int = 600  # how long the nodes and devices may take to join
-    head_ip_command: str = "hostname -I | awk '{print $1}'"
-
-    def __post_init__(self) -> None:
-        for name in ("partition", "account", "qos", "constraint", "time", "mem"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_sbatch_value(name, value)
-        for line in self.sbatch:
-            if not _SBATCH_LINE.match(line):
-                raise RlctlError(
-                    f"slurm profile: sbatch line {line!r} is not one sbatch option",
-                    hint="write each as --option=value (no spaces, quotes or shell characters)",
-                )
-        if self.container is not None and self.container not in CONTAINERS:
-            raise RlctlError(
-                f"slurm profile: container {self.container!r} is not one of {CONTAINERS}"
-            )
-        if self.gpu_request not in GPU_REQUESTS:
-            raise RlctlError(
-                f"slurm profile: gpu_request {self.gpu_request!r} is not one of {GPU_REQUESTS}"
-            )
-        if not _PATH.match(self.job_root):
-            raise RlctlError(
-                f"slurm profile: job_root {self.job_root!r} must be a plain path",
-                hint="letters, digits and . _ / ~ + - only (it lands on #SBATCH lines)",
-            )
-        for line in self.prelude:
-            if "\n" in line:
-                raise RlctlError("slurm profile: a prelude entry holds a newline: one line each")
-        if self.ssh is not None and (self.ssh.startswith("-") or not self.ssh.strip()):
-            raise RlctlError(f"slurm profile: ssh {self.ssh!r} is not a host")
-
-
-def load_profile(path: Path | None = None) -> SlurmProfile:
-    """The profile at ``path`` (default ``<RLCTL_HOME>/slurm.yaml``); defaults if absent."""
-    path = path or rlctl_home(create=False) / PROFILE_FILE
-    raw = read_site_file(PROFILE_FILE, "a Slurm profile is a mapping of fields", path)
-    if raw is None:
-        return SlurmProfile()
-    return profile_from_mapping(raw, source=str(path))
-
-
-def profile_from_mapping(raw: Mapping[str, Any], source: str = "slurm profile") -> SlurmProfile:
-    known = {f.name: f for f in fields(SlurmProfile)}
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in known:
-            raise RlctlError(f"{source}: unknown field {key!r}", hint=closest_or_all(key, known))
-        kind = str(known[key].type)
-        if value is None:
-            values[key] = None
-        elif kind.startswith("tuple"):
-            items = (
-                [value]
-                if isinstance(value, str)
-                else list(value)
-                if isinstance(value, tuple)
-                else value
-            )
-            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                raise RlctlError(f"{source}: {key} must be a list of strings, got {value!r}")
-            values[key] = tuple(items)
-        elif kind == "bool":
-            if not isinstance(value, bool):
-                raise RlctlError(f"{source}: {key} must be true or false, got {value!r}")
-            values[key] = value
-        elif kind.startswith("int"):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise RlctlError(f"{source}: {key} must be a whole number, got {value!r}")
-            values[key] = value
-        else:
-            values[key] = str(value)
-    return SlurmProfile(**values)
-
-
-def _check_sbatch_value(name: str, value: str) -> None:
-    if not _SBATCH_VALUE.match(value):
-        raise RlctlError(
-            f"slurm: {name} {value!r} cannot go on an #SBATCH line",
-            hint="one word of letters, digits and Slurm's own syntax (, : - [ ] & |)",
-        )
 
 
 # ---------------------------------------------------------------------------
@@ -269,14 +156,14 @@ class SlurmBackend:
         if self._remote_home is None:
             out = Shell(self.profile.ssh).run(["printenv", "HOME"], check=True)
             self._remote_home = _text(out.stdout).strip()
-            if not _PATH.match(self._remote_home):
+            if not PLAIN_PATH.match(self._remote_home):
                 raise RlctlError(f"slurm: odd home directory on {self.profile.ssh}")
         return self._remote_home
 
     def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
         p = self.profile
         root = spec.paths.root
-        if not _PATH.match(root):
+        if not PLAIN_PATH.match(root):
             raise RlctlError(f"slurm: job directory {root!r} must be a plain path")
         trainer = (yaml.safe_load(spec.engine_yaml) or {}).get("trainer", {})
         per_node = int(trainer.get("n_gpus_per_node", 1))
@@ -330,6 +217,7 @@ class SlurmBackend:
             hardware_name=acc.name if acc else "CPU",
             hardware_env=hardware_env,
             env=spec.env,
+            secret_names=list(spec.secrets),
             nodes=nodes,
             ray_resource="CPU" if cpu else (acc.ray_resource if acc else "GPU"),
             devices_per_node=0 if cpu else per_node,

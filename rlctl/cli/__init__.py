@@ -58,7 +58,7 @@ def _register() -> None:
 def main() -> None:
     _register()
     try:
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="rlctl")
     except SystemExit:
         raise
     except KeyboardInterrupt:
@@ -70,9 +70,14 @@ def main() -> None:
 
         from rlctl.errors import RlctlError
 
-        if isinstance(exc, click.exceptions.Exit):
+        if isinstance(exc, click.exceptions.Exit | typer.Exit):
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
+        # usage errors (no such option, a missing argument): click's, or those of the copy
+        # of click that typer >= 0.20 carries (not click's classes, the same interface)
+        if isinstance(exc, click.ClickException) or (
+            callable(getattr(exc, "show", None))
+            and isinstance(getattr(exc, "exit_code", None), int)
+        ):
             exc.show()
             sys.exit(exc.exit_code)
         if isinstance(exc, RlctlError):

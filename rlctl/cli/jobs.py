@@ -31,16 +31,19 @@ def status(
 
 
 def list_(
-    limit: int = typer.Option(50, help="At most this many, newest first."),
+    limit: int = typer.Option(50, min=1, help="At most this many, newest first."),
+    all_jobs: bool = typer.Option(
+        False, "--all", "-a", help="Every recorded job, finished ones included (no --limit)."
+    ),
     as_json: options.Json = False,
 ) -> None:
-    """List recorded jobs (no refresh: fast).
+    """List recorded jobs, newest first (no refresh: fast).
 
-    Example: `rlctl list --limit 10`
+    Example: `rlctl list --limit 10` · `rlctl list --all`
     """
     from rlctl import api
 
-    _print_jobs(api.list_jobs(limit=limit), as_json)
+    _print_jobs(api.list_jobs(limit=None if all_jobs else limit), as_json)
 
 
 def logs(

@@ -77,3 +77,34 @@ def test_recipes_lists_the_bundled_ones(tmp_path):
     assert result.returncode == 0, result.stderr
     for name in ("quickstart", "dapo-qwen32b", "grpo-qwen7b-ascend"):
         assert name in result.stdout
+
+
+def test_list_all_lists_every_job(tmp_path):
+    from rlctl.jobs import JobStore
+
+    store = JobStore(tmp_path / "jobs.db")
+    for i in range(3):
+        store.create(
+            name=f"r{i}", recipe_path="r.yaml", recipe_yaml="", plan_json="{}", backend="local"
+        )
+    every = run_cli(["list", "--all", "--json"], tmp_path)
+    assert every.returncode == 0, every.stderr
+    assert len(json.loads(every.stdout)) == 3
+    assert len(json.loads(run_cli(["list", "-a", "--limit", "1", "--json"], tmp_path).stdout)) == 3
+    assert len(json.loads(run_cli(["list", "--limit", "1", "--json"], tmp_path).stdout)) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["list", "--bogus"], "No such option: --bogus"),
+        (["launch"], "Missing argument"),
+        (["list", "--limit", "0"], "Invalid value for '--limit'"),
+    ],
+)
+def test_usage_errors_show_usage_and_exit_2(tmp_path, args, expected):
+    """Not `error: NoSuchOption: ...` with exit 1: typer carries its own copy of click."""
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and "Usage: rlctl" in result.stderr
+    assert "NoSuchOption" not in result.stderr and "Traceback" not in result.stderr

@@ -308,7 +308,8 @@ def test_parse_spec(spec, name, count):
     [
         ("H100:0", "at least 1"),
         ("H100:x", "not a whole number"),
-        ("H100:-2", "not a whole number"),
+        ("H100:-2", "the count must be at least 1, got -2"),  # a number, not "not a number"
+        ("H100:-8", "the count must be at least 1, got -8"),
         ("H100:1.5", "not a whole number"),
         ("H100:", "not a whole number"),
         ("H100:8:2", "more than one ':'"),

@@ -972,3 +972,58 @@ def test_planning_imports_neither_torch_nor_ray():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------
+# counts that cannot be a run (issue 15)
+
+
+@pytest.mark.parametrize("nodes", [1_000_000_000, 1000])
+def test_too_many_nodes_blame_the_node_count_once(nodes):
+    request = PlanRequest(
+        model="rlctl:tiny",
+        accelerator="H100",
+        num_devices=8 * nodes,
+        train_batch_size=32,
+        rollout_n=8,
+        ppo_mini_batch_size=32,
+    )
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(request)
+    message = str(info.value)
+    assert message.startswith(f"hardware.nodes: {nodes} nodes × 8 devices")
+    assert "more than the 256 samples of a step" in message
+    assert "mini_batch" not in message  # not the batch sizes' fault
+    assert "at most 32 nodes" in info.value.hint
+
+
+def test_a_layout_that_fails_the_same_way_at_every_offload_level_says_it_once():
+    request = PlanRequest(
+        model="rlctl:tiny", accelerator="H100", num_devices=24, train_batch_size=32, rollout_n=8,
+        ppo_mini_batch_size=32,
+    )  # fmt: skip
+    with pytest.raises(InfeasiblePlanError) as info:
+        make_plan(request)
+    message = str(info.value)
+    assert message.count("must be divisible by the 24 devices") == 1, message
+    assert message.count("3 nodes × H100:8 = 24 devices") == 1, message
+    assert "no offload / optimizer offload / parameter offload" in message
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"train_batch_size": 10**30}, "data.train_batch_size"),
+        ({"rollout_n": 10**9}, "actor_rollout_ref.rollout.n"),
+        ({"max_response_length": 10**12}, "data.max_response_length"),
+        (
+            {"overrides": {f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 10**12}},
+            f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
+        ),
+    ],
+)
+def test_absurd_sizes_are_refused_at_once_naming_the_key(changes, field):
+    """Not searched for (the divisor search was linear in the batch size: 10**30 hung)."""
+    request = PlanRequest(model="rlctl:tiny", accelerator="H100", num_devices=8, **changes)
+    with pytest.raises(InfeasiblePlanError, match=f"^{field} [0-9]+ is more than"):
+        make_plan(request)

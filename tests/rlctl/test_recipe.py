@@ -123,10 +123,9 @@ def test_extends_loops_and_missing_parents(tmp_path):
 
 
 def test_engine_keys_are_checked_against_the_engine_schema():
-    recipe = parse_recipe({**GOOD, "engine": {"data.train_batch_sise": 8}})
-    with pytest.raises(RecipeError) as info:
-        build_spec(recipe, {}, JobPaths("/job"))
-    assert "data.train_batch_sise" in str(info.value)
+    with pytest.raises(RecipeError) as info:  # refused as the recipe is read
+        parse_recipe({**GOOD, "engine": {"data.train_batch_sise": 8}})
+    assert "engine.data.train_batch_sise" in str(info.value)
     assert "did you mean 'data.train_batch_size'" in str(info.value)
     rules = parse_recipe(
         {
@@ -251,3 +250,112 @@ def test_the_recipe_reference_is_generated_from_the_schema():
     assert Path("docs/recipes.md").read_text() == generate(), (
         "docs/recipes.md is stale: run python -m rlctl.recipe_docs > docs/recipes.md"
     )
+
+
+# ---------------------------------------------------------------------------
+# what used to escape as a raw exception, or pass silently (issue 15)
+
+
+def test_a_file_that_is_not_utf8_names_the_file_the_place_and_the_fix(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\nalgorithm: grpo\n".encode("latin-1"))
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert str(info.value) == f"{path}: not UTF-8 text: byte 0xe9 at line 1, column 10"
+    assert "UTF-8" in info.value.hint
+
+
+def test_a_byte_order_mark_is_fine(tmp_path):
+    path = tmp_path / "bom.yaml"
+    path.write_bytes("\ufeff".encode() + yaml.safe_dump(GOOD).encode())
+    assert load_recipe(path).name == "demo"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "name: a\nmodel: m\nname: b\n",
+            "key 'name' appears twice in one mapping, at lines 1 and 3",
+        ),
+        (
+            "name: a\nengine:\n  data.seed: 1\n  data.seed: 2\n",
+            "key 'data.seed' appears twice in one mapping, at lines 3 and 4",
+        ),
+        (
+            "name: a\nhardware: {nodes: 1, nodes: 2}\n",
+            "key 'nodes' appears twice in one mapping, at line 2, columns 12 and 22",
+        ),
+    ],
+)
+def test_duplicate_keys_are_refused_naming_the_key_and_both_lines(tmp_path, text, expected):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=expected) as info:
+        load_recipe(path)
+    assert str(path) in str(info.value) and "keep one" in info.value.hint
+
+
+def test_aliases_and_deep_nesting_are_refused(tmp_path):
+    path = tmp_path / "alias.yaml"
+    path.write_text("name: &n a\ndescription: *n\n")
+    with pytest.raises(RecipeError, match="line 2: alias \\*n"):
+        load_recipe(path)
+    path.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(RecipeError, match="nested too deeply"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [
+        (
+            {"data.train_batch_size": "thirty-two"},
+            "engine.data.train_batch_size: expected a whole number, got 'thirty-two';"
+            " give a whole number (the default is 1024)",
+        ),
+        ({"data.shuffle": "maybe"}, "engine.data.shuffle: expected true or false, got 'maybe'"),
+        ({"trainer.logger": 5}, "engine.trainer.logger: expected a list of text, got 5"),
+        ({"data": 5}, "engine.data: a section of keys, not a value"),
+        (
+            {"data.seed": 1, "data": {"seed": 2}},
+            "engine.data.seed: given twice (dotted and nested), as 1 and 2",
+        ),
+        ({"trainer.project_name": "${oc.env:HF_TOKEN}"}, "engine.trainer.project_name: '${oc"),
+    ],
+)
+def test_engine_values_of_the_wrong_kind_name_the_key_the_value_and_the_fix(engine, expected):
+    assert expected in problems(engine=engine)
+
+
+def test_a_wrong_engine_type_through_validate_names_the_key(tmp_path):
+    """What `rlctl validate` met as `ValueError: invalid literal for int()`."""
+    from rlctl import api
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "engine": {"data.train_batch_size": "thirty-two"}}))
+    with pytest.raises(RecipeError, match=r"engine\.data\.train_batch_size: expected a whole"):
+        api.validate(str(path))
+
+
+def test_resolvers_never_read_this_machine_into_the_job(monkeypatch):
+    """`${oc.env:...}` would be resolved at launch and written into engine.yaml."""
+    monkeypatch.setenv("SOME_SECRET", "s3cr3t")
+    message = problems(model="${oc.env:SOME_SECRET}", data={"train": ["${oc.env:HOME}/a"]})
+    assert "model: '${oc.env:SOME_SECRET}' uses an OmegaConf resolver" in message
+    assert "data.train[0]:" in message
+    # a plain reference to another key is not a resolver
+    keys = parse_recipe({**GOOD, "engine": {"trainer.project_name": "${trainer.experiment_name}"}})
+    assert keys.engine["trainer.project_name"] == "${trainer.experiment_name}"
+
+
+@pytest.mark.parametrize(
+    ("hardware", "expected"),
+    [
+        ({"nodes": True}, "hardware.nodes: expected a positive integer or auto, got True"),
+        ({"accelerators": "cpu:²"}, "cpu:N takes N >= 1 workers"),
+        ({"accelerators": "H100:-8"}, "the count must be at least 1, got -8"),
+    ],
+)
+def test_hardware_values_that_used_to_slip_through(hardware, expected):
+    assert expected in problems(hardware=hardware)

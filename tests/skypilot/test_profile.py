@@ -78,7 +78,11 @@ def test_no_profile_keeps_the_engine_image():
         ("slurm: {prelude: 3}", "prelude must be a list"),
         ("slurm: [a]", "settings are a mapping"),
         ("- slurm", "a mapping of infra"),
-        ("slurm: {image: 'a b'}", "is not an image name"),
+        ("slurm: {image: 'a b'}", "is not a container image name"),
+        ("slurm: {image: '--help'}", "is not a container image name"),
+        ("slurm: {image: 'a''b\"c'}", "is not a container image name"),
+        ("'gcp/us-central1; rm -rf x': {image: none}", "is not a gcp region"),
+        ("slurm: {image: a}\nslurm: {image: b}", "appears twice in one mapping, at lines 1 and 2"),
         ("gpc: {image: none}", "unknown cloud 'gpc'"),
     ],
 )

@@ -168,6 +168,37 @@ def test_infra(text, value):
     assert parse_infra(text).value == value
 
 
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("k8s/arn:aws:eks:us-west-2:123456789012:cluster/rl", "kubernetes/arn:aws:eks:us-west-2:123456789012:cluster/rl"),
+        ("k8s/gke_proj_us-central1-a_rl", "kubernetes/gke_proj_us-central1-a_rl"),
+        ("slurm/my-cluster/gpu", "slurm/my-cluster/gpu"),
+    ],
+)  # fmt: skip
+def test_infra_names_as_sites_write_them(text, value):
+    assert parse_infra(text).value == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "gcp/us-central1; rm -rf x",
+        "gcp/$(touch pwned)",
+        "gcp/us central1",
+        "gcp/--help",
+        "gcp/'q'",
+        "gcp/a\nb",
+        "aws/us-east-1/us-east-1a/extra",
+        "gcp/a//b",
+    ],
+)
+def test_region_text_is_checked_not_passed_verbatim(text):
+    with pytest.raises(RlctlError, match=r"is not a (gcp|aws) region") as info:
+        parse_infra(text)
+    assert "e.g. gcp/us-central1" in info.value.hint
+
+
 def test_unknown_cloud_suggests():
     with pytest.raises(RlctlError, match="did you mean 'gcp'"):
         parse_infra("gpc")

@@ -199,11 +199,50 @@ def test_injection_passes_literally(tmp_path):
         {"sbatch": ("not-an-option",)},
         {"job_root": "/tmp/a b"},
         {"container": "docker"},
+        # values that are options, not values (issue 15)
+        {"partition": "--help"},
+        {"account": "-rf"},
+        {"sbatch": ("-rf",)},
+        {"sbatch": ("--help",)},
+        {"sbatch": ("--reservation=--help",)},
+        {"sbatch": ("--export=NONE",)},  # would drop the secrets from the job's environment
+        {"sbatch": ("--output=/elsewhere",)},  # rlctl reads the log where it put it
+        {"sbatch": ("-J other",)},
+        {"image": "a'b\"c"},
+        {"image": "--help"},
+        {"network_interface": "-x"},
+        {"container_mounts": ("/a:/b,/c:/d",)},
     ],
 )
 def test_unsafe_profile_values_are_refused(profile):
-    with pytest.raises(RlctlError):
+    with pytest.raises(RlctlError) as info:
         SlurmProfile(**profile)
+    field = next(iter(profile))
+    assert field.replace("container_mounts", "container_mounts entry") in str(info.value) or (
+        field == "sbatch" and "sbatch line" in str(info.value)
+    )
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        {"sbatch": ("--reservation=rl", "--exclusive", "-p gpu", "--gres=gpu:8", "--comment rl")},
+        {"image": "nvcr.io#nvidia/pytorch:24.01-py3"},
+        {"image": "docker://rlctl/engine:0.1.0-cuda"},
+        {"network_interface": "^docker,lo"},
+        {"time": "1-00:00:00", "constraint": "a100&ib", "partition": "gpu,debug"},
+    ],
+)
+def test_site_values_as_sites_write_them(profile):
+    SlurmProfile(**profile)
+
+
+def test_an_unquoted_time_is_refused_not_read_as_minutes(tmp_path):
+    """YAML 1.1 reads `time: 24:00:00` as 86400 (base 60): sbatch would take minutes."""
+    with pytest.raises(RlctlError, match="time 86400 is a number") as info:
+        profile_from_mapping({"time": 86400})
+    assert 'quote it: time: "24:00:00"' in info.value.hint
+    assert profile_from_mapping({"time": "24:00:00"}).time == "24:00:00"
 
 
 def test_profile_loader(tmp_path, monkeypatch):
