@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -881,7 +882,10 @@ def _positive(cfg: EngineConfig) -> list[str]:
 
 
 def _divisors_near(n: int, around: int, count: int = 3) -> list[int]:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    """The ``count`` divisors of ``n`` nearest ``around``. Divisors come in pairs d, n/d
+    with d <= √n: the search stops there (a batch of 10**12 must not hang validation)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    divisors = set(small) | {n // d for d in small}
     return sorted(sorted(divisors, key=lambda d: (abs(d - around), d))[:count])
 
 
