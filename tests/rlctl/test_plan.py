@@ -881,7 +881,7 @@ def test_cpu_plan_for_the_quickstart():
     assert (plan.nodes, plan.devices_per_node, plan.accelerator) == (1, 2, None)
     assert plan.rollout_backend == "hf" and plan.rollout_tp == 1
     assert plan.image is None and plan.memory.budget_gib is None and plan.memory.fits()
-    assert any("vllm needs a GPU" in line for line in plan.reasoning)
+    assert any("rollout: hf on CPU (vllm wants a GPU" in line for line in plan.reasoning)
     assert not any(line.startswith("warning") for line in plan.reasoning)
     overrides = plan.engine_overrides()
     assert overrides["trainer.device"] == "cpu"
@@ -891,6 +891,26 @@ def test_cpu_plan_for_the_quickstart():
     assert plan.memory.train_weights_gib == pytest.approx(
         4 * plan.model.num_params / 2 / GIB, abs=1e-3
     )
+    engine_config_for(plan)
+
+
+def test_cpu_plan_keeps_vllm_when_the_recipe_pins_it():
+    """vLLM's CPU build runs the rollout on CPU; a plan keeps it when the engine key asks."""
+    plan = make_plan(
+        PlanRequest(
+            "Qwen/Qwen2.5-0.5B",
+            None,
+            None,
+            train_batch_size=32,
+            rollout_n=8,
+            max_prompt_length=64,
+            max_response_length=8,
+            overrides={f"{ARR}.rollout.name": "vllm"},
+        )
+    )
+    assert plan.rollout_backend == "vllm"
+    assert plan.engine_overrides()[f"{ARR}.rollout.name"] == "vllm"
+    assert any("vLLM's CPU build" in line for line in plan.reasoning)
     engine_config_for(plan)
 
 
