@@ -50,10 +50,12 @@ SUPPORTED = {
     "megatron": Supported(
         "megatron.core", "megatron-core", "megatron", "0.13", "0.17", pinned="0.14.0"
     ),
-    # The Ascend plugin follows vLLM's numbering a few releases behind: its newest
-    # (0.23) runs on vLLM 0.23, below the vLLM range above (see docs/backends.md).
+    # The Ascend plugin numbers its releases after the vLLM release it pairs with. Its
+    # newest release (0.23.0.post1) is for vLLM 0.23, below the range above, so the
+    # Ascend image builds its main at a commit paired with vLLM 0.27.1 and versions it
+    # 0.27.1.dev0 (images/Dockerfile.ascend, docs/backends.md). Read, not run here.
     "vllm-ascend": Supported(
-        "vllm_ascend", "vllm-ascend", "vllm", "0.23", "0.34", pinned="0.23.0.post1"
+        "vllm_ascend", "vllm-ascend", "vllm", "0.27", "0.34", pinned="0.27.1.dev0"
     ),
 }
 

