@@ -27,11 +27,14 @@ CLI = "from rlctl.cli import main; main()"
 def write_profile(home: Path, jobs: Path, **extra: str) -> None:
     home.mkdir(parents=True, exist_ok=True)
     venv_bin = Path(sys.executable).parent
+    # the job's nodes run this Python (with ray and the engine) first on their PATH; a
+    # test's own prelude replaces this one (a profile names each key once)
+    extra.setdefault(
+        "prelude", f"[{json.dumps('export PATH=' + shlex.quote(str(venv_bin)) + ':$PATH')}]"
+    )
     lines = [
         f"job_root: {jobs}",
         "ray_wait_s: 180",
-        # the job's nodes run this Python (with ray and the engine) first on their PATH
-        f"prelude: [{json.dumps('export PATH=' + shlex.quote(str(venv_bin)) + ':$PATH')}]",
         *(f"{key}: {value}" for key, value in extra.items()),
     ]
     (home / "slurm.yaml").write_text("\n".join(lines) + "\n")
