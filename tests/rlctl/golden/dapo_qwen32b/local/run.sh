@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# rlctl job golden (dapo-qwen32b), rendered by rlctl 0.1.0.
+# Every value below came from the recipe and is shell-quoted; secrets are not here:
+# they reach the job through its environment only.
+set -euo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+cd /golden/home/.rlctl/jobs/golden
+
+exec /opt/venv/bin/python -m engine.main --config /golden/home/.rlctl/jobs/golden/engine.yaml

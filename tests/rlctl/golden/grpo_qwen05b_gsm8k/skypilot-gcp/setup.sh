@@ -1,0 +1,7 @@
+# rlctl job golden (grpo-qwen05b-gsm8k): SkyPilot setup, on every node.
+# Every value from the recipe is shell-quoted (the site's prelude is its own shell);
+# secrets are not here: SkyPilot passes them to the job's environment.
+set -euo pipefail
+mkdir -p /tmp/rlctl/golden
+cd /tmp/rlctl/golden
+python -m engine.data.prepare gsm8k --out /tmp/rlctl/golden/data

@@ -1,0 +1,90 @@
+"""What every bundled recipe renders for every backend, and its plan, kept under
+tests/rlctl/golden/: a refactor of the launcher's path from recipe to job must leave these
+unchanged, or change them on purpose (regenerate, read the diff, say why in the commit).
+
+    RLCTL_UPDATE_GOLDEN=1 scripts/test.sh tests/rlctl/test_golden_renders.py
+
+A refusal is a render too: a recipe a backend cannot run keeps its error text.
+Machine-specific parts are fixed before rendering: the home directory (and so
+``RLCTL_HOME`` and Slurm's default job root) is ``/golden/home``, and the Python that
+local jobs run is ``/opt/venv/bin/python``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlctl import api
+from rlctl.errors import RlctlError
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("RLCTL_UPDATE_GOLDEN") == "1"
+BACKENDS = {
+    "local": ("local", {}),
+    "slurm": ("slurm", {}),
+    "skypilot-gcp": ("skypilot", {"cloud": "gcp"}),
+    "skypilot-aws": ("skypilot", {"cloud": "aws"}),
+    "skypilot-azure": ("skypilot", {"cloud": "azure"}),
+}
+RECIPES = sorted(p.stem for p in api.BUNDLED_RECIPES.glob("*.yaml"))
+FAKE_HOME = "/golden/home"
+FAKE_PYTHON = "/opt/venv/bin/python"
+
+
+def render(recipe_name: str, backend: str, options: dict, tmp_path: Path) -> dict[str, str]:
+    """File name -> text: the rendered files and plan.json, or error.txt."""
+    recipe = api.load_recipe(api.find_recipe(recipe_name))
+    try:
+        prepared = api.prepare(recipe, backend, job_id="golden", **options)
+    except RlctlError as exc:
+        out = {"error.txt": str(exc) + "\n"}
+    else:
+        out = dict(prepared.files)
+        out["plan.json"] = json.dumps(prepared.plan.to_json(), indent=1, sort_keys=True) + "\n"
+    home = str(tmp_path / "home")
+    return {name: text.replace(home, FAKE_HOME) for name, text in out.items()}
+
+
+@pytest.fixture
+def fixed_machine(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RLCTL_HOME", str(home / ".rlctl"))
+    monkeypatch.setattr(sys, "executable", FAKE_PYTHON)
+    return tmp_path
+
+
+@pytest.mark.parametrize("backend_key", sorted(BACKENDS))
+@pytest.mark.parametrize("recipe_name", RECIPES)
+def test_render_matches_golden(recipe_name, backend_key, fixed_machine):
+    backend, options = BACKENDS[backend_key]
+    got = render(recipe_name, backend, options, fixed_machine)
+    folder = GOLDEN / recipe_name / backend_key
+    if UPDATE:
+        if folder.exists():
+            for old in folder.iterdir():
+                old.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in got.items():
+            (folder / name).write_text(text)
+    assert folder.is_dir(), f"no golden renders for {recipe_name} on {backend_key}: {__doc__}"
+    want = {p.name: p.read_text() for p in folder.iterdir()}
+    assert sorted(got) == sorted(want), f"{recipe_name} on {backend_key}: files differ"
+    for name in sorted(want):
+        if got[name] != want[name]:
+            diff = difflib.unified_diff(
+                want[name].splitlines(), got[name].splitlines(), "golden", "now", lineterm=""
+            )
+            pytest.fail(f"{recipe_name} on {backend_key}, {name}:\n" + "\n".join(list(diff)[:80]))
+
+
+def test_every_bundled_recipe_has_goldens():
+    """A new recipe gets goldens, and a removed one takes its own along."""
+    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == RECIPES
