@@ -137,7 +137,7 @@ def _typed_engine_config(recipe: Recipe) -> Any:
 def prepare(recipe: Recipe, backend: str, job_id: str, **backend_options: Any) -> Prepared:
     plan = plan_recipe(recipe)
     impl = get_backend(backend, **backend_options)
-    spec = build_spec(recipe, plan.engine_overrides(), impl.paths(job_id))
+    spec = build_spec(recipe, plan, impl.paths(job_id))
     return Prepared(recipe, plan, spec, impl.render(job_id, spec))
 
 
@@ -163,7 +163,7 @@ def launch(
         backend=backend,
     )
     try:
-        spec = build_spec(recipe, prepared.plan.engine_overrides(), impl.paths(job.id))
+        spec = build_spec(recipe, prepared.plan, impl.paths(job.id))
         handle = impl.submit(job, spec, secrets)
     except BaseException as exc:
         store.transition(job.id, JobState.FAILED, reason=f"submission failed: {exc}")

@@ -12,10 +12,14 @@ recipe values never become words of a shell command line.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import RlctlError
+from rlctl.hardware import Accelerator, get_accelerator
 from rlctl.recipe import TINY_MODEL, Recipe, RecipeError
+
+if TYPE_CHECKING:
+    from rlctl.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,28 @@ class JobPaths:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """Where the job runs, resolved once, from the plan and the engine config it made:
+    every backend reads this and none re-plans or re-parses the config."""
+
+    nodes: int
+    devices_per_node: int  # devices, or CPU workers on a CPU job
+    accelerator: str | None  # the hardware table's name; None: a CPU job
+    # The recipe named the accelerator; False for `auto`, whose accelerator is the one
+    # the plan was sized for (SkyPilot asks for it; Slurm asks for any GPU).
+    accelerator_named: bool
+    cpus_per_worker: int
+
+    @property
+    def hardware(self) -> Accelerator | None:
+        return get_accelerator(self.accelerator) if self.accelerator else None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     recipe: Recipe
     paths: JobPaths
+    layout: Layout
     engine_yaml: str  # the engine's full, validated config
     setup: tuple[tuple[str, ...], ...]  # argv of each step before training (python is "python")
     env: dict[str, str] = field(default_factory=dict)
@@ -55,8 +78,11 @@ class JobSpec:
         return ("python", "-m", "engine.main", "--config", self.paths.engine_config)
 
 
-def build_spec(recipe: Recipe, plan_overrides: dict[str, Any], paths: JobPaths) -> JobSpec:
-    """Resolve the recipe for ``paths`` and check it against the engine's schema."""
+def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
+    """Resolve the recipe and its plan for ``paths`` and check it against the engine's
+    schema."""
+    from engine.config import to_yaml
+
     keys: dict[str, Any] = {}
     setup: list[tuple[str, ...]] = []
     if recipe.model == TINY_MODEL:
@@ -76,24 +102,34 @@ def build_spec(recipe: Recipe, plan_overrides: dict[str, Any], paths: JobPaths) 
     keys["trainer.default_local_dir"] = recipe.checkpoints or paths.run_dir
     # Order: what the recipe's fields mean, then the plan's sizing, then the recipe's
     # own engine keys (a person's explicit choice wins; the planner checked them).
-    merged = {**keys, **recipe.engine_overrides(), **plan_overrides, **recipe.engine}
+    merged = {**keys, **recipe.engine_overrides(), **plan.engine_overrides(), **recipe.engine}
+    model = None if recipe.model == TINY_MODEL else recipe.model
+    cfg = engine_config(merged, recipe.source, model)
+    trainer = cfg.trainer
+    cpu = trainer.device == "cpu" or recipe.hardware.is_cpu
+    layout = Layout(
+        nodes=trainer.nnodes,
+        devices_per_node=trainer.n_gpus_per_node,
+        accelerator=None if cpu else plan.accelerator,
+        accelerator_named=not cpu and recipe.hardware.accelerators != "auto",
+        cpus_per_worker=trainer.cpus_per_worker,
+    )
     return JobSpec(
         recipe=recipe,
         paths=paths,
-        engine_yaml=engine_yaml(
-            merged, recipe.source, model=None if recipe.model == TINY_MODEL else recipe.model
-        ),
+        layout=layout,
+        engine_yaml=to_yaml(cfg),
         setup=tuple(setup),
         env=dict(recipe.env),
         secrets=recipe.secrets,
     )
 
 
-def engine_yaml(dotted: dict[str, Any], source: str, model: str | None = None) -> str:
-    """The engine's config for these keys, validated; errors name the recipe's keys.
+def engine_config(dotted: dict[str, Any], source: str, model: str | None = None) -> Any:
+    """The engine's typed config for these keys, validated; errors name the recipe's keys.
     With ``model``, the Megatron roles' sizes are also checked against its config
     (``megatron_problems``): what the engine would refuse once the cluster is up."""
-    from engine.config import load_config, to_yaml
+    from engine.config import load_config
     from engine.errors import ConfigError
 
     try:
@@ -107,7 +143,7 @@ def engine_yaml(dotted: dict[str, Any], source: str, model: str | None = None) -
             + "\n".join(f"  - {p}" for p in problems),
             hint="change the recipe's engine: keys (or hardware/algorithm) as each line says",
         ) from None
-    return to_yaml(cfg)
+    return cfg
 
 
 def megatron_problems(cfg: Any, model: str) -> list[str]:

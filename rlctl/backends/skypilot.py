@@ -34,12 +34,12 @@ import yaml
 
 from rlctl import __version__
 from rlctl.backends.base import Observed
+from rlctl.backends.skypilot_infra import OWN_CLUSTERS, check_offered, fallbacks, parse_infra
 from rlctl.backends.skypilot_profile import NodeSoftware, for_infra, load_profile
 from rlctl.errors import RlctlError
-from rlctl.hardware import Accelerator, get_accelerator, parse_accelerator_spec
 from rlctl.jobs import Job, JobState
 from rlctl.render import TEMPLATES, render
-from rlctl.spec import JobPaths, JobSpec
+from rlctl.spec import JobPaths, JobSpec, Layout
 
 INSTALL_HINT = "pip install 'rlctl[skypilot]'"
 RAY_PORT = 6379  # SkyPilot's own Ray listens on 6380
@@ -51,51 +51,6 @@ BUCKET_SCHEMES = ("s3", "gs", "r2")
 RECOVERY_STRATEGIES = ("FAILOVER", "EAGER_NEXT_REGION")
 _HEREDOC = "RLCTL_ENGINE_YAML_END"
 RAY_TOKEN = "RAY_AUTH_TOKEN"  # Ray's token authentication (templates/ray/ray_cluster.sh)
-
-# ---------------------------------------------------------------------------------
-# Which clouds offer which accelerator (the names of rlctl's hardware table), kept
-# conservative: a cloud is listed for an accelerator only where SkyPilot 0.14.1's own
-# catalog code names that accelerator for that cloud (files under sky/catalog/):
-#   gcp     gcp_catalog.py _ACC_INSTANCE_TYPE_DICTS: A100 (a2-highgpu), A100-80GB
-#           (a2-ultragpu), L4 (g2), H100 (a3-highgpu), H200 (a3-ultragpu), B200 (a4)
-#   aws     data_fetchers/fetch_aws.py: A100-80GB (p4de), H200 (p5e/p5en), L4 (g6);
-#           H100 (p5), A100 (p4d), L40S (g6e) come from the EC2 API as NVIDIA names them
-#   azure   data_fetchers/fetch_azure.py family map: A100, A100-80GB, H100
-#   lambda  data_fetchers/fetch_lambda_cloud.py: A100, A100-80GB, H100, B200
-#   runpod  data_fetchers/fetch_runpod.py: A100-80GB, B200, H100, L4, L40S, MI300X
-#           (its H200 is named H200-SXM there, so rlctl's "H200" is not listed)
-#   nebius  H100, H200 (names from Nebius's API; the two its GPU clusters are sold with)
-# Your own clusters (kubernetes, slurm, ssh) have whatever their nodes have: NVIDIA and
-# AMD GPUs are accepted (SkyPilot schedules nvidia.com/gpu and amd.com/gpu); no
-# SkyPilot infra schedules Ascend NPUs: use --backend slurm for those.
-CLOUD_ACCELERATORS: dict[str, frozenset[str]] = {
-    "gcp": frozenset({"A100-40GB", "A100-80GB", "L4", "H100", "H200", "B200"}),
-    "aws": frozenset({"A100-40GB", "A100-80GB", "L4", "L40S", "H100", "H200"}),
-    "azure": frozenset({"A100-40GB", "A100-80GB", "H100"}),
-    "lambda": frozenset({"A100-40GB", "A100-80GB", "H100", "B200"}),
-    "runpod": frozenset({"A100-80GB", "B200", "H100", "L4", "L40S", "MI300X"}),
-    "nebius": frozenset({"H100", "H200"}),
-}
-OWN_CLUSTERS = ("kubernetes", "slurm", "ssh")  # any NVIDIA or AMD accelerator
-_OWN_VENDORS = ("nvidia", "amd")
-CLOUD_ALIASES = {"k8s": "kubernetes", "google": "gcp", "amazon": "aws"}
-# Clouds SkyPilot 0.14 knows but rlctl has no accelerator table for: passed through
-# (SkyPilot's optimizer decides), with the accelerator checked against SkyPilot's
-# catalog flag only.
-OTHER_CLOUDS = (
-    "cudo", "do", "fluidstack", "hyperbolic", "ibm", "mithril", "oci", "paperspace",
-    "primeintellect", "scp", "seeweb", "shadeform", "vast", "verda", "vsphere", "yotta",
-)  # fmt: skip
-
-# Ordered fallbacks: a plan sized for the first accelerator also fits the next ones
-# (same vendor and software, no less memory, no less compute, fast links kept).
-# B200 is left out: it needs CUDA 12.8 builds (sm_100) the image may not carry.
-FALLBACKS: dict[str, tuple[str, ...]] = {
-    "H100": ("H200",),
-    "A100-80GB": ("H100", "H200"),
-    "A100-40GB": ("A100-80GB", "H100", "H200"),
-    "L4": ("L40S",),
-}
 
 
 @dataclass(frozen=True)
@@ -142,128 +97,7 @@ class SkyPilotOptions:
 _CLUSTER_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
-@dataclass(frozen=True)
-class Infra:
-    cloud: str | None  # canonical SkyPilot name, or None: any enabled cloud
-    location: str  # "region" or "region/zone" (or a Kubernetes context), may be ""
-
-    @property
-    def value(self) -> str | None:
-        if self.cloud is None:
-            return None
-        return f"{self.cloud}/{self.location}" if self.location else self.cloud
-
-
-def parse_infra(text: str | None) -> Infra:
-    """``gcp``, ``gcp/us-central1``, ``aws/us-east-1/us-east-1a``, ``k8s``, ``k8s/ctx``."""
-    if text is None or not text.strip():
-        return Infra(None, "")
-    cloud, _, location = text.strip().partition("/")
-    cloud = CLOUD_ALIASES.get(cloud.casefold(), cloud.casefold())
-    known = (*CLOUD_ACCELERATORS, *OWN_CLUSTERS, *OTHER_CLOUDS)
-    if cloud not in known:
-        import difflib
-
-        close = difflib.get_close_matches(cloud, known, n=1)
-        did = f" (did you mean {close[0]!r}?)" if close else ""
-        raise RlctlError(
-            f"unknown cloud {cloud!r}{did}",
-            hint=f"give one of: {', '.join(sorted(known))}; optionally /region[/zone]",
-        )
-    location = location.strip("/")
-    if location:
-        _check_location(cloud, location, text)
-    return Infra(cloud, location)
-
-
-# A region, zone, Slurm cluster/partition or Kubernetes context name: letters and digits
-# first, then those and . _ - : @ + (EKS contexts are ARNs, GKE's have underscores).
-_LOCATION_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,252}")
-
-
-def _check_location(cloud: str, location: str, text: str) -> None:
-    parts = location.split("/")
-    # a Kubernetes context may hold '/' (EKS: arn:...:cluster/NAME); elsewhere
-    # region[/zone] or cluster[/partition]
-    most = None if cloud == "kubernetes" else 2
-    if not all(_LOCATION_PART.fullmatch(p) for p in parts) or (most and len(parts) > most):
-        where = "context" if cloud == "kubernetes" else "region[/zone]"
-        raise RlctlError(
-            f"--cloud {text!r}: {location!r} is not a {cloud} {where}",
-            hint="names of letters, digits and . _ - : @ + (no spaces, quotes or shell"
-            " characters, not starting with '-'), e.g. gcp/us-central1,"
-            " aws/us-east-1/us-east-1a, k8s/my-context, slurm/my-cluster",
-        )
-
-
-def check_offered(acc: Accelerator, infra: Infra) -> None:
-    """Refuse an accelerator the chosen cloud (or every cloud) does not offer."""
-    if acc.vendor == "ascend":
-        raise RlctlError(
-            f"{acc.name} cannot run through SkyPilot: no SkyPilot cloud or Kubernetes"
-            " integration schedules Ascend NPUs",
-            hint="use --backend slurm on an Ascend cluster",
-        )
-    cloud = infra.cloud
-    if cloud in OWN_CLUSTERS:
-        if acc.vendor not in _OWN_VENDORS:
-            raise RlctlError(f"{acc.name} cannot be scheduled on {cloud}")
-        return
-    if cloud in CLOUD_ACCELERATORS:
-        if acc.name not in CLOUD_ACCELERATORS[cloud]:
-            offered = sorted(c for c, names in CLOUD_ACCELERATORS.items() if acc.name in names)
-            where = f"clouds that offer it: {', '.join(offered)}" if offered else ""
-            raise RlctlError(
-                f"{cloud} does not offer {acc.name} (in SkyPilot's catalog)",
-                hint=(where or "no public cloud in rlctl's table offers it")
-                + "; or your own Kubernetes cluster: --cloud k8s",
-            )
-        return
-    if not acc.skypilot_catalogued:
-        raise RlctlError(
-            f"{acc.name} is in no public cloud's SkyPilot catalog",
-            hint="run it on your own cluster: --cloud k8s, or --backend slurm",
-        )
-
-
-def _fallbacks(acc: Accelerator, infra: Infra) -> list[Accelerator]:
-    out = [acc]
-    for name in FALLBACKS.get(acc.name, ()):
-        other = get_accelerator(name)
-        try:
-            check_offered(other, infra)
-        except RlctlError:
-            continue
-        out.append(other)
-    return out
-
-
 # ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What the task needs, read from the job spec (the engine config is the truth)."""
-
-    nodes: int
-    devices_per_node: int
-    accelerator: Accelerator | None  # None: a CPU job
-
-
-def layout(spec: JobSpec) -> Layout:
-    trainer = (yaml.safe_load(spec.engine_yaml) or {}).get("trainer", {})
-    nodes, per_node = int(trainer["nnodes"]), int(trainer["n_gpus_per_node"])
-    hw = spec.recipe.hardware
-    if hw.is_cpu:
-        return Layout(nodes, per_node, None)
-    if hw.accelerators == "auto":
-        from rlctl.api import plan_recipe
-
-        name = plan_recipe(spec.recipe).accelerator
-        acc = get_accelerator(name) if name else None
-    else:
-        acc, _ = parse_accelerator_spec(hw.accelerators)
-    return Layout(nodes, per_node, acc)
 
 
 def checkpoint_mount(url: str | None) -> tuple[dict[str, Any], str] | None:
@@ -337,7 +171,8 @@ class SkyPilotBackend:
 
     def task_config(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
         """The SkyPilot task as a dict (what ``sky.Task.from_yaml_config`` takes)."""
-        lay = layout(spec)
+        lay = spec.layout
+        acc = lay.hardware
         opts = self.options
         mount = checkpoint_mount(spec.recipe.checkpoints)
         resources: dict[str, Any] = {}
@@ -349,17 +184,15 @@ class SkyPilotBackend:
             resources["cpus"] = f"{max(2, lay.devices_per_node)}+"
             image = f"rlctl/engine:{__version__}-cuda"  # CUDA torch runs on CPU too
         else:
-            check_offered(lay.accelerator, self.infra)
-            choices = _fallbacks(lay.accelerator, self.infra) if opts.fallbacks else []
+            check_offered(acc, self.infra)
+            choices = fallbacks(acc, self.infra) if opts.fallbacks else []
             if len(choices) > 1:
                 resources["ordered"] = [
                     {"accelerators": f"{a.skypilot_name}:{lay.devices_per_node}"} for a in choices
                 ]
             else:
-                resources["accelerators"] = (
-                    f"{lay.accelerator.skypilot_name}:{lay.devices_per_node}"
-                )
-            image = lay.accelerator.default_image
+                resources["accelerators"] = f"{acc.skypilot_name}:{lay.devices_per_node}"
+            image = acc.default_image
         resources["use_spot"] = opts.use_spot
         resources["disk_size"] = opts.disk_size_gb
         image_id = self.software.image_id(image)
@@ -372,7 +205,7 @@ class SkyPilotBackend:
                 "strategy": opts.recovery,
                 "max_restarts_on_errors": opts.max_restarts_on_errors,
             }
-        env = dict(lay.accelerator.env) if lay.accelerator else {}
+        env = dict(acc.env) if acc else {}
         env.update(spec.env)
         config: dict[str, Any] = {
             "name": safe_name(job_id),
@@ -428,7 +261,7 @@ class SkyPilotBackend:
             root=spec.paths.root,
             ray_library=ray_library(),
             ray_port=ray_port,
-            ray_resource=lay.accelerator.ray_resource if lay.accelerator else "",
+            ray_resource=lay.hardware.ray_resource if lay.hardware else "",
             nodes=lay.nodes,
             devices_per_node=lay.devices_per_node,
             devices_needed=lay.nodes * lay.devices_per_node,
@@ -446,12 +279,13 @@ class SkyPilotBackend:
 
         if self.infra.cloud in OWN_CLUSTERS:
             return f"no price: {self.infra.cloud} is your own cluster"
-        lay = layout(spec)
+        lay = spec.layout
+        acc = lay.hardware
         if lay.accelerator is None:
             return describe(None)
         return describe(
             hourly_cost(
-                lay.accelerator.skypilot_name,
+                acc.skypilot_name,
                 lay.devices_per_node,
                 lay.nodes,
                 cloud=self.infra.cloud,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.backends.base import check_image
+from rlctl.backends.skypilot_infra import parse_infra
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.home import read_site_file, rlctl_home
 
@@ -60,7 +61,6 @@ def load_profile(path: Path | None = None) -> dict[str, NodeSoftware]:
     path = path or rlctl_home(create=False) / PROFILE_FILE
     shape = "a mapping of infra (slurm/NAME, k8s, gcp, ...) to settings"
     raw = read_site_file(PROFILE_FILE, shape, path) or {}
-    from rlctl.backends.skypilot import parse_infra
 
     for infra in raw:
         try:
@@ -94,7 +94,6 @@ def entry(raw: Any, source: str) -> NodeSoftware:
 def for_infra(profile: Mapping[str, NodeSoftware], infra: str | None) -> NodeSoftware:
     """The most specific entry whose infra is a prefix of ``infra`` (by path segment);
     defaults when none is."""
-    from rlctl.backends.skypilot import parse_infra
 
     if not infra:
         return NodeSoftware()

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlctl import __version__
 from rlctl.backends.base import Observed
 from rlctl.backends.slurm_profile import (  # noqa: F401 (the profile, importable from here too)
@@ -38,7 +36,7 @@ from rlctl.backends.slurm_profile import (  # noqa: F401 (the profile, importabl
     profile_from_mapping,
 )
 from rlctl.errors import RlctlError
-from rlctl.hardware import Accelerator, parse_accelerator_spec
+from rlctl.hardware import Accelerator
 from rlctl.jobs import Job, JobState
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec
@@ -165,14 +163,13 @@ class SlurmBackend:
         root = spec.paths.root
         if not PLAIN_PATH.match(root):
             raise RlctlError(f"slurm: job directory {root!r} must be a plain path")
-        trainer = (yaml.safe_load(spec.engine_yaml) or {}).get("trainer", {})
-        per_node = int(trainer.get("n_gpus_per_node", 1))
-        nodes = max(int(trainer.get("nnodes", 1)), spec.recipe.hardware.nodes or 1)
-        acc = _accelerator(spec)
-        cpu = trainer.get("device") == "cpu" or spec.recipe.hardware.is_cpu
-        cpus = p.cpus_per_task or (
-            max(2, per_node * int(trainer.get("cpus_per_worker", 1))) if cpu else 8 * per_node
-        )
+        lay = spec.layout
+        per_node = lay.devices_per_node
+        nodes = max(lay.nodes, spec.recipe.hardware.nodes or 1)
+        # `auto`: any GPU the partition has (untyped GRES), not the plan's assumption
+        acc = lay.hardware if lay.accelerator_named else None
+        cpu = lay.accelerator is None
+        cpus = p.cpus_per_task or (max(2, per_node * lay.cpus_per_worker) if cpu else 8 * per_node)
         options = [
             f"--job-name={job_id}",
             f"--nodes={nodes}",
@@ -463,13 +460,6 @@ def _exit_code(text: str) -> int | None:
     if int(code) == 0 and signal.isdigit() and int(signal) > 0:
         return 128 + int(signal)
     return int(code)
-
-
-def _accelerator(spec: JobSpec) -> Accelerator | None:
-    hw = spec.recipe.hardware
-    if hw.is_cpu or hw.accelerators == "auto":
-        return None
-    return parse_accelerator_spec(hw.accelerators)[0]
 
 
 def _device_request(kind: str, acc: Accelerator | None, per_node: int) -> str:

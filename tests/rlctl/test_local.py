@@ -13,7 +13,7 @@ import pytest
 
 from rlctl.backends import local
 from rlctl.backends.local import LocalBackend
-from rlctl.spec import JobPaths, JobSpec
+from rlctl.spec import JobPaths, JobSpec, Layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,12 @@ REPO = Path(__file__).resolve().parents[2]
 def submit(tmp_path: Path, monkeypatch, script: str) -> dict:
     """Submit ``script`` as the job's run.sh through the backend's real runner."""
     monkeypatch.setattr(LocalBackend, "render", lambda self, job_id, spec: {"run.sh": script})
-    spec = JobSpec(recipe=None, paths=JobPaths(str(tmp_path / "job")), engine_yaml="", setup=())  # type: ignore[arg-type]
+    cpu = Layout(
+        nodes=1, devices_per_node=1, accelerator=None, accelerator_named=False, cpus_per_worker=1
+    )
+    spec = JobSpec(
+        recipe=None, paths=JobPaths(str(tmp_path / "job")), layout=cpu, engine_yaml="", setup=()
+    )  # type: ignore[arg-type]
     return LocalBackend().submit(SimpleNamespace(id="t-1"), spec, {})  # type: ignore[arg-type]
 
 

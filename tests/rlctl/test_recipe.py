@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlctl.api import plan_recipe
 from rlctl.recipe import RecipeError, load_recipe, parse_recipe
 from rlctl.render import render
-from rlctl.spec import JobPaths, build_spec
+from rlctl.spec import JobPaths, Layout, build_spec
 
 GOOD = {
     "name": "demo",
@@ -137,7 +138,9 @@ def test_engine_keys_are_checked_against_the_engine_schema():
         }
     )
     with pytest.raises(RecipeError, match=r"must divide data\.train_batch_size 256"):
-        build_spec(rules, {"trainer.n_gpus_per_node": 8}, JobPaths("/job"))
+        # a plan made without the bad key (the planner would refuse it first): the
+        # engine's own check still catches what the recipe's keys make
+        build_spec(rules, plan_recipe(parse_recipe(GOOD)), JobPaths("/job"))
 
 
 def test_spec_for_a_prepared_dataset_and_the_tiny_model():
@@ -149,14 +152,9 @@ def test_spec_for_a_prepared_dataset_and_the_tiny_model():
             "hardware": {"accelerators": "cpu:2"},
         }
     )
-    spec = build_spec(
-        recipe,
-        {
-            "trainer.n_gpus_per_node": 2,
-            "data.train_batch_size": 8,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-        },
-        JobPaths("/jobs/j1"),
+    spec = build_spec(recipe, plan_recipe(recipe), JobPaths("/jobs/j1"))
+    assert spec.layout == Layout(
+        nodes=1, devices_per_node=2, accelerator=None, accelerator_named=False, cpus_per_worker=1
     )
     assert spec.setup == (
         ("python", "-m", "engine.models.tiny", "/jobs/j1/model"),

@@ -397,7 +397,7 @@ def test_rendered_scripts_pass_payloads_literally(examples, quick):
                 return  # the loader refused (e.g. a secret-looking name); its own property
             names = sorted(recipe.env)
             expected = "".join(f"{recipe.env[n]}\0" for n in names)
-            plan = api.plan_recipe(recipe).engine_overrides()
+            plan = api.plan_recipe(recipe)
 
             # local: the whole run.sh, its setup steps and `exec` caught by functions
             local = LocalBackend()

@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from rlctl.api import find_recipe, plan_recipe
-from rlctl.backends.skypilot import Layout, SkyPilotBackend, SkyPilotOptions
+from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
 from rlctl.recipe import load_recipe
-from rlctl.spec import build_spec
+from rlctl.spec import Layout, build_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -63,7 +63,7 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_pr
     recipe = load_recipe(find_recipe("quickstart"))
     root = tmp_path / "job"
     backend = SkyPilotBackend(SkyPilotOptions(cloud="k8s", remote_root=str(tmp_path)))
-    spec = build_spec(recipe, plan_recipe(recipe).engine_overrides(), backend.paths("job"))
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
     spec = type(spec)(  # setup steps replaced by a marker each "node" writes
         recipe=spec.recipe,
         paths=spec.paths,
@@ -81,7 +81,13 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_pr
     run = backend._run(
         "job",
         spec,
-        Layout(nodes=2, devices_per_node=1, accelerator=None),
+        Layout(
+            nodes=2,
+            devices_per_node=1,
+            accelerator=None,
+            accelerator_named=False,
+            cpus_per_worker=1,
+        ),
         spec.env,
         checkpoint_dir=None,
         engine_command=(sys.executable, str(probe), str(result), spec.paths.engine_config),
@@ -159,11 +165,17 @@ def test_engine_failure_is_the_task_exit_code(tmp_path, find_processes):
     """Rank 0 returns the engine's exit code (75 = stopped on SIGTERM) and still stops Ray."""
     recipe = load_recipe(find_recipe("quickstart"))
     backend = SkyPilotBackend(SkyPilotOptions(remote_root=str(tmp_path)))
-    spec = build_spec(recipe, plan_recipe(recipe).engine_overrides(), backend.paths("job"))
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
     run = backend._run(
         "job",
         spec,
-        Layout(nodes=1, devices_per_node=1, accelerator=None),
+        Layout(
+            nodes=1,
+            devices_per_node=1,
+            accelerator=None,
+            accelerator_named=False,
+            cpus_per_worker=1,
+        ),
         {},
         checkpoint_dir=None,
         engine_command=(sys.executable, "-c", "raise SystemExit(75)"),
@@ -200,8 +212,8 @@ def test_engine_failure_is_the_task_exit_code(tmp_path, find_processes):
 def test_wrong_node_count_fails_before_ray(tmp_path):
     recipe = load_recipe(find_recipe("quickstart"))
     backend = SkyPilotBackend(SkyPilotOptions(remote_root=str(tmp_path)))
-    spec = build_spec(recipe, plan_recipe(recipe).engine_overrides(), backend.paths("job"))
-    run = backend._run("job", spec, Layout(2, 1, None), {}, checkpoint_dir=None)
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
+    run = backend._run("job", spec, Layout(2, 1, None, False, 1), {}, checkpoint_dir=None)
     env = {
         **os.environ,
         "SKYPILOT_NODE_RANK": "0",

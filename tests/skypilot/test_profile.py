@@ -22,9 +22,7 @@ PRELUDE = "source /shared/envs/rl/bin/activate"
 
 def _config(cloud, profile, recipe="quickstart"):
     backend = SkyPilotBackend(SkyPilotOptions(cloud=cloud), profile=profile)
-    spec = build_spec(
-        RECIPES[recipe], plan_recipe(RECIPES[recipe]).engine_overrides(), backend.paths("j")
-    )
+    spec = build_spec(RECIPES[recipe], plan_recipe(RECIPES[recipe]), backend.paths("j"))
     return backend.task_config("j", spec)
 
 
@@ -60,7 +58,7 @@ def test_profile_file_sets_image_and_prelude_for_its_infra(tmp_path, monkeypatch
 def _spec_for(cloud):
     backend = SkyPilotBackend(SkyPilotOptions(cloud=cloud), profile={})
     recipe = RECIPES["quickstart"]
-    return build_spec(recipe, plan_recipe(recipe).engine_overrides(), backend.paths("j"))
+    return build_spec(recipe, plan_recipe(recipe), backend.paths("j"))
 
 
 def test_no_profile_keeps_the_engine_image():

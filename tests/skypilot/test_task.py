@@ -18,13 +18,11 @@ import yaml
 from rlctl.api import bundled_recipes, plan_recipe
 from rlctl.backends.skypilot import (
     CHECKPOINT_MOUNT,
-    CLOUD_ACCELERATORS,
     RAY_TOKEN,
     SkyPilotBackend,
     SkyPilotOptions,
-    check_offered,
-    parse_infra,
 )
+from rlctl.backends.skypilot_infra import CLOUD_ACCELERATORS, check_offered, parse_infra
 from rlctl.errors import RlctlError
 from rlctl.hardware import get_accelerator
 from rlctl.jobs import Job, JobState
@@ -44,7 +42,7 @@ REFUSED = {
 
 
 def _spec(recipe, backend, job_id="job-1"):
-    return build_spec(recipe, plan_recipe(recipe).engine_overrides(), backend.paths(job_id))
+    return build_spec(recipe, plan_recipe(recipe), backend.paths(job_id))
 
 
 def _plain(value):

@@ -33,7 +33,7 @@ def rendered(tmp_path: Path, recipe: Path | str, **profile) -> dict[str, str]:
     recipe_obj = load_recipe(REPO / "recipes" / recipe if isinstance(recipe, str) else recipe)
     plan = api.plan_recipe(recipe_obj)
     backend = SlurmBackend(SlurmProfile(job_root=str(tmp_path / "jobs"), **profile))
-    spec = build_spec(recipe_obj, plan.engine_overrides(), backend.paths(JOB_ID))
+    spec = build_spec(recipe_obj, plan, backend.paths(JOB_ID))
     return backend.render(JOB_ID, spec)
 
 
@@ -343,7 +343,7 @@ def test_rejected_submission_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm.Shell, "run", run)
     recipe = load_recipe(write_recipe(tmp_path, CPU2))
     backend = SlurmBackend(SlurmProfile(job_root=str(tmp_path / "jobs")))
-    spec = build_spec(recipe, api.plan_recipe(recipe).engine_overrides(), backend.paths(JOB_ID))
+    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths(JOB_ID))
     with pytest.raises(RlctlError, match="invalid partition specified: nosuch"):
         backend.submit(make_job(tmp_path), spec, {})
 
@@ -473,7 +473,7 @@ def test_submit_and_logs_over_ssh(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     recipe = load_recipe(write_recipe(tmp_path, CPU2))
     backend = SlurmBackend(SlurmProfile(job_root=str(tmp_path / "jobs")), ssh="me@login")
-    spec = build_spec(recipe, api.plan_recipe(recipe).engine_overrides(), backend.paths(JOB_ID))
+    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths(JOB_ID))
     got = backend.submit(make_job(tmp_path), spec, {"HF_TOKEN": NASTY})
     root = tmp_path / "jobs" / JOB_ID
     assert got == {
