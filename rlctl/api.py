@@ -122,8 +122,7 @@ def _typed_engine_config(recipe: Recipe) -> Any:
     """The engine config the recipe's keys make, typed by the engine's schema (no
     cross-field rules yet: the plan fills in sizes first). The recipe parser checked
     every key, so a problem here is reported the same way, naming the key."""
-    from engine.config import load_config
-    from engine.errors import ConfigError
+    from engine.schema import ConfigError, load_config
     from rlctl.recipe import RecipeError
     from rlctl.spec import nest
 

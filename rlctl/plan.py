@@ -1353,7 +1353,7 @@ def _megatron_sizes(
     data parallelism) first; at the same size the larger CP (activations scale 1/CP while
     the sequences are long, and its key/value all-gather moves less than TP's
     activations), then the larger TP (TP within a node, PP across nodes)."""
-    from engine.train.megatron_parallel import pipeline_stage_layers
+    from engine.schema import pipeline_stage_layers
 
     d = layout.devices
     sizes = []
@@ -1759,7 +1759,7 @@ def _reasoning(
             f" {_fmt(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
         )
     if c.backend == "megatron" and m.is_moe:  # engine imported for Megatron plans only
-        from engine.train.megatron_parallel import MODEL_TYPES
+        from engine.schema import MODEL_TYPES
 
         if m.model_type not in MODEL_TYPES:
             lines.append(

@@ -193,7 +193,7 @@ class Recipe:
 
 
 def _engine_default(key: str) -> Any:
-    from engine.config import EngineConfig
+    from engine.schema import EngineConfig
 
     value: Any = EngineConfig()
     for part in key.split("."):
@@ -484,7 +484,7 @@ def engine_key_problems(keys: dict[str, Any]) -> list[str]:
     """Each engine key checked against the engine's schema: that it exists, names a value
     (not a section of keys), and that the value has the key's type. One line per problem,
     ``engine.<key>: ...``, naming the value and what to give instead."""
-    from engine.config import config_keys, key_problems, schema_leaf
+    from engine.schema import config_keys, key_problems, schema_leaf
 
     problems: list[str] = []
     typed: dict[str, Any] = {}

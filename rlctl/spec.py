@@ -81,7 +81,7 @@ class JobSpec:
 def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
     """Resolve the recipe and its plan for ``paths`` and check it against the engine's
     schema."""
-    from engine.config import to_yaml
+    from engine.schema import to_yaml
 
     keys: dict[str, Any] = {}
     setup: list[tuple[str, ...]] = []
@@ -129,8 +129,7 @@ def engine_config(dotted: dict[str, Any], source: str, model: str | None = None)
     """The engine's typed config for these keys, validated; errors name the recipe's keys.
     With ``model``, the Megatron roles' sizes are also checked against its config
     (``megatron_problems``): what the engine would refuse once the cluster is up."""
-    from engine.config import load_config
-    from engine.errors import ConfigError
+    from engine.schema import ConfigError, load_config
 
     try:
         cfg = load_config(base=nest(dotted))
@@ -155,7 +154,7 @@ def megatron_problems(cfg: Any, model: str) -> list[str]:
         return []
     from types import SimpleNamespace
 
-    from engine.train.megatron_parallel import MegatronParallel
+    from engine.schema import MegatronParallel
     from rlctl.models import model_config
 
     hf_config = SimpleNamespace(**model_config(model))

@@ -79,3 +79,45 @@ def test_the_check_sees_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]
     assert "rlctl.api" in import_graph()["rlctl.cli.launch"]  # lazy imports count
+
+
+def engine_imports() -> dict[str, set[str]]:
+    """rlctl module -> the engine modules it imports, anywhere in its body."""
+    out: dict[str, set[str]] = {}
+    for name, path in module_names().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target == "engine" or target.startswith("engine."):
+                    out.setdefault(name, set()).add(target)
+    return out
+
+
+def test_rlctl_uses_the_engine_through_engine_schema_only():
+    used = engine_imports()
+    assert used, "rlctl reads the engine's config schema: the check sees nothing?"
+    others = {module: targets - {"engine.schema"} for module, targets in used.items()}
+    assert {m: t for m, t in others.items() if t} == {}
+
+
+def test_engine_schema_imports_neither_torch_nor_ray():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, engine.schema; "
+        "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=PACKAGE.parent,
+    )
+    assert out.stdout.strip() == "[]"
