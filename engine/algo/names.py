@@ -1,7 +1,7 @@
 """Names of every registered algorithm variant, importable without torch.
 
 The typed config (``engine.config``) validates names against these tuples on a
-machine without torch; ``tests/engine/algo/test_registry.py`` checks that each
+machine without torch; the tests in ``tests/engine/algo/`` check that each
 tuple equals the keys of the matching torch registry, so the two cannot drift.
 """
 
