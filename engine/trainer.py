@@ -20,6 +20,7 @@ import torch
 
 from engine.algo.advantage import AdvantageInputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
+from engine.algo.names import estimator_needs
 from engine.algo.rollout_correction import (
     is_weight_metrics,
     mismatch_metrics,
@@ -228,7 +229,7 @@ class Trainer:
                 token_rewards = self.token_rewards(rollout, old_logprobs, ref_logprobs, metrics)
                 baseline = (
                     self.greedy_baseline(rollout, timer)
-                    if cfg.algorithm.adv_estimator == "remax"
+                    if estimator_needs(cfg.algorithm.adv_estimator).greedy_baseline
                     else None
                 )
                 adv = compute_advantages(

@@ -69,6 +69,7 @@ def plan_recipe(recipe: Recipe) -> Any:
 
 def plan_request(recipe: Recipe) -> Any:
     """What the planner needs to know about a recipe: model, hardware, batch and lengths."""
+    from engine.schema import estimator_needs
     from rlctl.hardware import parse_accelerator_spec
     from rlctl.plan import PlanRequest
 
@@ -102,7 +103,9 @@ def plan_request(recipe: Recipe) -> Any:
         accelerator=accelerator,
         num_devices=devices,
         max_devices_per_node=per_node,
-        algorithm_needs_critic=estimator == "gae" if critic is None else bool(critic),
+        algorithm_needs_critic=estimator_needs(estimator).values
+        if critic is None
+        else bool(critic),
         algorithm_needs_reference=bool(
             value("actor_rollout_ref.actor.use_kl_loss") or value("algorithm.use_kl_in_reward")
         ),

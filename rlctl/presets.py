@@ -97,9 +97,3 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_NO_KL,
     },
 }
-
-# Presets that compare samples of a prompt, and whose estimator needs a critic: the
-# planner sizes for these.
-NEEDS_CRITIC = {
-    name for name, keys in PRESETS.items() if keys.get("algorithm.adv_estimator") == "gae"
-}

@@ -5,31 +5,48 @@ machine without torch; the tests in ``tests/engine/algo/`` check that each
 tuple equals the keys of the matching torch registry, so the two cannot drift.
 """
 
-ADVANTAGE_ESTIMATORS: tuple[str, ...] = (
-    "gae",
-    "grpo",
-    "grpo_passk",
-    "rloo",
-    "remax",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "opo",
-    "gpg",
-)
+from dataclasses import dataclass
 
-# Estimators whose baseline comes from the other samples of the same prompt:
-# they need rollout.n >= 2 to mean anything.
-GROUP_ADVANTAGE_ESTIMATORS: tuple[str, ...] = (
-    "grpo",
-    "grpo_passk",
-    "rloo",
-    "reinforce_plus_plus_baseline",
-    "opo",
-    "gpg",
-)
 
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an advantage estimator needs besides the rewards, declared with its name so
+    that the config, the trainer and the planner ask for it instead of naming
+    estimators."""
+
+    values: bool = False  # a value function: a critic worker
+    greedy_baseline: bool = False  # each prompt's greedy response, scored (ReMax)
+    group: bool = False  # the other samples of the same prompt: rollout.n >= 2
+
+
+_GROUP = EstimatorNeeds(group=True)
+ADVANTAGE_ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
+    "gae": EstimatorNeeds(values=True),
+    "grpo": _GROUP,
+    "grpo_passk": _GROUP,
+    "rloo": _GROUP,
+    "remax": EstimatorNeeds(greedy_baseline=True),
+    "reinforce_plus_plus": EstimatorNeeds(),
+    "reinforce_plus_plus_baseline": _GROUP,
+    "opo": _GROUP,
+    "gpg": _GROUP,
+}
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = tuple(ADVANTAGE_ESTIMATOR_NEEDS)
+# Estimators whose baseline comes from the other samples of the same prompt.
+GROUP_ADVANTAGE_ESTIMATORS: tuple[str, ...] = tuple(
+    name for name, needs in ADVANTAGE_ESTIMATOR_NEEDS.items() if needs.group
+)
 # Estimators that need a value function (a critic worker).
-CRITIC_ADVANTAGE_ESTIMATORS: tuple[str, ...] = ("gae",)
+CRITIC_ADVANTAGE_ESTIMATORS: tuple[str, ...] = tuple(
+    name for name, needs in ADVANTAGE_ESTIMATOR_NEEDS.items() if needs.values
+)
+
+
+def estimator_needs(name: str) -> EstimatorNeeds:
+    """What the estimator ``name`` needs (nothing special for an unknown name: the
+    config's own check reports it)."""
+    return ADVANTAGE_ESTIMATOR_NEEDS.get(name, EstimatorNeeds())
+
 
 POLICY_LOSSES: tuple[str, ...] = (
     "vanilla",  # PPO clip (with clip-higher and dual-clip)

@@ -73,6 +73,25 @@ def test_registry_matches_names():
     assert len(ADVANTAGE_ESTIMATORS.names()) == len(names.ADVANTAGE_ESTIMATORS)
 
 
+@pytest.mark.parametrize("name", names.ADVANTAGE_ESTIMATORS)
+def test_declared_needs_are_what_each_estimator_requires(name):
+    """The trainer fetches values and a greedy baseline only where the declaration says:
+    an estimator that needs one fails without it, one that does not runs without it."""
+    rewards, mask = score_rows([1.0, 0.0, 0.5, 0.25], [1, 1, 1, 1])
+    needs = names.estimator_needs(name)
+    groups = torch.tensor([0, 0, 1, 1])
+    for missing, needed in (
+        ("values_BT", needs.values),
+        ("baseline_rewards_B", needs.greedy_baseline),
+    ):
+        inputs = full_inputs(rewards, mask, group_ids_B=groups, **{missing: None})
+        if needed:
+            with pytest.raises(ValueError, match=missing):
+                compute_advantages(name, inputs, AlgorithmConfig())
+        else:
+            compute_advantages(name, inputs, AlgorithmConfig())
+
+
 def test_unknown_name_lists_valid_names():
     rewards, mask = score_rows([1.0], [1])
     with pytest.raises(UnknownNameError) as err:
