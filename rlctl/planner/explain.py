@@ -1,0 +1,304 @@
+"""A fitted candidate assembled into a ``Plan``, and the reasoning it shows:
+every decision with its numbers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from rlctl.hardware import Accelerator
+from rlctl.models import ModelShape
+from rlctl.planner.fit import (
+    _count,
+    _Fit,
+    _fmt,
+    _fmt_params,
+    _gib,
+    _TrainFit,
+)
+from rlctl.planner.memory import (
+    _budget_bytes,
+    _megatron_lengths,
+    _megatron_state,
+    _train_activations,
+    _TrainCfg,
+)
+from rlctl.planner.model import (
+    ASSUMED_MFU,
+    DYNAMIC_BSZ_MIN_TOKENS,
+    FRAGMENTATION,
+    LOGITS_BYTES,
+    LONG_SAMPLE_TOKENS,
+    MAX_MICRO,
+    RESERVED_GIB,
+    UPDATES_PER_STEP,
+    MemoryEstimate,
+    Plan,
+)
+from rlctl.planner.search import _flops_per_param_token
+from rlctl.planner.settings import (
+    _made_for,
+    _Settings,
+)
+
+# ---------------------------------------------------------------------------
+# the plan and its explanation
+
+
+def _assemble(
+    s: _Settings, m: ModelShape, acc: Accelerator, fit: _Fit, lines: list[str], step_1: float
+) -> Plan:
+    c, t, r, lay = fit.train, fit.fitted, fit.rollout, fit.layout
+    st = t.state
+    memory = MemoryEstimate(
+        device_gib=float(acc.memory_gib),
+        budget_gib=_gib(_budget_bytes(acc)),
+        train_weights_gib=_gib(st.weights),
+        train_grads_gib=_gib(st.grads),
+        train_optimizer_gib=_gib(st.optimizer),
+        train_gathered_gib=_gib(st.gathered),
+        train_activations_gib=_gib(t.activations),
+        train_logits_gib=_gib(t.logits),
+        train_mask_gib=_gib(t.mask),
+        train_step_extra_gib=_gib(st.step_extra),
+        rollout_resident_gib=_gib(st.resident),
+        rollout_weights_gib=_gib(r.weights),
+        rollout_kv_cache_gib=_gib(r.kv_cache),
+        rollout_pool_gib=_gib(r.pool),
+        host_gib_per_node=_gib(st.host * lay.per_node),
+    )
+    return Plan(
+        nodes=lay.nodes,
+        devices_per_node=lay.per_node,
+        accelerator=acc.name,
+        rollout_tp=r.tp,
+        train_backend=c.backend,
+        train_tp=c.tp,
+        train_pp=c.pp,
+        ppo_mini_batch_size=fit.mini,
+        micro_batch_size_per_device=t.micro,
+        use_dynamic_bsz=t.dynamic,
+        max_token_len_per_device=t.token_len,
+        param_offload=c.param_offload,
+        optimizer_offload=c.optimizer_offload,
+        gradient_checkpointing=c.grad_ckpt,
+        rollout_memory_fraction=r.fraction,
+        image=acc.default_image,
+        memory=memory,
+        model=m,
+        reasoning=lines,
+        **_made_for(s),
+        train_ep=c.ep,
+        train_cp=c.cp,
+        log_prob_micro_batch_size_per_device=t.log_prob_micro,
+        hf_rollout_micro_batch_size=r.hf_micro,
+        estimated_step_seconds=round(step_1 / lay.devices, 1),
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _reasoning(
+    s: _Settings,
+    m: ModelShape,
+    acc: Accelerator,
+    fit: _Fit,
+    tried: list[str],
+    step_1: float,
+    floor: int,
+    auto: bool,
+) -> list[str]:
+    c, t, lay = fit.train, fit.fitted, fit.layout
+    lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
+    lines.append(
+        f"budget: {acc.name} has {acc.memory_gib:g} GiB; the plan uses at most"
+        f" {_fmt(_budget_bytes(acc))} per device ({FRAGMENTATION:.0%} lost to allocator"
+        f" fragmentation, {RESERVED_GIB:g} GiB for the runtime context and collective buffers)"
+    )
+    parts = f"generate 2, old log-probs 2, update {8 if s.grad_ckpt else 6}"
+    parts += ", reference 2" if s.reference else ""
+    parts += f", critic {2 + (8 if s.grad_ckpt else 6)}" if s.critic else ""
+    lines.append(
+        f"step compute: {s.train_batch} prompts × {s.n} samples × {s.seq_len} tokens ="
+        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {_fmt_params(m.compute_params)}"
+        f"{' active' if m.is_moe else ''} params × {_flops_per_param_token(s)} FLOPs ({parts})"
+        f" = {_duration(step_1)} on one {acc.name} at {ASSUMED_MFU:.0%} of"
+        f" {acc.bf16_tflops:g} TFLOPS → ~{_duration(step_1 / lay.devices)} per step on"
+        f" {lay.devices} (an upper bound: every response at its maximum length)"
+    )
+    if floor > 1:
+        lines.append(
+            f"step-time floor: a step under {s.target_s / 60:g} min needs ≥ {floor} devices"
+        )
+    how = "the smallest layout" if auto else "the requested layout"
+    lines.append(
+        f"devices: {lay.describe(acc.name)} — {how} where training and rollout fit"
+        + (f" (tried: {'; '.join(tried[:4])})" if tried else "")
+    )
+    lines += _train_lines(m, s, c, t)
+    if c.backend == "megatron":
+        lines += _context_parallel_lines(m, s, c, _budget_bytes(acc), lay.per_node)
+    per_device = fit.mini * s.n // lay.devices
+    mini_why = (
+        "pinned"
+        if s.mini is not None
+        else f"train batch {s.train_batch} / {UPDATES_PER_STEP} updates per step, rounded to"
+        " a divisor whose samples split evenly over the devices"
+    )
+    micro_why = "pinned" if s.micro is not None else f"the largest divisor ≤ {MAX_MICRO} that fits"
+    lines.append(
+        f"batch: mini-batch {fit.mini} prompts ({mini_why}) × {s.n} = {fit.mini * s.n}"
+        f" samples → {per_device} per device; micro-batch {t.micro} ({micro_why});"
+        f" log-prob micro-batch {t.log_prob_micro} (forward only)"
+    )
+    if c.backend == "megatron" and c.model_parallel > 1:
+        dp = lay.devices // c.model_parallel
+        lines[-1] += (
+            f"; the {_count(dp, 'data-parallel replica')} (TP × PP × CP = {c.model_parallel}"
+            f" devices each) take {fit.mini * s.n // dp} samples each per mini-batch"
+        )
+    if t.dynamic:
+        why = "pinned" if s.dynamic is not None else f"≥ {DYNAMIC_BSZ_MIN_TOKENS}"
+        split = (
+            f" per micro-batch, {math.ceil(t.token_len / c.cp)} on each of the CP {c.cp} ranks"
+            if c.cp > 1
+            else " per device"
+        )
+        lines.append(
+            f"dynamic batch size: on ({s.seq_len} tokens per sample, {why}): micro-batches"
+            f" are packed up to {t.token_len} tokens{split}"
+        )
+    lines += list(fit.rollout.lines)
+    if t.state.host:
+        lines.append(
+            f"host RAM: the offloaded state takes {_fmt(t.state.host)} per device,"
+            f" {_fmt(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
+        )
+    if c.backend == "megatron" and m.is_moe:  # engine imported for Megatron plans only
+        from engine.schema import MODEL_TYPES
+
+        if m.model_type not in MODEL_TYPES:
+            lines.append(
+                f"megatron: sized here, but the engine has no conversion for"
+                f" {m.model_type!r} (it converts {', '.join(MODEL_TYPES)}): rlctl validate and"
+                " launch refuse it; use trainer: fsdp2 in the recipe"
+            )
+    lines.append(f"image: {acc.default_image}")
+    return lines
+
+
+def _model_line(m: ModelShape) -> str:
+    moe = (
+        f"; MoE: {m.num_experts} experts of width {m.moe_intermediate_size},"
+        f" {m.experts_per_token} per token, {_fmt_params(m.compute_params)} active"
+        if m.is_moe
+        else ""
+    )
+    attn = (
+        f"MLA latent {m.kv_latent_dim}"
+        if m.kv_latent_dim
+        else f"{m.num_kv_heads} KV heads × {m.head_dim}"
+    )
+    return (
+        f"model: {m.name} — {_fmt_params(m.num_params)} parameters ({m.source}); {m.num_layers}"
+        f" layers, hidden {m.hidden_size}, {m.num_attention_heads} heads / {attn}, vocab"
+        f" {m.vocab_size}{moe}"
+    )
+
+
+def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> list[str]:
+    st, d = t.state, c.devices
+    roles = "actor" + (" + critic" if s.critic else "") + (" + reference" if s.reference else "")
+    if c.backend == "megatron":
+        head = (
+            f"training (megatron; {roles}): TP {c.tp} within a node × PP {c.pp} × CP {c.cp}"
+            + (f" × EP {c.ep}" if m.is_moe else "")
+            + f", data parallel {d // c.model_parallel} (= {d} / (TP × PP × CP)); bf16 weights"
+            f" {_fmt(st.weights)} (not split by CP), fp32"
+            f" gradient buffer {_fmt(st.grads)}, distributed optimizer (fp32 master + Adam,"
+            f" 12 B/param over {_count(d, 'device')}) {_fmt(st.optimizer)}"
+        )
+    else:
+        head = (
+            f"training ({c.backend}; {roles} sharded over {_count(d, 'device')}, fp32 parameters, bf16"
+            f" compute): weights 4 B/param → {_fmt(st.weights)}; gradients 4 B/param of the"
+            f" model being updated → {_fmt(st.grads)}; Adam 8 B/param → {_fmt(st.optimizer)};"
+            f" gathered 4 B × root {_fmt_params(m.root_params)} + 10 B × largest layer"
+            f" {_fmt_params(m.largest_layer_params)} → {_fmt(st.gathered)}"
+        )
+    tokens = t.token_len if t.dynamic else t.micro * s.seq_len
+    parts = [f"TP {c.tp}"] * (c.tp > 1) + [f"CP {c.cp}"] * (c.cp > 1)
+    split = ""
+    if c.backend == "megatron" and parts:
+        split = " / " + (parts[0] if len(parts) == 1 else f"({' × '.join(parts)})")
+    logits_all = t.logits if c.backend != "megatron" else tokens * m.vocab_size * LOGITS_BYTES
+    biggest = " — the largest term" if t.logits >= 0.5 * t.activations else ""
+    mask = (
+        f"; the attention mask (S × S booleans per sequence, each rank building only its"
+        f" S/CP rows) {_fmt(t.mask)} at its largest"
+        if t.mask
+        else ""
+    )
+    act = (
+        f"activations for {tokens} tokens per micro-batch"
+        f" ({'gradient checkpointing' if c.grad_ckpt else 'no checkpointing'}):"
+        f" {_fmt(t.activations)}; of which logits {tokens} × {m.vocab_size} × {LOGITS_BYTES} B"
+        f" = {_fmt(logits_all)}{split}{biggest}{mask}; training peak"
+        f" {_fmt(st.peak(t.activations))}"
+    )
+    if c.param_offload and c.backend == "megatron":
+        off = "offload: weights, gradients and optimizer go to host RAM between phases"
+    elif c.param_offload:
+        off = (
+            "offload: parameters, gradients and Adam live in host RAM; FSDP streams each"
+            " layer in and the optimizer steps on the CPU (slow)"
+        )
+    elif c.optimizer_offload:
+        off = "offload: optimizer states live in host RAM between updates" + (
+            "" if c.backend == "megatron" else " (back on the device for the step)"
+        )
+    else:
+        off = "offload: none (everything fits on the devices)"
+    return [head, act, off]
+
+
+def _context_parallel_lines(
+    m: ModelShape, s: _Settings, c: _TrainCfg, budget: float, per_node: int
+) -> list[str]:
+    """Why this CP: the split it makes and, when CP > 1, what one sample needs at half."""
+    seq = s.seq_len
+    if c.cp == 1 and seq < LONG_SAMPLE_TOKENS and s.cp is None:
+        return []  # short samples: CP is not considered
+    padded, _ = _megatron_lengths(c, seq, seq)
+    line = f"context parallel: CP {c.cp}"
+    if s.cp is not None:
+        line += " (pinned by the recipe)"
+    if c.cp == 1:
+        return [line + f": one {seq}-token sample fits at TP {c.tp} × PP {c.pp} without it"]
+    multiple = f"a multiple of{' TP ×' if c.tp > 1 else ''} 2·CP"
+    line += (
+        f": each {seq}-token sample"
+        + (f" ({multiple})" if padded == seq else f" is padded to {padded} ({multiple}) and")
+        + f" is cut into {2 * c.cp} chunks, each rank holding two ({padded // c.cp} tokens:"
+        " chunks r and 2·CP − 1 − r); activations and the attention mask scale 1/CP, weights"
+        " do not; the keys and values of the whole sequence are gathered over the CP group"
+        " for attention"
+    )
+    if s.cp is None:
+        half = replace(c, cp=c.cp // 2)
+        state = _megatron_state(m, half, s.critic, s.reference)
+        need = state.peak(_train_activations(m, half, seq, seq).total)
+        if need > budget:
+            line += f"; at CP {half.cp} one sample needs {_fmt(need)} > budget {_fmt(budget)}"
+    if c.tp * c.cp > per_node:
+        line += (
+            f" (TP × CP = {c.tp * c.cp} ranks span {c.tp * c.cp // per_node} nodes: the"
+            " all-gather crosses the inter-node network)"
+        )
+    return [line]

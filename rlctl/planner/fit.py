@@ -1,0 +1,427 @@
+"""One candidate layout: does training fit, does the rollout fit, and with what."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlctl.hardware import Accelerator
+from rlctl.models import ModelShape
+from rlctl.planner.memory import (
+    _budget_bytes,
+    _divisors,
+    _fsdp_state,
+    _largest,
+    _layer_activation_bytes_per_token,
+    _megatron_forward_bytes,
+    _megatron_state,
+    _micro_rule,
+    _pick_mini,
+    _train_activations,
+    _TrainCfg,
+    _TrainMem,
+)
+from rlctl.planner.model import (
+    DYNAMIC_BSZ_MIN_TOKENS,
+    GIB,
+    HOST_RAM_GIB,
+    HOST_RAM_USABLE,
+    LOGITS_BYTES,
+    MAX_FRACTION,
+    MAX_MICRO,
+    MAX_TOKEN_BUDGET,
+    MIN_CONCURRENT_SEQS,
+    MIN_FRACTION,
+    ROLLOUT_MAX_NUM_SEQS,
+    ROLLOUT_OVERHEAD_GIB,
+)
+from rlctl.planner.settings import _Settings
+
+# ---------------------------------------------------------------------------
+# one candidate layout
+
+
+@dataclass(frozen=True)
+class _Layout:
+    nodes: int
+    per_node: int
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.per_node
+
+    def describe(self, acc_name: str) -> str:
+        if self.nodes == 1:
+            return f"{self.per_node} × {acc_name} on 1 node"
+        return f"{self.nodes} nodes × {acc_name}:{self.per_node} = {self.devices} devices"
+
+
+@dataclass(frozen=True)
+class _TrainFit:
+    state: _TrainMem
+    micro: int  # samples per micro-batch
+    dynamic: bool
+    token_len: int  # ppo_max_token_len_per_gpu
+    activations: float  # bytes, for the micro-batch (or token budget) chosen
+    logits: float
+    log_prob_micro: int = 1
+    mask: float = 0.0  # megatron: the attention mask at its largest
+
+
+@dataclass(frozen=True)
+class _RolloutFit:
+    tp: int
+    fraction: float  # gpu_memory_utilization (0 for hf)
+    weights: float  # bytes per device
+    kv_cache: float
+    pool: float
+    hf_micro: int | None
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Fit:
+    layout: _Layout
+    train: _TrainCfg
+    mini: int
+    fitted: _TrainFit
+    rollout: _RolloutFit
+
+
+def _gib(x: float) -> float:
+    return round(x / GIB, 3)
+
+
+def _fmt(x: float) -> str:
+    return f"{x / GIB:.1f} GiB"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _fmt_params(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+
+
+def _fit_train(
+    m: ModelShape,
+    s: _Settings,
+    c: _TrainCfg,
+    budget: float | None,
+    mini: int,
+    per_node: int,
+) -> tuple[_TrainFit | None, str]:
+    """Micro-batch / token budget that fits; (None, why) when one sample does not."""
+    state = (_megatron_state if c.backend == "megatron" else _fsdp_state)(
+        m, c, s.critic, s.reference
+    )
+    host = state.host * per_node
+    if host > HOST_RAM_USABLE * HOST_RAM_GIB * GIB:
+        return None, (
+            f"offloading needs {_fmt(host)} of host RAM per node, more than"
+            f" {HOST_RAM_USABLE:.0%} of the {HOST_RAM_GIB} GiB assumed"
+        )
+    per_device = mini * s.n // c.devices
+    seq = s.seq_len
+    dynamic = s.dynamic if s.dynamic is not None else seq >= DYNAMIC_BSZ_MIN_TOKENS
+
+    def fits(tokens: int) -> bool:
+        act = _train_activations(m, c, tokens, seq)
+        return budget is None or state.peak(act.total) <= budget
+
+    if not fits(seq):
+        act = _train_activations(m, c, seq, seq)
+        mask = f" and the attention mask {_fmt(act.mask)}" if act.mask else ""
+        where = f" at CP {c.cp}" if c.cp > 1 else ""
+        return None, (
+            f"training one {seq}-token sample{where} needs {_fmt(state.peak(act.total))} per"
+            f" device (weights {_fmt(state.weights)}, grads {_fmt(state.grads)}, Adam"
+            f" {_fmt(state.optimizer)}, gathered {_fmt(state.gathered)}, activations"
+            f" {_fmt(act.total)} of which logits {_fmt(act.logits)}{mask}) > budget"
+            f" {_fmt(budget or 0)}"
+        )
+    if s.micro is not None:
+        micro = s.micro
+        if not fits(micro * seq):
+            act = _train_activations(m, c, micro * seq, seq)
+            best = _largest(lambda k: fits(k * seq), 1, micro - 1)
+            return None, (
+                f"pinned ppo_micro_batch_size_per_gpu {micro} needs"
+                f" {_fmt(state.peak(act.total))}"
+                f" per device > budget {_fmt(budget or 0)}; at most {best} fits"
+            )
+    else:
+        divisors = [k for k in _divisors(per_device) if k <= MAX_MICRO] or [1]
+        micro = max(k for k in divisors if k == 1 or fits(k * seq))
+    if s.token_len is not None:
+        token_len = s.token_len
+        if dynamic and not fits(token_len):
+            return None, (
+                f"pinned ppo_max_token_len_per_gpu {token_len} does not fit in"
+                f" {_fmt(budget or 0)} per device"
+            )
+    elif dynamic:
+        # The cap is per device: under context parallelism each rank holds 1/CP of it.
+        cap = max(seq, MAX_TOKEN_BUDGET * c.cp)
+        token_len = seq
+        step = 1024
+        candidate = (cap // step) * step
+        while candidate > seq:
+            if fits(candidate):
+                token_len = candidate
+                break
+            candidate -= step
+    else:
+        token_len = micro * seq
+    act = _train_activations(m, c, token_len if dynamic else micro * seq, seq)
+    return _TrainFit(
+        state,
+        micro,
+        dynamic,
+        token_len,
+        act.total,
+        act.logits,
+        _log_prob_micro(m, c, state, s, budget),
+        act.mask,
+    ), ""
+
+
+def _log_prob_micro(
+    m: ModelShape, c: _TrainCfg, state: _TrainMem, s: _Settings, budget: float | None
+) -> int:
+    """Forward-only micro-batch (old and reference log-probs): no checkpoints are kept,
+    so the logits and one layer's activations are what grow with it."""
+    seq = s.seq_len
+    for k in (32, 16, 8, 4, 2):
+        tokens = k * seq
+        if c.backend == "megatron":
+            act = _megatron_forward_bytes(m, c, tokens, seq)
+        else:
+            per_token = m.vocab_size * LOGITS_BYTES + _layer_activation_bytes_per_token(m)
+            act = tokens * per_token / c.tp
+        held = state.weights + state.optimizer + state.gathered
+        if budget is None or held + act <= budget:
+            return k
+    return 1
+
+
+def _tp_ok(m: ModelShape, tp: int) -> bool:
+    """vLLM/SGLang shard attention heads over TP: TP must divide the query heads, and
+    either divide the KV heads or be a multiple of them (KV heads are then replicated).
+    MLA caches one latent per token, copied on every TP rank: only the query heads count."""
+    if m.num_attention_heads % tp:
+        return False
+    if m.kv_latent_dim:
+        return True
+    return m.num_kv_heads % tp == 0 or tp % m.num_kv_heads == 0
+
+
+def _kv_bytes_per_token_per_device(m: ModelShape, tp: int) -> float:
+    if m.kv_latent_dim:
+        return m.kv_cache_bytes_per_token()
+    return m.kv_cache_bytes_per_token() / min(tp, m.num_kv_heads)
+
+
+def _tp_candidates(layout: _Layout) -> list[int]:
+    out, tp = [], 1
+    while tp <= layout.devices:
+        if layout.devices % tp == 0 and (tp <= layout.per_node or tp % layout.per_node == 0):
+            out.append(tp)
+        tp *= 2
+    return out
+
+
+def _fit_rollout(
+    m: ModelShape,
+    s: _Settings,
+    acc: Accelerator,
+    layout: _Layout,
+    state: _TrainMem,
+    budget: float,
+) -> tuple[_RolloutFit | None, str]:
+    mem = acc.memory_gib * GIB
+    devices = layout.devices
+    seq = s.seq_len
+    weights_total = 2 * m.num_params  # bf16
+    if s.rollout_backend == "hf":
+        # HF generate on the actor's own gathered (bf16) weights, per-device samples
+        kv_seq = m.kv_cache_bytes_per_token() * seq
+        room = budget - state.resident - weights_total - ROLLOUT_OVERHEAD_GIB * GIB
+        per_device = max(1, s.samples // devices)
+        if room < kv_seq:
+            return None, (
+                f"hf rollout gathers the whole model ({_fmt(weights_total)} bf16) next to"
+                f" {_fmt(state.resident)} of training state: no room for one sequence's KV"
+                f" ({_fmt(kv_seq)})"
+            )
+        micro = min(per_device, int(room // kv_seq))
+        return _RolloutFit(
+            tp=1,
+            fraction=0.0,
+            weights=weights_total,
+            kv_cache=micro * kv_seq,
+            pool=0.0,
+            hf_micro=micro,
+            lines=(
+                f"rollout (hf): generate() runs on the actor's gathered bf16 weights"
+                f" ({_fmt(weights_total)}); {micro} sequences per call ({_fmt(micro * kv_seq)}"
+                f" of KV cache at {m.kv_cache_bytes_per_token() // 1024} KiB/token) next to"
+                f" {_fmt(state.resident)} of resident training state",
+            ),
+        ), ""
+
+    room = (budget - state.resident) / mem
+    f_max = min(MAX_FRACTION, math.floor(room * 20 + 1e-9) / 20)
+    if s.fraction is not None:
+        if s.fraction > room + 1e-9:
+            return None, (
+                f"pinned gpu_memory_utilization {s.fraction} asks for"
+                f" {_fmt(s.fraction * mem)} while {_fmt(state.resident)} of training state"
+                f" stays on each device: at most {max(f_max, 0):.2f} fits (or offload)"
+            )
+        fraction = s.fraction
+    else:
+        fraction = f_max
+    if fraction < MIN_FRACTION:
+        return None, (
+            f"training state left on the device while generating ({_fmt(state.resident)})"
+            f" leaves {_fmt(max(0.0, budget - state.resident))} of {_fmt(budget)}: too little"
+            " for a rollout engine"
+        )
+    pool = fraction * mem
+    replicas_of = {tp: devices // tp for tp in _tp_candidates(layout)}
+    overhead = ROLLOUT_OVERHEAD_GIB * GIB
+
+    def need(tp: int) -> tuple[int, int, float]:
+        per_replica = math.ceil(s.samples / replicas_of[tp])
+        want = min(per_replica, ROLLOUT_MAX_NUM_SEQS)
+        minimum = min(per_replica, MIN_CONCURRENT_SEQS)
+        return want, minimum, seq * _kv_bytes_per_token_per_device(m, tp)
+
+    def fits(tp: int) -> bool:
+        _, minimum, per_seq = need(tp)
+        return weights_total / tp + overhead + minimum * per_seq <= pool
+
+    if s.rollout_tp is not None:
+        tp = s.rollout_tp
+        if tp not in replicas_of:
+            return None, (
+                f"pinned rollout tensor_model_parallel_size {tp} must divide the {devices}"
+                " devices the rollout shares with the actor"
+            )
+        if not fits(tp):
+            return None, (
+                f"pinned rollout TP {tp}: weights {_fmt(weights_total / tp)} + KV for"
+                f" {need(tp)[1]} sequences do not fit in the {_fmt(pool)} pool"
+            )
+        why = "pinned by the recipe"
+    else:
+        valid = [tp for tp in replicas_of if _tp_ok(m, tp)]
+        in_node = [
+            tp
+            for tp in valid
+            if tp <= layout.per_node and weights_total / tp <= 0.5 * pool and fits(tp)
+        ]
+        anywhere = [tp for tp in valid if fits(tp)]
+        if in_node:
+            tp = in_node[0]
+            why = (
+                "the smallest power of two whose weights take at most half the pool"
+                f" ({_fmt(weights_total / tp)} ≤ {_fmt(0.5 * pool)})"
+            )
+        elif anywhere:
+            tp = anywhere[0]
+            why = (
+                "no TP within a node keeps the weights under half the pool; the smallest"
+                " that fits the weights and KV for"
+                f" {need(tp)[1]} full-length sequences"
+            )
+            if tp > layout.per_node:
+                why += f" (spans {tp // layout.per_node} nodes: inter-node TP is slow)"
+        else:
+            if not valid:
+                return None, "rollout: " + _tp_heads_message(m, max(replicas_of))
+            blocked = [
+                tp for tp in replicas_of if not _tp_ok(m, tp) and fits(tp) and tp > max(valid)
+            ]
+            if blocked:
+                return None, (
+                    f"rollout: the weights need TP ≥ {blocked[0]}, but "
+                    + _tp_heads_message(m, blocked[0])
+                )
+            return None, (
+                f"rollout: bf16 weights ({_fmt(weights_total)}) and KV for"
+                f" {MIN_CONCURRENT_SEQS} sequences of {seq} tokens fit no TP up to"
+                f" {max(valid)} within a {_fmt(pool)} pool (gpu_memory_utilization"
+                f" {fraction:.2f})"
+            )
+    want, _, per_seq = need(tp)
+    weights = weights_total / tp
+    kv = pool - weights - overhead
+    holds = int(kv // per_seq)
+    lines = [
+        f"rollout ({s.rollout_backend}): {_fmt(state.resident)} of training state stays on"
+        f" each device while generating ({_RESIDENT[s.train_backend == 'megatron']})"
+        f" → gpu_memory_utilization {fraction:.2f}"
+        + (
+            " (pinned)"
+            if s.fraction is not None
+            else f" = ⌊(budget {_fmt(budget)} − {_fmt(state.resident)}) / {acc.memory_gib:g} GiB⌋"
+            " to 0.05"
+        )
+        + f", a {_fmt(pool)} pool",
+        f"rollout TP {tp}: {why}; divides {m.num_attention_heads} heads"
+        + ("" if m.kv_latent_dim else f" and suits {m.num_kv_heads} KV heads")
+        + f"; {_count(devices // tp, 'replica')}",
+        f"KV cache: pool − weights − {ROLLOUT_OVERHEAD_GIB:g} GiB engine overhead ="
+        f" {_fmt(kv)} per device at {per_seq / seq / 1024:.0f} KiB/token; holds {holds}"
+        f" sequences of {seq} tokens per replica ({want} wanted in flight:"
+        f" min(samples per replica, {ROLLOUT_MAX_NUM_SEQS}))"
+        + ("" if holds >= want else "; the engine queues the rest"),
+    ]
+    if tp > 1 and not acc.nvlink_like:
+        lines.append(f"{acc.name} has no NVLink-class links: rollout TP {tp} runs over PCIe")
+    return _RolloutFit(tp, fraction, weights, kv, pool, None, tuple(lines)), ""
+
+
+_RESIDENT = {
+    False: "weights and Adam unless offloaded; FSDP frees gradients after each step",
+    True: "weights, gradient buffer and optimizer unless offloaded",
+}
+
+
+def _tp_heads_message(m: ModelShape, tp: int) -> str:
+    if m.num_attention_heads % tp:
+        return (
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size {tp} must divide the model's"
+            f" {m.num_attention_heads} attention heads"
+        )
+    return (
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size {tp} must divide the model's"
+        f" {m.num_kv_heads} KV heads or be a multiple of them"
+    )
+
+
+def _evaluate(
+    m: ModelShape,
+    s: _Settings,
+    acc: Accelerator,
+    layout: _Layout,
+    c: _TrainCfg,
+) -> tuple[_Fit | None, str]:
+    budget = _budget_bytes(acc)
+    mini, why = _pick_mini(s, layout.devices)
+    if mini is None or why:
+        return None, why or "no mini-batch"
+    if s.micro is not None and not (s.dynamic or False):
+        why = _micro_rule(s, mini, s.micro, layout.devices)
+        if why:
+            return None, why
+    train, why = _fit_train(m, s, c, budget, mini, layout.per_node)
+    if train is None:
+        return None, why
+    rollout, why = _fit_rollout(m, s, acc, layout, train.state, budget)
+    if rollout is None:
+        return None, why
+    return _Fit(layout, c, mini, train, rollout), ""

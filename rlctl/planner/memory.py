@@ -1,0 +1,362 @@
+"""The memory model, formula by formula (bytes per device; docs/planner.md), and the
+engine's batch-size rules in its words."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlctl.hardware import Accelerator
+from rlctl.models import ModelShape
+from rlctl.planner.model import (
+    FRAGMENTATION,
+    GIB,
+    LOGITS_BYTES,
+    LOGITS_BYTES_FP32,
+    LONG_SAMPLE_TOKENS,
+    RESERVED_GIB,
+    UPDATES_PER_STEP,
+)
+from rlctl.planner.settings import _Settings
+
+# ---------------------------------------------------------------------------
+# memory formulas (bytes per device)
+
+
+def _budget_bytes(acc: Accelerator) -> float:
+    """Usable device memory: nominal × (1 − fragmentation) − context and NCCL buffers."""
+    return acc.memory_gib * GIB * (1.0 - FRAGMENTATION) - RESERVED_GIB * GIB
+
+
+def _critic_params(m: ModelShape) -> int:
+    """The value model: the same body, a one-output head (weight and bias) for lm_head."""
+    return m.num_params - m.lm_head_params + m.hidden_size + 1
+
+
+def _layer_activation_bytes_per_token(m: ModelShape, dtype_bytes: int = 2) -> int:
+    """What one decoder layer saves for its backward, per token.
+
+    norm input and output, attention output and the post-attention norm in/out (4·h),
+    q and the attention output (2·q), k and v (kv), and the gated MLP's gate, up,
+    act(gate) and their product (4·I, I = the MLP width one token passes through).
+    """
+    width = 4 * m.hidden_size + 2 * m.q_dim + m.kv_dim + 4 * m.mlp_width_per_token
+    return dtype_bytes * width
+
+
+def _activation_terms(
+    m: ModelShape,
+    tokens: int,
+    grad_ckpt: bool,
+    *,
+    tp: int = 1,
+    stage_layers: int | None = None,
+    act_bytes: int = 2,
+    logits_bytes: int = LOGITS_BYTES,
+) -> tuple[float, float]:
+    """(activations, of which logits) for ``tokens`` tokens on one device.
+
+    With checkpointing: the layer inputs (t·h·L·2) stay for the backward; its peak then
+    adds the larger of the logits' buffers (freed once the lm_head's backward has run)
+    and one recomputed layer with its gradients (2 × the layer's activations).
+    Without: every layer's activations stay. Megatron divides by its TP size (sequence
+    parallel) and keeps ``stage_layers`` checkpoints.
+    """
+    layers = m.num_layers if stage_layers is None else stage_layers
+    layer = tokens * _layer_activation_bytes_per_token(m, act_bytes)
+    logits = tokens * m.vocab_size * logits_bytes
+    if grad_ckpt:
+        kept = tokens * m.hidden_size * layers * act_bytes
+        total = kept + max(logits, 2 * layer)
+    else:
+        total = layers * layer + max(logits, layer)
+    return total / tp, logits / tp
+
+
+@dataclass(frozen=True)
+class _TrainCfg:
+    backend: str
+    devices: int
+    param_offload: bool
+    optimizer_offload: bool
+    grad_ckpt: bool
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    fp32: bool = False  # CPU: no mixed precision
+
+    @property
+    def model_parallel(self) -> int:
+        """Devices one model replica spans (Megatron: TP × PP × CP; the rest is data parallel)."""
+        return self.tp * self.pp * self.cp
+
+
+@dataclass(frozen=True)
+class _TrainMem:
+    weights: float
+    grads: float
+    optimizer: float
+    gathered: float
+    step_extra: float
+    resident: float  # left on the device during rollout
+    host: float  # per device, in host RAM
+
+    def peak(self, activations: float) -> float:
+        held = self.weights + self.grads + self.optimizer
+        return max(held + self.gathered + activations, held + self.step_extra)
+
+
+def _fsdp_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) -> _TrainMem:
+    """FSDP/FSDP2 with fp32 sharded parameters, bf16 compute (docs/planner.md)."""
+    n, nc, d = m.num_params, _critic_params(m), c.devices
+    trained = n + (nc if critic else 0)
+    kept = trained + (n if reference else 0)
+    on_device = not c.param_offload
+    weights = 4 * kept / d if on_device else 0.0
+    grads = 4 * max(n, nc if critic else 0) / d if on_device else 0.0
+    adam = 8 * trained / d
+    optimizer = adam if on_device and not c.optimizer_offload else 0.0
+    # optimizer_offload: each model's states come back for its own step only
+    step_extra = 8 * max(n, nc if critic else 0) / d if on_device and c.optimizer_offload else 0.0
+    gather_bytes = 8 if c.fp32 else 4  # root unit + its gradient
+    layer_bytes = 20 if c.fp32 else 10
+    gathered = gather_bytes * m.root_params + layer_bytes * m.largest_layer_params
+    host = (4 * kept + 4 * max(n, nc if critic else 0) + adam) / d if c.param_offload else 0.0
+    if c.optimizer_offload and on_device:
+        host = adam
+    return _TrainMem(
+        weights=weights,
+        grads=grads,
+        optimizer=optimizer,
+        gathered=gathered,
+        step_extra=step_extra,
+        resident=weights + optimizer,
+        host=host,
+    )
+
+
+def _expert_params(m: ModelShape) -> int:
+    """Routed-expert parameters of the whole model (0 for a dense model)."""
+    if not m.is_moe or m.active_params is None or m.num_experts == m.experts_per_token:
+        return 0
+    inactive = m.num_params - m.active_params
+    return inactive * m.num_experts // (m.num_experts - m.experts_per_token)
+
+
+def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) -> _TrainMem:
+    """Megatron-core: bf16 weights and fp32 gradient buffer split by TP×PP (experts by
+    TP×EP×PP), fp32 master weights and Adam in the distributed optimizer (sharded over data
+    parallel: 12·N/D). Offload (verl's) moves state to the host between phases, so it
+    frees the device for the rollout but not for the update."""
+    stage = math.ceil(m.num_layers / c.pp) * c.pp / m.num_layers  # uneven last stage
+    experts = _expert_params(m)
+
+    def split(total: int) -> float:
+        dense = total - experts
+        return stage * (dense / (c.tp * c.pp) + experts / (c.tp * c.pp * c.ep))
+
+    models = [m.num_params] + ([_critic_params(m)] if critic else [])
+    weights = sum(2 * split(x) for x in models) + (2 * split(m.num_params) if reference else 0)
+    grads = sum(4 * split(x) for x in models)
+    optimizer = sum(12 * x / c.devices for x in models)
+    resident = 0.0 if c.param_offload else weights + grads
+    resident += 0.0 if c.optimizer_offload else optimizer
+    host = (weights + grads if c.param_offload else 0.0) + (
+        optimizer if c.optimizer_offload else 0.0
+    )
+    return _TrainMem(
+        weights=weights,
+        grads=grads,
+        optimizer=optimizer,
+        gathered=0.0,
+        step_extra=0.0,
+        resident=resident,
+        host=host,
+    )
+
+
+@dataclass(frozen=True)
+class _Act:
+    """One micro-batch's activations on a device, in bytes: the total at its peak, the
+    logits' part, and (Megatron) the engine's S×S attention mask at its largest."""
+
+    total: float
+    logits: float
+    mask: float = 0.0
+
+
+def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _Act:
+    """Activations for a micro-batch of ``tokens`` tokens of samples up to ``seq`` long."""
+    act_bytes, logits_bytes = (4, LOGITS_BYTES_FP32) if c.fp32 else (2, LOGITS_BYTES)
+    if c.backend == "megatron":
+        return _megatron_activations(m, c, tokens, seq)
+    total, logits = _activation_terms(
+        m, tokens, c.grad_ckpt, act_bytes=act_bytes, logits_bytes=logits_bytes
+    )
+    return _Act(total, logits)
+
+
+def _megatron_lengths(c: _TrainCfg, seq: int, tokens: float) -> tuple[int, float]:
+    """(S, T): under context parallelism the engine pads every sequence to a multiple of
+    TP (sequence parallel) × 2·CP (the zigzag chunks; ``MegatronEngine._forward``), so a
+    micro-batch of ``tokens`` tokens of ``seq``-token samples runs as T padded tokens, T/CP
+    of them on each rank. (At CP 1 the padding to a multiple of TP is under TP tokens and
+    left out.)"""
+    if c.cp == 1:
+        return seq, tokens
+    multiple = c.tp * 2 * c.cp
+    padded_seq = -(-seq // multiple) * multiple
+    return padded_seq, tokens * padded_seq / seq
+
+
+def _counts_mask(c: _TrainCfg, seq: int) -> bool:
+    """Whether the estimate counts the engine's S×S attention mask: for long samples (where
+    it grows to GiBs and decides what fits) and under CP. Below ``LONG_SAMPLE_TOKENS`` at
+    CP 1 it is under 64 MiB per sample and left out, so plans for short samples are the
+    ones the planner made before it knew of CP."""
+    return c.cp > 1 or seq >= LONG_SAMPLE_TOKENS
+
+
+def _gathered_kv_bytes(m: ModelShape, c: _TrainCfg, padded: float) -> float:
+    """Keys and values a rank gathers from the other CP ranks for attention, repeated to
+    every query head when there are fewer KV heads (``SDPAttention``); 0 at CP 1."""
+    per_token = 2 * m.q_dim if m.num_kv_heads < m.num_attention_heads else m.kv_dim
+    if m.kv_latent_dim:
+        per_token = m.kv_dim
+    return (padded - padded / c.cp) * per_token * 2 / c.tp
+
+
+def _mask_build_bytes(c: _TrainCfg, s_pad: int, padded: float) -> float:
+    """``attention_mask_B1SS`` at its peak for this rank's R = S/CP query rows of a
+    micro-batch of T = B·S padded tokens: a causal and an identity (R, S) boolean, the
+    (B, 1, R, S) allowed mask and its inverse, 2·R·S + 2·B·R·S = (2·S + 2·T)·S/CP bytes
+    (at CP 1 the whole mask, 2·S² + 2·T·S)."""
+    return (2 * s_pad + 2 * padded) * s_pad / c.cp
+
+
+def _megatron_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _Act:
+    """Megatron with sequence parallelism over TP, context parallelism over CP and 1F1B
+    over PP, per device, for a micro-batch of T padded tokens (T/CP on this rank) of
+    sequences padded to S:
+
+    - checkpoints: each layer's input, (T/CP)·h·2/TP bytes, for every layer on the first
+      stage (PP micro-batches in flight × L/PP layers) and ⌈L/PP⌉ layers on the last;
+    - the attention mask: the engine builds only this rank's S/CP query rows of the
+      (B, 1, S, S) boolean mask (``attention_mask_B1SS(mask, rows)``): (2 + 2·B)·S²/CP
+      bytes at its peak (a causal and an identity (S/CP, S), the mask and its inverse),
+      T·S/CP bytes kept per micro-batch in flight;
+    - one recomputed layer with its gradients (2·(T/CP)·a_layer/TP), the keys and values
+      gathered from the other CP ranks with their gradients, and the mask's working set in
+      attention: its inverse, SDPA's temporary and the bf16 additive mask SDPA turns it
+      into (4 B per query-key pair);
+    - on the last stage the logits, (T/CP)·V·10/TP, instead of the recomputed layer.
+
+    Without checkpointing every layer keeps its activations, gathered keys and values and
+    the bf16 mask SDPA saves for its backward.
+    """
+    s_pad, padded = _megatron_lengths(c, seq, tokens)
+    local = padded / c.cp
+    layers, pp = m.num_layers, c.pp
+    per_stage = math.ceil(layers / pp)
+    keep = local * m.hidden_size * 2 / c.tp  # one layer's checkpointed input
+    layer = local * _layer_activation_bytes_per_token(m) / c.tp
+    logits = local * m.vocab_size * LOGITS_BYTES / c.tp
+    counted = _counts_mask(c, seq)
+    mask = padded * s_pad / c.cp if counted else 0.0  # this rank's rows of the boolean mask
+    build = _mask_build_bytes(c, s_pad, padded) if counted else 0.0
+    gathered = _gathered_kv_bytes(m, c, padded)
+    if c.grad_ckpt:
+        recompute = 2 * layer + 2 * gathered + 4 * mask
+        first = keep * layers + pp * mask + recompute
+        last = keep * per_stage + mask + max(logits, recompute)
+    else:
+        saved = layer + gathered + 2 * mask
+        first = saved * layers + pp * mask
+        last = saved * per_stage + mask + max(logits, layer)
+    # The next micro-batch's mask is built while the earlier ones in flight hold theirs.
+    building = keep * layers * (pp - 1) / pp + (pp - 1) * mask + build
+    return _Act(max(first, last, building), logits, max(build, (pp + 4) * mask))
+
+
+def _megatron_forward_bytes(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> float:
+    """A forward pass without gradients (old and reference log-probs): the logits, one
+    layer's activations with its gathered keys and values, the mask (kept and its working
+    set in attention), or the mask's construction, whichever is larger."""
+    s_pad, padded = _megatron_lengths(c, seq, tokens)
+    local = padded / c.cp
+    per_token = m.vocab_size * LOGITS_BYTES + _layer_activation_bytes_per_token(m)
+    if not _counts_mask(c, seq):
+        return local * per_token / c.tp
+    mask = padded * s_pad / c.cp
+    running = local * per_token / c.tp + _gathered_kv_bytes(m, c, padded) + 5 * mask
+    return max(running, _mask_build_bytes(c, s_pad, padded))
+
+
+# ---------------------------------------------------------------------------
+# batch sizes (the engine's rules, in its words)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _divisors_near(n: int, around: int, count: int = 3) -> list[int]:
+    near = sorted(_divisors(n), key=lambda d: (abs(d - around), d))[:count]
+    return sorted(near)
+
+
+def _mini_rule(s: _Settings, mini: int, devices: int) -> str | None:
+    """engine.config's rules 1 and 2 for a mini-batch, worded as the engine words them."""
+    if mini > s.train_batch or s.train_batch % mini:
+        fits = ", ".join(map(str, _divisors_near(s.train_batch, mini)))
+        return (
+            f"actor_rollout_ref.actor.ppo_mini_batch_size {mini} must divide"
+            f" data.train_batch_size {s.train_batch} (both count prompts);"
+            f" use a divisor such as {fits}"
+        )
+    if (mini * s.n) % devices:
+        return (
+            f"actor_rollout_ref.actor.ppo_mini_batch_size × rollout.n = {mini} × {s.n} ="
+            f" {mini * s.n} samples must be divisible by the {devices} devices"
+            " (trainer.nnodes × trainer.n_gpus_per_node); change the mini-batch size,"
+            " rollout.n or the device count"
+        )
+    return None
+
+
+def _micro_rule(s: _Settings, mini: int, micro: int, devices: int) -> str | None:
+    per_device = mini * s.n // devices
+    if per_device % micro:
+        fits = ", ".join(map(str, _divisors_near(per_device, micro)))
+        return (
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu {micro} must divide the"
+            f" {per_device} samples each device gets per mini-batch ({mini} prompts ×"
+            f" {s.n} samples / {devices} devices); use {fits}, or set"
+            " actor_rollout_ref.actor.use_dynamic_bsz=true"
+        )
+    return None
+
+
+def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest k in [low, high] with ``ok(k)``, for ``ok`` true up to a point and false
+    after it (memory that grows with k); ``low`` when none is."""
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid - 1)
+    return low
+
+
+def _pick_mini(s: _Settings, devices: int) -> tuple[int | None, str | None]:
+    """The pinned mini-batch, checked; or the divisor of the train batch nearest below
+    train batch / 4 whose samples split evenly over the devices."""
+    if s.mini is not None:
+        return s.mini, _mini_rule(s, s.mini, devices)
+    target = max(1, s.train_batch // UPDATES_PER_STEP)
+    ok = [m for m in _divisors(s.train_batch) if (m * s.n) % devices == 0]
+    if not ok:
+        return None, _mini_rule(s, s.train_batch, devices)
+    below = [m for m in ok if m <= target]
+    return (max(below) if below else min(ok)), None

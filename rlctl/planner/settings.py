@@ -1,0 +1,291 @@
+"""The planner's settings: a ``PlanRequest`` with the recipe's pinned engine keys
+applied, checked before any search."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rlctl.planner.model import (
+    MAX_COUNT,
+    MAX_TOKENS,
+    InfeasiblePlanError,
+    PlanRequest,
+)
+
+# ---------------------------------------------------------------------------
+# settings: the request with the recipe's pinned engine keys applied
+
+_ARR = "actor_rollout_ref"
+_MEGATRON_ROLES = (f"{_ARR}.actor", f"{_ARR}.ref", "critic")  # one parallel layout for all
+_PINNABLE = {
+    "data.train_batch_size": "int",
+    "data.max_prompt_length": "int",
+    "data.max_response_length": "int",
+    f"{_ARR}.rollout.n": "int",
+    f"{_ARR}.rollout.name": "str",
+    f"{_ARR}.actor.strategy": "str",
+    "trainer.nnodes": "int",
+    "trainer.n_gpus_per_node": "int",
+    f"{_ARR}.actor.ppo_mini_batch_size": "int",
+    f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": "int",
+    f"{_ARR}.actor.use_dynamic_bsz": "bool",
+    f"{_ARR}.actor.ppo_max_token_len_per_gpu": "int",
+    f"{_ARR}.actor.fsdp_config.param_offload": "bool",
+    f"{_ARR}.actor.fsdp_config.optimizer_offload": "bool",
+    f"{_ARR}.model.enable_gradient_checkpointing": "bool",
+    f"{_ARR}.rollout.tensor_model_parallel_size": "int",
+    f"{_ARR}.rollout.gpu_memory_utilization": "float",
+    "critic.enable": "bool?",
+    **{f"{role}.megatron.context_parallel_size": "int" for role in _MEGATRON_ROLES},
+    f"{_ARR}.actor.use_kl_loss": "bool",
+    "algorithm.use_kl_in_reward": "bool",
+}
+
+
+@dataclass(frozen=True)
+class _Settings:
+    train_batch: int
+    n: int
+    prompt_len: int
+    response_len: int
+    rollout_backend: str
+    train_backend: str
+    critic: bool
+    reference: bool
+    nodes: int | None
+    per_node: int | None
+    mini: int | None
+    micro: int | None
+    dynamic: bool | None
+    token_len: int | None
+    param_offload: bool | None
+    optimizer_offload: bool | None
+    grad_ckpt: bool
+    rollout_tp: int | None
+    fraction: float | None
+    target_s: float
+    cp: int | None = None  # megatron context_parallel_size pinned by the recipe
+    notes: tuple[str, ...] = ()
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def samples(self) -> int:
+        return self.train_batch * self.n
+
+
+def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _coerce(key: str, value: Any, kind: str) -> Any:
+    if kind == "bool?" and value is None:
+        return None
+    if kind.startswith("bool"):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().casefold() in ("true", "false"):
+            return value.strip().casefold() == "true"
+    elif kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+    elif kind == "float" and not isinstance(value, bool):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    elif kind == "str" and isinstance(value, str):
+        return value
+    raise InfeasiblePlanError(
+        f"override {key}={value!r}: expected {kind.rstrip('?')}",
+        hint=f"give {key} a {kind.rstrip('?')} value in the recipe's engine section",
+    )
+
+
+def _settings(req: PlanRequest) -> _Settings:
+    pinned: dict[str, Any] = {}
+    for key, value in _flatten(req.overrides).items():
+        if key in _PINNABLE:
+            pinned[key] = _coerce(key, value, _PINNABLE[key])
+    notes: list[str] = []
+
+    def take(key: str, requested: Any) -> Any:
+        if key not in pinned:
+            return requested
+        value = pinned[key]
+        if requested is not None and value != requested:
+            notes.append(f"{key}={value!r} pinned by the recipe wins over {requested!r}")
+        return value
+
+    mini = take(f"{_ARR}.actor.ppo_mini_batch_size", req.ppo_mini_batch_size)
+    micro = take(f"{_ARR}.actor.ppo_micro_batch_size_per_gpu", req.micro_batch_size_per_device)
+    critic = req.algorithm_needs_critic
+    if pinned.get("critic.enable") is not None:
+        critic = bool(pinned["critic.enable"])
+    reference = (
+        req.algorithm_needs_reference
+        or bool(pinned.get(f"{_ARR}.actor.use_kl_loss"))
+        or bool(pinned.get("algorithm.use_kl_in_reward"))
+    )
+    s = _Settings(
+        train_batch=take("data.train_batch_size", req.train_batch_size),
+        n=take(f"{_ARR}.rollout.n", req.rollout_n),
+        prompt_len=take("data.max_prompt_length", req.max_prompt_length),
+        response_len=take("data.max_response_length", req.max_response_length),
+        rollout_backend=take(f"{_ARR}.rollout.name", req.rollout_backend),
+        train_backend=take(f"{_ARR}.actor.strategy", req.train_backend),
+        critic=critic,
+        reference=reference,
+        nodes=pinned.get("trainer.nnodes"),
+        per_node=pinned.get("trainer.n_gpus_per_node"),
+        mini=mini,
+        micro=micro,
+        dynamic=pinned.get(f"{_ARR}.actor.use_dynamic_bsz"),
+        token_len=pinned.get(f"{_ARR}.actor.ppo_max_token_len_per_gpu"),
+        param_offload=pinned.get(f"{_ARR}.actor.fsdp_config.param_offload"),
+        optimizer_offload=pinned.get(f"{_ARR}.actor.fsdp_config.optimizer_offload"),
+        grad_ckpt=pinned.get(f"{_ARR}.model.enable_gradient_checkpointing", True),
+        rollout_tp=pinned.get(f"{_ARR}.rollout.tensor_model_parallel_size"),
+        fraction=pinned.get(f"{_ARR}.rollout.gpu_memory_utilization"),
+        target_s=req.target_step_minutes * 60.0,
+        cp=_pinned_cp(pinned),
+        notes=tuple(notes),
+    )
+    _check_settings(s, req)
+    if s.cp is not None and s.train_backend != "megatron":
+        s = replace(
+            s,
+            notes=(
+                *s.notes,
+                f"context_parallel_size {s.cp} pinned by the recipe applies to the megatron"
+                f" strategy only; {s.train_backend} ignores it",
+            ),
+        )
+    return s
+
+
+def _pinned_cp(pinned: Mapping[str, Any]) -> int | None:
+    """The recipe's ``<role>.megatron.context_parallel_size``: the roles share one parallel
+    layout in the engine, so the keys given must agree."""
+    given = {
+        key: pinned[key]
+        for role in _MEGATRON_ROLES
+        if (key := f"{role}.megatron.context_parallel_size") in pinned
+    }
+    if len(set(given.values())) > 1:
+        listed = ", ".join(f"{k}={v}" for k, v in given.items())
+        raise InfeasiblePlanError(
+            f"the Megatron roles share one parallel layout, but the recipe pins different"
+            f" context_parallel_size values ({listed})",
+            hint="give every role the same context_parallel_size, or pin the actor's only",
+        )
+    return next(iter(given.values()), None)
+
+
+def _check_settings(s: _Settings, req: PlanRequest) -> None:
+    for key, value in (
+        ("data.train_batch_size", s.train_batch),
+        ("actor_rollout_ref.rollout.n", s.n),
+        ("data.max_prompt_length", s.prompt_len),
+        ("data.max_response_length", s.response_len),
+        ("max_devices_per_node", req.max_devices_per_node),
+    ):
+        if value < 1:
+            raise InfeasiblePlanError(f"{key} must be a positive integer, got {value}")
+    for key, value in (
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", s.mini),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", s.micro),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", s.rollout_tp),
+        ("trainer.nnodes", s.nodes),
+        ("trainer.n_gpus_per_node", s.per_node),
+        ("num_devices", req.num_devices),
+        ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp),
+    ):
+        if value is not None and value < 1:
+            raise InfeasiblePlanError(f"{key} must be a positive integer, got {value}")
+    for key, value, most in (
+        ("data.train_batch_size", s.train_batch, MAX_COUNT),
+        ("actor_rollout_ref.rollout.n", s.n, MAX_COUNT),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", s.mini, MAX_COUNT),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", s.micro, MAX_COUNT),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", s.rollout_tp, MAX_COUNT),
+        ("trainer.nnodes", s.nodes, MAX_COUNT),
+        ("trainer.n_gpus_per_node", s.per_node, MAX_COUNT),
+        ("hardware.accelerators (devices per node)", req.max_devices_per_node, MAX_COUNT),
+        ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp, MAX_COUNT),
+        ("data.max_prompt_length", s.prompt_len, MAX_TOKENS),
+        ("data.max_response_length", s.response_len, MAX_TOKENS),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", s.token_len, MAX_TOKENS),
+    ):
+        if value is not None and value > most:
+            raise InfeasiblePlanError(
+                f"{key} {value} is more than {most:,}: not a size a run can have",
+                hint=f"check {key} (a typo?)",
+            )
+    if s.fraction is not None and not 0.0 < s.fraction <= 1.0:
+        raise InfeasiblePlanError(
+            f"actor_rollout_ref.rollout.gpu_memory_utilization must be in (0, 1], got {s.fraction}"
+        )
+    if s.rollout_backend not in ("vllm", "sglang", "hf"):
+        raise InfeasiblePlanError(
+            f"actor_rollout_ref.rollout.name: unknown rollout backend {s.rollout_backend!r}",
+            hint="use vllm, sglang or hf (the recipe's rollout:)",
+        )
+    if s.train_backend not in ("fsdp", "fsdp2", "megatron"):
+        raise InfeasiblePlanError(
+            f"actor_rollout_ref.actor.strategy: unknown training backend {s.train_backend!r}",
+            hint="use fsdp2, fsdp or megatron (the recipe's trainer:)",
+        )
+    if not 0 < s.target_s < math.inf:
+        raise InfeasiblePlanError(
+            f"target_step_minutes must be a positive number, got {req.target_step_minutes}"
+        )
+
+
+def _made_for(s: _Settings) -> dict[str, Any]:
+    """The request a plan answers, kept on it so that ``engine_overrides`` is self-contained."""
+    return {
+        "rollout_backend": s.rollout_backend,
+        "train_batch_size": s.train_batch,
+        "rollout_n": s.n,
+        "max_prompt_length": s.prompt_len,
+        "max_response_length": s.response_len,
+        "use_critic": s.critic,
+        "use_reference": s.reference,
+    }
+
+
+def _check_device_count(s: _Settings, nodes: int, per_node: int) -> None:
+    """More devices than a step has samples leaves some without work (every device trains
+    a share of each mini-batch): that is the node or device count's fault, not the batch
+    sizes'."""
+    samples = s.train_batch * s.n
+    if nodes * per_node <= samples:
+        return
+    nodes_key = "trainer.nnodes" if s.nodes is not None else "hardware.nodes"
+    devices_key = "trainer.n_gpus_per_node" if s.per_node is not None else "hardware.accelerators"
+    most = samples // per_node
+    if nodes > 1 and most >= 1:
+        field, fewer = nodes_key, f"at most {most} nodes ({nodes_key})"
+    else:
+        field, fewer = devices_key, f"at most {samples} devices per node ({devices_key})"
+    raise InfeasiblePlanError(
+        f"{field}: {nodes} nodes × {per_node} devices = {nodes * per_node} devices, more than"
+        f" the {samples} samples of a step (data.train_batch_size {s.train_batch} ×"
+        f" actor_rollout_ref.rollout.n {s.n}); each device trains at least one",
+        hint=f"use {fewer}, or raise data.train_batch_size or rollout.n",
+    )
