@@ -1,0 +1,100 @@
+"""Tensor helpers of the Megatron engine: the attention mask, the positions check,
+log-probs and entropy over a vocabulary split across TP ranks, padding, atomic saves."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from engine.errors import EngineError
+
+# ---------------------------------------------------------------------------
+# masks and log-probs
+
+
+def attention_mask_B1SS(
+    attention_mask_BS: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Megatron's boolean mask (True: masked): causal, padding keys masked. Every query
+    keeps itself, so that padding rows stay finite (they are never read). ``rows``: the
+    query positions to build (context parallelism: this rank's), all by default; the
+    mask is (B, 1, len(rows), S), never the whole S × S when only some rows are used."""
+    s = attention_mask_BS.shape[1]
+    device = attention_mask_BS.device
+    keys = torch.arange(s, device=device)
+    queries = keys if rows is None else rows.to(device)
+    causal = keys[None, :] <= queries[:, None]
+    itself = keys[None, :] == queries[:, None]
+    allowed = causal & (attention_mask_BS.bool()[:, None, None, :] | itself)
+    return ~allowed
+
+
+def check_consecutive_positions(position_ids_BS: torch.Tensor, mask_BS: torch.Tensor) -> None:
+    """Megatron's rotary embedding uses the column index as the position; that equals HF's
+    ``position_ids`` up to a per-row shift (which rotary attention ignores) only when a
+    row's valid positions increase by one per column."""
+    offset = position_ids_BS - torch.arange(position_ids_BS.shape[1], device=mask_BS.device)
+    valid = mask_BS.bool()
+    big = torch.iinfo(offset.dtype).max
+    low = offset.masked_fill(~valid, big).amin(dim=1)
+    high = offset.masked_fill(~valid, -big).amax(dim=1)
+    bad = valid.any(dim=1) & (low != high)
+    if bool(bad.any()):
+        raise EngineError(
+            "the Megatron engine needs each row's positions to be consecutive (one sequence"
+            " per row, padding only on the left and right); packed rows are not supported"
+        )
+
+
+def vocab_parallel_logprobs_entropy(
+    logits_BRv: torch.Tensor,
+    targets_BR: torch.Tensor,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log-probs of ``targets`` and the entropy from this TP rank's vocabulary slice of
+    the logits, without gathering the vocabulary; the entropy carries a graph only with
+    ``entropy_grad``.
+
+    Each TP rank computes the same (replicated) loss from these, so the reductions use
+    Megatron's ``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity
+    backward): each rank's logits get exactly the gradient of their own slice."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
+
+    group = ps.get_tensor_model_parallel_group()
+    v_local = logits_BRv.shape[-1]
+    start = ps.get_tensor_model_parallel_rank() * v_local
+    with torch.no_grad():  # the shift cancels in every result: no gradient through it
+        top = logits_BRv.amax(dim=-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits_BRv - top.unsqueeze(-1)
+    exp = shifted.exp()
+    sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
+    log_z = sum_exp.log()
+    local = targets_BR - start
+    mine = (local >= 0) & (local < v_local)
+    picked = shifted.gather(-1, local.clamp(0, v_local - 1).unsqueeze(-1)).squeeze(-1)
+    target_logit = reduce_from_tensor_model_parallel_region(picked * mine)
+    logp = target_logit - log_z
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1))
+            entropy = log_z - weighted / sum_exp
+    return logp, entropy
+
+
+def _pad_responses(values_BR: torch.Tensor, r_len: int) -> torch.Tensor:
+    return F.pad(values_BR, (0, r_len - values_BR.shape[1]))
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
