@@ -10,13 +10,8 @@ import types
 import pytest
 
 from rlctl.errors import RlctlError
-from rlctl.models import (
-    UnknownModelError,
-    known_models,
-    model_shape,
-    shape_from_config,
-    table_config,
-)
+from rlctl.model_table import known_models, table_config
+from rlctl.models import UnknownModelError, model_shape, shape_from_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

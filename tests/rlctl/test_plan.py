@@ -535,7 +535,7 @@ def test_moe_megatron_plans_pass_the_engine_checks(model, accelerator):
     import transformers
 
     from engine.train.megatron_parallel import MegatronParallel
-    from rlctl.models import table_config
+    from rlctl.model_table import table_config
 
     plan = make_plan(PlanRequest(model, accelerator, None, train_backend="megatron"))
     assert plan.train_ep > 1 and plan.memory.fits()
@@ -753,7 +753,7 @@ def test_context_parallel_plans_pass_engine_validation(request_kwargs):
     import transformers
 
     from engine.train.megatron_parallel import MegatronParallel
-    from rlctl.models import table_config
+    from rlctl.model_table import table_config
 
     plan = make_plan(PlanRequest(**request_kwargs))
     assert plan.train_cp > 1 and plan.memory.fits()
