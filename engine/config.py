@@ -583,10 +583,32 @@ def _paths_problem(key: str, value: Any) -> str | None:
     return f"{key}: expected a path or a list of paths, got {_short(value)}"
 
 
-def to_yaml(cfg: EngineConfig) -> str:
-    from omegaconf import OmegaConf
+# Line breaks besides \n that YAML readers fold inside a quoted scalar: a value holding
+# one is written double-quoted, where they are escapes (\N, \L, \P) and survive.
+_YAML_SPECIAL_BREAKS = ("\x85", "\u2028", "\u2029")
 
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+def to_yaml(cfg: EngineConfig) -> str:
+    """The config as YAML (OmegaConf's layout), every string read back as written."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf._utils import get_omega_conf_dumper
+
+    base = get_omega_conf_dumper()
+
+    class Dumper(base):  # type: ignore[misc, valid-type]
+        pass
+
+    def represent_str(dumper: yaml.Dumper, data: str) -> yaml.ScalarNode:
+        if any(ch in data for ch in _YAML_SPECIAL_BREAKS):
+            return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+        return base.str_representer(dumper, data)
+
+    Dumper.add_representer(str, represent_str)
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    return yaml.dump(
+        container, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=Dumper
+    )
 
 
 def config_keys(cls: type = EngineConfig, prefix: str = "") -> list[str]:

@@ -128,6 +128,18 @@ def test_printed_yaml_round_trips(tmp_path):
     assert load_config(config_file=path) == cfg
 
 
+@pytest.mark.parametrize(
+    "text", ["0\x85", "a\u2028b", "x\u2029", "日本語 run", "1", "true", " pad ", "a\nb", "a: b"]
+)
+def test_printed_yaml_keeps_every_string(text, tmp_path):
+    """A string reads back as written, whatever line breaks it holds: YAML readers fold a
+    NEL (U+0085) inside a quoted scalar into a space (found by the hypothesis tests)."""
+    cfg = load_config(GRPO, base={"trainer": {"project_name": text}})
+    path = tmp_path / "printed.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(config_file=path).trainer.project_name == text
+
+
 # ---------------------------------------------------------------------------
 # cross-field rules: each names the fields and the fix
 
