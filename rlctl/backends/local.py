@@ -31,7 +31,8 @@ PREEMPTED = 75  # the engine's "stopped on SIGTERM, requeue me"
 # Runs the script; when it ends, ends whatever of the job is left in its session, then
 # records its exit code, whatever it was. A driver killed outright (OOM, kill -9) leaves
 # Ray's dashboard and runtime-env agents behind (they ignore SIGTERM once their raylet is
-# gone): SIGTERM, then SIGKILL after 3 s. The session's processes are found in /proc
+# gone): SIGTERM, then SIGKILL after 3 s, and the exit code only once they are gone
+# (at most 5 s more). The session's processes are found in /proc
 # (field 6 of /proc/PID/stat, after the parenthesised name). The paths are argv words
 # ($1, $2), never part of the command string.
 _RUNNER = r"""
@@ -50,7 +51,11 @@ pids=$(left)
 if [ -n "$pids" ]; then
   kill -TERM $pids 2>/dev/null
   for _ in 1 2 3 4 5 6; do pids=$(left); [ -z "$pids" ] && break; sleep 0.5; done
-  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+  if [ -n "$pids" ]; then
+    kill -KILL $pids 2>/dev/null
+    # the exit code says the job is over: written once its processes are gone
+    for _ in $(seq 50); do [ -z "$(left)" ] && break; sleep 0.1; done
+  fi
 fi
 echo "$code" > "$2"; exit "$code"
 """
