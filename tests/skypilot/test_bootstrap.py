@@ -10,6 +10,7 @@ template) that joins RAY_ADDRESS and records what it sees; everything must stop 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -64,10 +65,8 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_pr
     root = tmp_path / "job"
     backend = SkyPilotBackend(SkyPilotOptions(cloud="k8s", remote_root=str(tmp_path)))
     spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
-    spec = type(spec)(  # setup steps replaced by a marker each "node" writes
-        recipe=spec.recipe,
-        paths=spec.paths,
-        engine_yaml=spec.engine_yaml,
+    spec = dataclasses.replace(  # setup steps replaced by a marker each "node" writes
+        spec,
         setup=(("python", "-c", "import socket; open('setup-done', 'a').write('x')"),),
         env={"RLCTL_TEST_ENV": "it's $quoted"},
         secrets=(),
