@@ -147,3 +147,22 @@ def _missing_extra(url: str, package: str, extra: str) -> StorageError:
     return StorageError(
         f"{url} needs the {package} package, which is not installed: pip install 'rlctl[{extra}]'"
     )
+
+
+class BucketPaths:
+    """Keys under a bucket prefix, shared by the bucket stores: ``root`` is the store's
+    URL (``s3://bucket/prefix``), ``prefix`` the key prefix within the bucket."""
+
+    root: str
+    prefix: str
+
+    def url(self, path: str = "") -> str:
+        rel = _clean(path)
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def _key(self, path: str) -> str:
+        return "/".join(p for p in (self.prefix, _clean(path)) if p)
+
+    def _dir_prefix(self, path: str) -> str:
+        key = self._key(path)
+        return f"{key}/" if key else ""

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.storage.base import (
     _GCS_CREDENTIALS_HINT,
+    BucketPaths,
     MiB,
     StorageError,
     _clean,
@@ -23,7 +24,7 @@ from engine.storage.base import (
 # ----------------------------------------------------------------------------- GCS
 
 
-class GCSStore:
+class GCSStore(BucketPaths):
     """A Google Cloud Storage bucket prefix.
 
     Credentials are Application Default Credentials (``GOOGLE_APPLICATION_CREDENTIALS``,
@@ -46,17 +47,6 @@ class GCSStore:
         self._retry = storage.retry.DEFAULT_RETRY
         self._chunk_size = chunk_size
         self._max_workers = max_workers
-
-    def url(self, path: str = "") -> str:
-        rel = _clean(path)
-        return f"{self.root}/{rel}" if rel else self.root
-
-    def _key(self, path: str) -> str:
-        return "/".join(p for p in (self.prefix, _clean(path)) if p)
-
-    def _dir_prefix(self, path: str) -> str:
-        key = self._key(path)
-        return f"{key}/" if key else ""
 
     def _blob(self, key: str) -> Any:
         return self._bucket.blob(key, chunk_size=self._chunk_size)

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.storage.base import (
     _AWS_CREDENTIALS_HINT,
+    BucketPaths,
     MiB,
     StorageError,
     _clean,
@@ -21,7 +22,7 @@ from engine.storage.base import (
 # ----------------------------------------------------------------------------- S3
 
 
-class S3Store:
+class S3Store(BucketPaths):
     """An S3 bucket prefix, or one on an S3-compatible store (R2, MinIO, ...).
 
     The endpoint comes from ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (botocore
@@ -60,17 +61,6 @@ class S3Store:
             max_request_concurrency=max_workers,
         )
         self._max_workers = max_workers
-
-    def url(self, path: str = "") -> str:
-        rel = _clean(path)
-        return f"{self.root}/{rel}" if rel else self.root
-
-    def _key(self, path: str) -> str:
-        return "/".join(p for p in (self.prefix, _clean(path)) if p)
-
-    def _dir_prefix(self, path: str) -> str:
-        key = self._key(path)
-        return f"{key}/" if key else ""
 
     def _keys_under(self, path: str) -> Iterator[str]:
         paginator = self._client.get_paginator("list_objects_v2")
