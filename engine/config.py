@@ -588,10 +588,11 @@ def _paths_problem(key: str, value: Any) -> str | None:
 _YAML_SPECIAL_BREAKS = ("\x85", "\u2028", "\u2029")
 
 
-def to_yaml(cfg: EngineConfig) -> str:
-    """The config as YAML (OmegaConf's layout), every string read back as written."""
+@functools.cache
+def _yaml_dumper() -> type:
+    """OmegaConf's YAML dumper, except that a string holding one of the special breaks is
+    written double-quoted (made once: a representer is registered on the class)."""
     import yaml
-    from omegaconf import OmegaConf
     from omegaconf._utils import get_omega_conf_dumper
 
     base = get_omega_conf_dumper()
@@ -605,9 +606,21 @@ def to_yaml(cfg: EngineConfig) -> str:
         return base.str_representer(dumper, data)
 
     Dumper.add_representer(str, represent_str)
+    return Dumper
+
+
+def to_yaml(cfg: EngineConfig) -> str:
+    """The config as YAML (OmegaConf's layout), every string read back as written."""
+    import yaml
+    from omegaconf import OmegaConf
+
     container = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
     return yaml.dump(
-        container, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=Dumper
+        container,
+        default_flow_style=False,
+        allow_unicode=True,
+        sort_keys=False,
+        Dumper=_yaml_dumper(),
     )
 
 

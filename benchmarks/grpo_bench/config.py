@@ -44,8 +44,10 @@ class Setup:
     @property
     def max_model_len(self) -> int:
         """The vLLM engines' model length: the engine's default prompt budget
-        (``data.max_prompt_length`` 512) plus the completion."""
-        return 512 + self.max_new_tokens
+        (``data.max_prompt_length``) plus the completion."""
+        from engine.config import DataConfig
+
+        return DataConfig().max_prompt_length + self.max_new_tokens
 
 
 @dataclasses.dataclass
