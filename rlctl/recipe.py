@@ -469,7 +469,18 @@ class _Parser:
         return engine
 
     def resolvers(self) -> None:
-        """No ``${resolver:...}`` in a value that reaches the engine config (see _RESOLVER)."""
+        """No ``${resolver:...}`` in a value that reaches the engine config (see _RESOLVER),
+        and no ``${...}`` at all in the recipe's own fields: they are literal values (an
+        interpolation there would be resolved against the engine config, which is not what
+        the recipe shows); ``engine:`` keys may interpolate other engine keys."""
+        for key in ("model", "data", "reward", "checkpoints"):
+            for path, text in _strings(self.raw.get(key), key):
+                if "${" in text and not _RESOLVER.search(text):
+                    self.errors.append(
+                        f"{path}: {_short(text)} is an OmegaConf interpolation; recipe fields"
+                        " take the value itself (interpolations of engine keys work only"
+                        " under engine:)"
+                    )
         for key in ("model", "data", "reward", "checkpoints", "engine"):
             for path, text in _strings(self.raw.get(key), key):
                 if _RESOLVER.search(text):

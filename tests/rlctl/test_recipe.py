@@ -347,6 +347,15 @@ def test_resolvers_never_read_this_machine_into_the_job(monkeypatch):
     assert keys.engine["trainer.project_name"] == "${trainer.experiment_name}"
 
 
+def test_an_interpolation_in_a_recipe_field_is_refused_naming_the_field():
+    """Found by the thorough property run: `data.train: ${nope}` passed the loader and
+    failed in the engine config as `config: Interpolation key 'nope' not found`."""
+    message = problems(data={"train": ["${nope}"]}, checkpoints="${trainer.default_local_dir}")
+    assert "data.train[0]: '${nope}' is an OmegaConf interpolation" in message
+    assert "checkpoints: '${trainer.default_local_dir}' is an OmegaConf interpolation" in message
+    assert "uses an OmegaConf resolver" not in message
+
+
 @pytest.mark.parametrize(
     ("hardware", "expected"),
     [
