@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -147,6 +148,9 @@ def run_training(cfg: EngineConfig) -> None:
     from engine.tracking import Tracker
     from engine.trainer import Trainer
 
+    # Which code runs (a job launched by rlctl runs its shipped wheel, rlctl/jobenv.py)
+    here = Path(__file__).resolve().parent
+    print(f"engine: running {here} with {sys.executable}", flush=True)
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code

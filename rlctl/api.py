@@ -36,6 +36,7 @@ class Prepared:
     plan: Any  # rlctl.plan.Plan
     spec: JobSpec
     files: dict[str, str]  # rendered files, by name
+    software: list[str]  # the image and what the setup installs, for people
 
 
 def find_recipe(ref: str) -> Path:
@@ -68,19 +69,13 @@ def plan_recipe(recipe: Recipe) -> Any:
 
 
 def plan_request(recipe: Recipe) -> Any:
-    """What the planner needs to know about a recipe: model, hardware, batch and lengths."""
+    """What the planner needs to know about a recipe: the model, the hardware, and the
+    engine's typed config the recipe makes with the keys the person pinned in it."""
     from engine.schema import estimator_needs
     from rlctl.hardware import parse_accelerator_spec
     from rlctl.plan import PlanRequest
 
-    typed = _typed_engine_config(recipe)
-
-    def value(key: str) -> Any:
-        node: Any = typed
-        for part in key.split("."):
-            node = getattr(node, part)
-        return node
-
+    cfg = _typed_engine_config(recipe)
     hw = recipe.hardware
     if hw.is_cpu:
         # cpu:N is N workers per node; hardware.nodes of them
@@ -92,32 +87,24 @@ def plan_request(recipe: Recipe) -> Any:
         acc, per_node = parse_accelerator_spec(hw.accelerators)
         accelerator = acc.name
         devices = per_node * hw.nodes if hw.nodes else None
-
-    def pinned(key: str) -> Any:
-        return value(key) if key in recipe.engine else None
-
-    estimator = value("algorithm.adv_estimator")
-    critic = value("critic.enable")
+    actor = cfg.actor_rollout_ref.actor
     return PlanRequest(
         model=recipe.model,
         accelerator=accelerator,
         num_devices=devices,
         max_devices_per_node=per_node,
-        algorithm_needs_critic=estimator_needs(estimator).values
-        if critic is None
-        else bool(critic),
-        algorithm_needs_reference=bool(
-            value("actor_rollout_ref.actor.use_kl_loss") or value("algorithm.use_kl_in_reward")
-        ),
+        algorithm_needs_critic=estimator_needs(cfg.algorithm.adv_estimator).values
+        if cfg.critic.enable is None
+        else cfg.critic.enable,
+        algorithm_needs_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
         rollout_backend=recipe.rollout,
         train_backend=recipe.trainer,
-        train_batch_size=value("data.train_batch_size"),
-        rollout_n=value("actor_rollout_ref.rollout.n"),
-        max_prompt_length=value("data.max_prompt_length"),
-        max_response_length=value("data.max_response_length"),
-        ppo_mini_batch_size=pinned("actor_rollout_ref.actor.ppo_mini_batch_size"),
-        micro_batch_size_per_device=pinned("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
-        overrides={key: value(key) for key in recipe.engine},
+        train_batch_size=cfg.data.train_batch_size,
+        rollout_n=cfg.actor_rollout_ref.rollout.n,
+        max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=cfg.data.max_response_length,
+        config=cfg,
+        pinned=frozenset(recipe.engine),
     )
 
 
@@ -140,7 +127,7 @@ def prepare(recipe: Recipe, backend: str, job_id: str, **backend_options: Any) -
     plan = plan_recipe(recipe)
     impl = get_backend(backend, **backend_options)
     spec = build_spec(recipe, plan, impl.paths(job_id))
-    return Prepared(recipe, plan, spec, impl.render(job_id, spec))
+    return Prepared(recipe, plan, spec, impl.render(job_id, spec), impl.describe_software(spec))
 
 
 def launch(

@@ -2,7 +2,8 @@
 
 Every place in the launcher that needs to know about a device (the planner's memory
 and parallelism sizing, the Ray bootstrap, the Slurm ``--gres`` line, the SkyPilot
-``accelerators:`` field, the container image) reads it from ``ACCELERATORS``.
+``accelerators:`` field) reads it from ``ACCELERATORS``; the container image per vendor
+is rlctl/images.py's.
 
 Conventions of the table:
 
@@ -34,7 +35,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from rlctl import __version__
 from rlctl.errors import AcceleratorSpecError, RlctlError, UnknownAcceleratorError
 
 VENDORS = ("nvidia", "amd", "ascend")
@@ -54,7 +54,6 @@ class Accelerator:
     visible_devices_var: str  # CUDA_/HIP_/ASCEND_RT_VISIBLE_DEVICES
     collective_backend: str  # the library: nccl | rccl | hccl
     torch_device: str  # torch device type: cuda (NVIDIA and ROCm) | npu
-    default_image: str  # rlctl/engine:<version>-<cuda|rocm|ascend>
     rollout_backends: tuple[str, ...]  # subset of ROLLOUT_BACKENDS, preferred first
     train_backends: tuple[str, ...]  # subset of TRAIN_BACKENDS, preferred first
     skypilot_name: str  # what goes in SkyPilot's `accelerators: NAME:COUNT`
@@ -90,7 +89,6 @@ _NVIDIA = dict(
     visible_devices_var="CUDA_VISIBLE_DEVICES",
     collective_backend="nccl",
     torch_device="cuda",
-    default_image=f"rlctl/engine:{__version__}-cuda",
     # NCCL prints nothing by default; warnings name the failing link when a job hangs.
     env={"NCCL_DEBUG": "WARN"},
 )
@@ -100,7 +98,6 @@ _AMD = dict(
     visible_devices_var="HIP_VISIBLE_DEVICES",
     collective_backend="rccl",
     torch_device="cuda",
-    default_image=f"rlctl/engine:{__version__}-rocm",
     env={"NCCL_DEBUG": "WARN"},  # RCCL reads the NCCL_* variables
 )
 _ASCEND = dict(
@@ -109,7 +106,6 @@ _ASCEND = dict(
     visible_devices_var="ASCEND_RT_VISIBLE_DEVICES",
     collective_backend="hccl",
     torch_device="npu",
-    default_image=f"rlctl/engine:{__version__}-ascend",
     # HCCL's default link-setup timeout (120 s) is too short for multi-node starts.
     env={"HCCL_CONNECT_TIMEOUT": "1200"},
 )

@@ -14,6 +14,7 @@
     rollout: vllm                      # vllm | sglang | hf
     trainer: fsdp2                     # fsdp | fsdp2 | megatron
     checkpoints: s3://bucket/runs      # optional: where checkpoints go
+    image: registry.example.com/rlctl/engine:0.1.0-cuda   # optional: the nodes' image
     env: {NCCL_DEBUG: INFO}            # plain settings
     secrets: [HF_TOKEN, WANDB_API_KEY] # names only: values come from your environment at launch
     engine:                            # any engine key, dotted, checked against its schema
@@ -33,6 +34,7 @@ from typing import Any
 import yaml
 
 from rlctl.errors import RlctlError, closest_or_all
+from rlctl.images import check_image
 from rlctl.presets import PRESETS
 from rlctl.yamlfile import load_yaml_file
 
@@ -74,6 +76,10 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     "checkpoints": (
         "path or bucket URL",
         "where checkpoints go (s3://, gs://, or a path); default: the job's run directory",
+    ),
+    "image": (
+        "container image",
+        "the image the nodes run (default: the plan's public image, `rlctl plan` names it; images/ builds faster-starting ones); wins over the site profile's",
     ),
     "env": (
         "mapping",
@@ -136,6 +142,7 @@ class Recipe:
     rollout: str = "vllm"
     trainer: str = "fsdp2"
     checkpoints: str | None = None
+    image: str | None = None  # None: the site profile's, else the plan's default
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     engine: dict[str, Any] = field(default_factory=dict)
@@ -183,6 +190,8 @@ class Recipe:
         data |= {"hardware": hw, "rollout": self.rollout, "trainer": self.trainer}
         if self.checkpoints:
             data["checkpoints"] = self.checkpoints
+        if self.image:
+            data["image"] = self.image
         if self.env:
             data["env"] = dict(self.env)
         if self.secrets:
@@ -272,6 +281,7 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         rollout=p.choice("rollout", ROLLOUTS) or "vllm",
         trainer=p.choice("trainer", TRAINERS) or "fsdp2",
         checkpoints=p.string("checkpoints"),
+        image=p.image(),
         env=p.env(),
         secrets=p.secrets(),
         engine=p.engine(),
@@ -305,6 +315,16 @@ class _Parser:
 
     def __init__(self, raw: dict[str, Any], source: str, errors: list[str]) -> None:
         self.raw, self.source, self.errors = raw, source, errors
+
+    def image(self) -> str | None:
+        value = self.string("image")
+        if value is not None:
+            try:
+                check_image(value, "image")
+            except RlctlError as exc:
+                self.errors.append(f"{exc} ({exc.hint})")
+                return None
+        return value
 
     def string(
         self, key: str, required: bool = False, pattern: re.Pattern | None = None, what: str = ""

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, get_accelerator
+from rlctl.images import JobImage, default_image
 from rlctl.recipe import TINY_MODEL, Recipe, RecipeError
+from rlctl.wheel import WHEEL_NAME
+
+# The image's Python, which makes the job's environment (rlctl/jobenv.py) on a node.
+BASE_PYTHON = "python3"
 
 if TYPE_CHECKING:
     from rlctl.plan import Plan
@@ -44,6 +49,16 @@ class JobPaths:
     def engine_config(self) -> str:
         return f"{self.root}/engine.yaml"
 
+    @property
+    def wheel(self) -> str:
+        """The rlctl wheel shipped with the job (rlctl/wheel.py)."""
+        return f"{self.root}/{WHEEL_NAME}"
+
+    @property
+    def env(self) -> str:
+        """The job's Python environment: the wheel over the image's packages (rlctl/jobenv.py)."""
+        return f"{self.root}/env"
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -70,12 +85,28 @@ class JobSpec:
     layout: Layout
     engine_yaml: str  # the engine's full, validated config
     setup: tuple[tuple[str, ...], ...]  # argv of each step before training (python is "python")
+    image: JobImage  # the plan's default image (a backend may run another: image:, profiles)
+    extras: tuple[str, ...]  # rlctl's extras the job needs (what the image lacks is installed)
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
 
     @property
     def engine_command(self) -> tuple[str, ...]:
         return ("python", "-m", "engine.main", "--config", self.paths.engine_config)
+
+    @property
+    def install_command(self) -> tuple[str, ...]:
+        """Makes the job's environment on a node, from the shipped wheel, before Ray
+        starts (the module runs from the wheel itself: it is a zip Python imports)."""
+        p = self.paths
+        return (
+            "env", f"PYTHONPATH={p.wheel}", BASE_PYTHON, "-m", "rlctl.jobenv",
+            p.env, p.wheel, "--extras", ",".join(self.extras),
+        )  # fmt: skip
+
+    def on_node(self, argv: tuple[str, ...]) -> tuple[str, ...]:
+        """A step's argv with "python" as the job environment's Python."""
+        return (f"{self.paths.env}/bin/python", *argv[1:]) if argv[:1] == ("python",) else argv
 
 
 def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
@@ -120,9 +151,29 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         layout=layout,
         engine_yaml=to_yaml(cfg),
         setup=tuple(setup),
+        image=default_image(layout.hardware, recipe.rollout),
+        extras=extras_needed(cfg),
         env=dict(recipe.env),
         secrets=recipe.secrets,
     )
+
+
+def extras_needed(cfg: Any) -> tuple[str, ...]:
+    """rlctl's extras (pyproject) this engine config uses: on a node, pip installs the
+    ones the image lacks."""
+    extras = ["engine"]
+    roles = cfg.actor_rollout_ref
+    strategies = {roles.actor.strategy, roles.ref.strategy, cfg.critic.strategy}
+    if "megatron" in strategies:
+        extras.append("megatron")
+    if set(cfg.trainer.logger) - {"console"}:
+        extras.append("trackers")
+    where = str(cfg.trainer.default_local_dir)
+    if where.startswith("s3://"):
+        extras.append("aws")
+    elif where.startswith("gs://"):
+        extras.append("gcs")
+    return tuple(extras)
 
 
 def engine_config(dotted: dict[str, Any], source: str, model: str | None = None) -> Any:

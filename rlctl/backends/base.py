@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from rlctl.errors import RlctlError
 from rlctl.jobs import Job, JobState
 from rlctl.spec import JobPaths, JobSpec
 
@@ -21,27 +19,16 @@ class Observed:
     exit_code: int | None = None
 
 
-# A container image as the runtimes name it (registry/name:tag, name@sha256:..., a
-# docker:// URI, an Apptainer .sif path, Pyxis' registry#image): never an option (a
-# leading '-'), and no quotes, spaces or shell characters.
-_IMAGE = re.compile(r"[A-Za-z0-9/~.][A-Za-z0-9._/:@#+~-]{0,511}")
-
-
-def check_image(image: str, source: str) -> None:
-    """Refuse what cannot be a container image's name; ``source`` names the field."""
-    if not _IMAGE.fullmatch(image.removeprefix("docker:")):
-        raise RlctlError(
-            f"{source}: image {image!r} is not a container image name",
-            hint="e.g. registry.example.com/rlctl/engine:0.1.0-cuda, docker://name:tag or"
-            " /path/image.sif (letters, digits and . _ / : @ # + ~ -; not starting with '-')",
-        )
-
-
 class Backend(Protocol):
     name: str
 
     def paths(self, job_id: str) -> JobPaths:
         """Where the job's files will live where it runs."""
+        ...
+
+    def describe_software(self, spec: JobSpec) -> list[str]:
+        """The image the nodes run and what the setup installs, one line each
+        (``rlctl plan``)."""
         ...
 
     def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:

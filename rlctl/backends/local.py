@@ -67,6 +67,10 @@ class LocalBackend:
     def paths(self, job_id: str) -> JobPaths:
         return JobPaths(root=str(job_dir(job_id, create=False)))  # submit creates it
 
+    def describe_software(self, spec: JobSpec) -> list[str]:
+        """What ``rlctl plan`` says about the software: this machine's, as it is."""
+        return [f"software: this Python ({sys.executable}), rlctl {__version__}; no image"]
+
     def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
         script = render(
             "local_job.sh.j2",

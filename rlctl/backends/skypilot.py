@@ -40,6 +40,7 @@ from rlctl.errors import RlctlError
 from rlctl.jobs import Job, JobState
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec, Layout
+from rlctl.wheel import build_wheel, local_wheel
 
 INSTALL_HINT = "pip install 'rlctl[skypilot]'"
 RAY_PORT = 6379  # SkyPilot's own Ray listens on 6380
@@ -182,7 +183,6 @@ class SkyPilotBackend:
             # cpu:N is N workers, one CPU each (the local backend runs the quickstart's
             # two on two cores); asking for more refuses nodes the job fits on.
             resources["cpus"] = f"{max(2, lay.devices_per_node)}+"
-            image = f"rlctl/engine:{__version__}-cuda"  # CUDA torch runs on CPU too
         else:
             check_offered(acc, self.infra)
             choices = fallbacks(acc, self.infra) if opts.fallbacks else []
@@ -192,10 +192,9 @@ class SkyPilotBackend:
                 ]
             else:
                 resources["accelerators"] = f"{acc.skypilot_name}:{lay.devices_per_node}"
-            image = acc.default_image
         resources["use_spot"] = opts.use_spot
         resources["disk_size"] = opts.disk_size_gb
-        image_id = self.software.image_id(image)
+        image_id = self.image_id(spec)
         if image_id is not None:  # None: the nodes' own software (the site's profile)
             resources["image_id"] = image_id
         if opts.ports:
@@ -217,11 +216,36 @@ class SkyPilotBackend:
         # Values never here: rlctl passes them as secrets_overrides at launch. The Ray
         # token is made per launch (every node needs the same one to join the cluster).
         config["secrets"] = {name: None for name in (*spec.secrets, RAY_TOKEN)}
+        # the wheel of this rlctl, which the setup installs on every node
+        config["file_mounts"] = {spec.paths.wheel: str(local_wheel(job_id))}
         if mount:
-            config["file_mounts"] = {CHECKPOINT_MOUNT: mount[0]}
+            config["file_mounts"][CHECKPOINT_MOUNT] = mount[0]
         config["setup"] = self._setup(job_id, spec)
         config["run"] = self._run(job_id, spec, lay, env, mount[1] if mount else None)
         return config
+
+    def image_id(self, spec: JobSpec) -> str | None:
+        """SkyPilot's ``image_id``: the recipe's image, else the site profile's (``none``:
+        the nodes' own software, no container), else the plan's; refused when it is the
+        plan's default and that is on no public registry."""
+        if spec.recipe.image:
+            image_id = NodeSoftware(image=spec.recipe.image).image_id(spec.image.ref)
+        else:
+            image_id = self.software.image_id(spec.image.ref)
+        spec.image.check_pullable(image_id, f"skypilot ({self.infra.value or 'any cloud'})")
+        return image_id
+
+    def describe_software(self, spec: JobSpec) -> list[str]:
+        """What ``rlctl plan`` says about the nodes' software."""
+        image_id = self.image_id(spec)
+        image = image_id.removeprefix("docker:") if image_id else "none (the nodes' own software)"
+        if image_id and image == spec.image.ref:
+            image += f": {spec.image.contents}"
+        return [
+            f"image: {image}",
+            f"setup: installs rlctl {__version__} (a wheel of this rlctl) in {spec.paths.env},"
+            f" over the image's Python, and what it lacks of rlctl[{','.join(spec.extras)}]",
+        ]
 
     def _setup(self, job_id: str, spec: JobSpec) -> str:
         return render(
@@ -230,7 +254,8 @@ class SkyPilotBackend:
             recipe_name=spec.recipe.name,
             root=spec.paths.root,
             prelude=list(self.software.prelude),
-            setup=list(spec.setup),
+            install=spec.install_command,
+            setup=[spec.on_node(step) for step in spec.setup],
         )
 
     def _run(
@@ -270,7 +295,8 @@ class SkyPilotBackend:
             engine_config=spec.paths.engine_config,
             engine_yaml=engine_yaml,
             heredoc=_HEREDOC,
-            engine_command=engine_command or spec.engine_command,
+            ray=f"{spec.paths.env}/bin/ray",
+            engine_command=spec.on_node(engine_command or spec.engine_command),
         )
 
     def estimate(self, spec: JobSpec) -> str:
@@ -301,6 +327,7 @@ class SkyPilotBackend:
         passed as overrides, never written into the config)."""
         sky = import_sky()
         config = self.task_config(job_id, spec)
+        build_wheel(local_wheel(job_id, create=True).parent)  # the file mount's source
         missing = [name for name in spec.secrets if name not in secrets]
         if missing:
             raise RlctlError(f"no values for the secrets {', '.join(missing)}")

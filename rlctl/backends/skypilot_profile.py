@@ -25,10 +25,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from rlctl.backends.base import check_image
 from rlctl.backends.skypilot_infra import parse_infra
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.home import read_site_file, rlctl_home
+from rlctl.images import check_image
 
 PROFILE_FILE = "skypilot.yaml"
 NO_IMAGE = "none"

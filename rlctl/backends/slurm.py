@@ -40,6 +40,7 @@ from rlctl.hardware import Accelerator
 from rlctl.jobs import Job, JobState
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec
+from rlctl.wheel import build_wheel, local_wheel
 
 LOG = "job.log"
 DRIVER_LOG = "driver.log"  # the driver's output alone (also in job.log)
@@ -196,12 +197,7 @@ class SlurmBackend:
                 hardware_env[var] = p.network_interface
             if acc and acc.vendor == "ascend":
                 hardware_env["HCCL_SOCKET_IFNAME"] = p.network_interface
-        image = p.image or (acc.default_image if acc else None)
-        if p.container and not image:
-            raise RlctlError(
-                "slurm: a container runtime is set but no image",
-                hint="set image: in the Slurm profile",
-            )
+        image = self.image(spec)
         script = render(
             "slurm/job.sbatch.j2",
             job_id=job_id,
@@ -225,17 +221,45 @@ class SlurmBackend:
             mounts=",".join((f"{root}:{root}", *p.container_mounts)),
             apptainer_flags=_apptainer_flags(acc),
             head_ip_command=p.head_ip_command,
-            setup=list(spec.setup),
-            engine_command=spec.engine_command,
+            ray=f"{spec.paths.env}/bin/ray",
+            install_command=spec.install_command,
+            setup=[spec.on_node(step) for step in spec.setup],
+            engine_command=spec.on_node(spec.engine_command),
         )
         library = (TEMPLATES / "ray" / "ray_cluster.sh").read_text()
         return {"job.sbatch": script, "ray_cluster.sh": library, "engine.yaml": spec.engine_yaml}
+
+    def image(self, spec: JobSpec) -> str | None:
+        """The container image the steps run in (None: no container runtime): the
+        recipe's, else the profile's, else the plan's, refused when that is on no public
+        registry."""
+        if not self.profile.container:
+            return None
+        image = spec.recipe.image or self.profile.image or spec.image.ref
+        spec.image.check_pullable(image, f"slurm ({self.profile.container})")
+        return image
+
+    def describe_software(self, spec: JobSpec) -> list[str]:
+        """What ``rlctl plan`` says about the nodes' software."""
+        image = self.image(spec)
+        where = (
+            f"image: {image} ({self.profile.container})"
+            if image
+            else "the nodes' own python3 (after the profile's prelude); no container"
+        )
+        return [
+            where,
+            f"setup: installs rlctl {__version__} (a wheel of this rlctl) in {spec.paths.env}"
+            f" over that Python, and what it lacks of rlctl[{','.join(spec.extras)}]",
+        ]
 
     # -- submit -------------------------------------------------------------------
 
     def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
         root = spec.paths.root
-        files = self.render(job.id, spec)
+        files: dict[str, str | bytes] = dict(self.render(job.id, spec))
+        wheel = build_wheel(local_wheel(job.id, create=True).parent)
+        files[Path(spec.paths.wheel).name] = wheel.read_bytes()
         shell = Shell(self.profile.ssh)
         self._stage(shell, root, files)
         sbatch = ["sbatch", "--parsable", f"--chdir={root}", f"{root}/job.sbatch"]
@@ -260,18 +284,20 @@ class SlurmBackend:
             "ssh": shell.ssh,
         }
 
-    def _stage(self, shell: Shell, root: str, files: Mapping[str, str]) -> None:
+    def _stage(self, shell: Shell, root: str, files: Mapping[str, str | bytes]) -> None:
         if shell.ssh is None:
             path = Path(root)
             path.mkdir(parents=True, exist_ok=True)
             for name, content in files.items():
-                (path / name).write_text(content)
+                (path / name).write_bytes(
+                    content if isinstance(content, bytes) else content.encode()
+                )
             (path / "job.sbatch").chmod(0o755)
             return
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for name, content in files.items():
-                data = content.encode()
+                data = content if isinstance(content, bytes) else content.encode()
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 info.mode = 0o755 if name == "job.sbatch" else 0o644

@@ -13,9 +13,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from rlctl.backends.base import check_image
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.home import read_site_file, rlctl_home
+from rlctl.images import check_image
 
 PROFILE_FILE = "slurm.yaml"
 CONTAINERS = ("pyxis", "apptainer")

@@ -30,8 +30,8 @@ def show_plan(prepared) -> None:
         + (", params offloaded" if plan.param_offload else "")
         + (", optimizer offloaded" if plan.optimizer_offload else "")
     )
-    if plan.image:
-        typer.echo(f"  image:    {plan.image}")
+    for line in prepared.software:
+        typer.echo(f"  {line}")
     memory = plan.to_json().get("memory")
     if memory:
         typer.echo("  memory per device (GiB):")

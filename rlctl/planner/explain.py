@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 from rlctl.hardware import Accelerator
+from rlctl.images import default_image
 from rlctl.models import ModelShape
 from rlctl.planner.fit import (
     _count,
@@ -83,7 +84,7 @@ def _assemble(
         optimizer_offload=c.optimizer_offload,
         gradient_checkpointing=c.grad_ckpt,
         rollout_memory_fraction=r.fraction,
-        image=acc.default_image,
+        image=default_image(acc, s.rollout_backend).ref,
         memory=memory,
         model=m,
         reasoning=lines,
@@ -189,7 +190,12 @@ def _reasoning(
                 f" {m.model_type!r} (it converts {', '.join(MODEL_TYPES)}): rlctl validate and"
                 " launch refuse it; use trainer: fsdp2 in the recipe"
             )
-    lines.append(f"image: {acc.default_image}")
+    image = default_image(acc, s.rollout_backend)
+    lines.append(
+        f"image: {image.ref}: {image.contents}"
+        if image.public
+        else f"image: {image.ref}, on no public registry: {image.build}"
+    )
     return lines
 
 

@@ -5,7 +5,7 @@ explains each), what it is asked (``PlanRequest``) and what it answers (``Plan``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from rlctl.errors import RlctlError
@@ -68,8 +68,15 @@ class PlanRequest:
     max_response_length: int = 2048
     ppo_mini_batch_size: int | None = None  # prompts; None: planner picks
     micro_batch_size_per_device: int | None = None
-    overrides: Mapping[str, Any] = field(default_factory=dict)  # engine keys the recipe pinned
+    # The engine's typed config the recipe makes (engine.schema.EngineConfig), and the keys
+    # in it the person set: the plan keeps those values (settings.py lists which it reads).
+    config: Any = None
+    pinned: frozenset[str] = frozenset()
     target_step_minutes: float = 30.0  # auto sizing: add devices until a step takes ≤ this
+
+    def __post_init__(self) -> None:
+        if self.pinned and self.config is None:
+            raise ValueError("PlanRequest: pinned keys need the config that holds their values")
 
 
 @dataclass(frozen=True)

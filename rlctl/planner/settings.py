@@ -20,29 +20,44 @@ from rlctl.planner.model import (
 
 _ARR = "actor_rollout_ref"
 _MEGATRON_ROLES = (f"{_ARR}.actor", f"{_ARR}.ref", "critic")  # one parallel layout for all
-_PINNABLE = {
-    "data.train_batch_size": "int",
-    "data.max_prompt_length": "int",
-    "data.max_response_length": "int",
-    f"{_ARR}.rollout.n": "int",
-    f"{_ARR}.rollout.name": "str",
-    f"{_ARR}.actor.strategy": "str",
-    "trainer.nnodes": "int",
-    "trainer.n_gpus_per_node": "int",
-    f"{_ARR}.actor.ppo_mini_batch_size": "int",
-    f"{_ARR}.actor.ppo_micro_batch_size_per_gpu": "int",
-    f"{_ARR}.actor.use_dynamic_bsz": "bool",
-    f"{_ARR}.actor.ppo_max_token_len_per_gpu": "int",
-    f"{_ARR}.actor.fsdp_config.param_offload": "bool",
-    f"{_ARR}.actor.fsdp_config.optimizer_offload": "bool",
-    f"{_ARR}.model.enable_gradient_checkpointing": "bool",
-    f"{_ARR}.rollout.tensor_model_parallel_size": "int",
-    f"{_ARR}.rollout.gpu_memory_utilization": "float",
-    "critic.enable": "bool?",
-    **{f"{role}.megatron.context_parallel_size": "int" for role in _MEGATRON_ROLES},
-    f"{_ARR}.actor.use_kl_loss": "bool",
-    "algorithm.use_kl_in_reward": "bool",
-}
+# The engine keys the planner takes as given when a recipe pins them (it sizes the rest);
+# their values come typed from the engine's config (PlanRequest.config).
+_HONOURED = frozenset(
+    {
+        "data.train_batch_size",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        f"{_ARR}.rollout.n",
+        f"{_ARR}.rollout.name",
+        f"{_ARR}.actor.strategy",
+        "trainer.nnodes",
+        "trainer.n_gpus_per_node",
+        f"{_ARR}.actor.ppo_mini_batch_size",
+        f"{_ARR}.actor.ppo_micro_batch_size_per_gpu",
+        f"{_ARR}.actor.use_dynamic_bsz",
+        f"{_ARR}.actor.ppo_max_token_len_per_gpu",
+        f"{_ARR}.actor.fsdp_config.param_offload",
+        f"{_ARR}.actor.fsdp_config.optimizer_offload",
+        f"{_ARR}.model.enable_gradient_checkpointing",
+        f"{_ARR}.rollout.tensor_model_parallel_size",
+        f"{_ARR}.rollout.gpu_memory_utilization",
+        "critic.enable",
+        *(f"{role}.megatron.context_parallel_size" for role in _MEGATRON_ROLES),
+        f"{_ARR}.actor.use_kl_loss",
+        "algorithm.use_kl_in_reward",
+    }
+)
+
+
+def pinned_values(req: PlanRequest) -> dict[str, Any]:
+    """The honoured keys the recipe pinned, with their typed values from its config."""
+    values: dict[str, Any] = {}
+    for key in sorted(req.pinned & _HONOURED):
+        node: Any = req.config
+        for part in key.split("."):
+            node = getattr(node, part)
+        values[key] = node
+    return values
 
 
 @dataclass(frozen=True)
@@ -79,48 +94,8 @@ class _Settings:
         return self.train_batch * self.n
 
 
-def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in overrides.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def _coerce(key: str, value: Any, kind: str) -> Any:
-    if kind == "bool?" and value is None:
-        return None
-    if kind.startswith("bool"):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().casefold() in ("true", "false"):
-            return value.strip().casefold() == "true"
-    elif kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-    elif kind == "float" and not isinstance(value, bool):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    elif kind == "str" and isinstance(value, str):
-        return value
-    raise InfeasiblePlanError(
-        f"override {key}={value!r}: expected {kind.rstrip('?')}",
-        hint=f"give {key} a {kind.rstrip('?')} value in the recipe's engine section",
-    )
-
-
 def _settings(req: PlanRequest) -> _Settings:
-    pinned: dict[str, Any] = {}
-    for key, value in _flatten(req.overrides).items():
-        if key in _PINNABLE:
-            pinned[key] = _coerce(key, value, _PINNABLE[key])
+    pinned = pinned_values(req)
     notes: list[str] = []
 
     def take(key: str, requested: Any) -> Any:

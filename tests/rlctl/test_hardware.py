@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import rlctl
 from rlctl import hardware
 from rlctl.errors import AcceleratorSpecError, RlctlError, UnknownAcceleratorError
 from rlctl.hardware import (
@@ -33,7 +32,6 @@ STACK = {
         collective_backend="nccl",
         torch_backend="nccl",
         torch_device="cuda",
-        image_suffix="-cuda",
         gres_name="gpu",
     ),
     "amd": dict(
@@ -42,7 +40,6 @@ STACK = {
         collective_backend="rccl",
         torch_backend="nccl",
         torch_device="cuda",
-        image_suffix="-rocm",
         gres_name="gpu",
     ),
     "ascend": dict(
@@ -51,7 +48,6 @@ STACK = {
         collective_backend="hccl",
         torch_backend="hccl",
         torch_device="npu",
-        image_suffix="-ascend",
         gres_name="npu",
     ),
 }
@@ -89,13 +85,6 @@ def test_vendor_stack_is_consistent(acc: Accelerator):
     assert acc.torch_backend == want["torch_backend"]
     assert acc.torch_device == want["torch_device"]
     assert acc.slurm_gres_name == want["gres_name"]
-
-
-@pytest.mark.parametrize("acc", ACCELERATORS, ids=ids)
-def test_default_image_per_vendor_carries_the_version(acc: Accelerator):
-    assert (
-        acc.default_image == f"rlctl/engine:{rlctl.__version__}{STACK[acc.vendor]['image_suffix']}"
-    )
 
 
 @pytest.mark.parametrize("acc", ACCELERATORS, ids=ids)

@@ -13,6 +13,7 @@ import pytest
 
 from rlctl.backends import local
 from rlctl.backends.local import LocalBackend
+from rlctl.images import default_image
 from rlctl.spec import JobPaths, JobSpec, Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,8 +26,14 @@ def submit(tmp_path: Path, monkeypatch, script: str) -> dict:
         nodes=1, devices_per_node=1, accelerator=None, accelerator_named=False, cpus_per_worker=1
     )
     spec = JobSpec(
-        recipe=None, paths=JobPaths(str(tmp_path / "job")), layout=cpu, engine_yaml="", setup=()
-    )  # type: ignore[arg-type]
+        recipe=None,  # type: ignore[arg-type]
+        paths=JobPaths(str(tmp_path / "job")),
+        layout=cpu,
+        engine_yaml="",
+        setup=(),
+        image=default_image(None, "hf"),
+        extras=("engine",),
+    )
     return LocalBackend().submit(SimpleNamespace(id="t-1"), spec, {})  # type: ignore[arg-type]
 
 

@@ -24,6 +24,24 @@ from rlctl.plan import (
 ARR = "actor_rollout_ref"
 
 
+def pin(keys: dict) -> dict:
+    """PlanRequest's fields for engine keys a recipe pins (dotted or nested), as the
+    recipe's path makes them: the engine's typed config, and the keys' names."""
+    from rlctl.spec import nest
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    dotted = flat(keys)
+    return {"config": load_config(base=nest(dotted), check=False), "pinned": frozenset(dotted)}
+
+
 def engine_config_for(plan: Plan, **extra):
     """Load the engine's config with the plan's overrides (and what every run needs)."""
     estimator = (
@@ -129,7 +147,7 @@ def test_without_checkpointing_every_layer_keeps_its_activations():
             max_prompt_length=512,
             max_response_length=512,
             micro_batch_size_per_device=2,
-            overrides={f"{ARR}.model.enable_gradient_checkpointing": False},
+            **pin({f"{ARR}.model.enable_gradient_checkpointing": False}),
         )
     )
     tokens, per_token_layer = 2048, 2 * (4 * 2048 + 2 * 2048 + 2 * 512 + 4 * 8192)
@@ -179,7 +197,7 @@ def test_offload_moves_state_to_the_host_and_says_how_much():
             "Qwen/Qwen2.5-7B",
             "H100",
             8,
-            overrides={f"{ARR}.actor.fsdp_config.optimizer_offload": True},
+            **pin({f"{ARR}.actor.fsdp_config.optimizer_offload": True}),
         )
     )
     assert plan.optimizer_offload and not plan.param_offload
@@ -290,13 +308,15 @@ def test_pinned_keys_are_respected():
             "Qwen/Qwen2.5-7B",
             "H100",
             None,
-            overrides={
-                "trainer": {"nnodes": 2, "n_gpus_per_node": 8},  # nested form
-                f"{ARR}.rollout.tensor_model_parallel_size": 2,
-                f"{ARR}.rollout.gpu_memory_utilization": "0.5",  # strings are coerced
-                f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 4,
-                "data.train_batch_size": 512,
-            },
+            **pin(
+                {
+                    "trainer": {"nnodes": 2, "n_gpus_per_node": 8},  # nested form
+                    f"{ARR}.rollout.tensor_model_parallel_size": 2,
+                    f"{ARR}.rollout.gpu_memory_utilization": "0.5",  # strings are coerced
+                    f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 4,
+                    "data.train_batch_size": 512,
+                }
+            ),
         )
     )
     assert (plan.nodes, plan.devices_per_node) == (2, 8)
@@ -314,11 +334,13 @@ def test_pinned_memory_fraction_too_high_is_refused():
                 "Qwen/Qwen2.5-7B",
                 "H100",
                 8,
-                overrides={
-                    f"{ARR}.rollout.gpu_memory_utilization": 0.9,
-                    f"{ARR}.actor.fsdp_config.param_offload": False,
-                    f"{ARR}.actor.fsdp_config.optimizer_offload": False,
-                },
+                **pin(
+                    {
+                        f"{ARR}.rollout.gpu_memory_utilization": 0.9,
+                        f"{ARR}.actor.fsdp_config.param_offload": False,
+                        f"{ARR}.actor.fsdp_config.optimizer_offload": False,
+                    }
+                ),
             )
         )
 
@@ -329,12 +351,13 @@ def test_pinned_micro_batch_too_big_is_refused_with_what_fits():
 
 
 def test_bad_override_values_are_refused():
-    with pytest.raises(InfeasiblePlanError, match="expected int"):
-        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8, overrides={"trainer.nnodes": "two"}))
+    # a value of the wrong type never reaches the planner: the engine's schema refuses it
+    with pytest.raises(ConfigError, match=r"trainer\.nnodes"):
+        make_plan(PlanRequest("Qwen/Qwen2.5-7B", "H100", 8, **pin({"trainer.nnodes": "two"})))
     with pytest.raises(InfeasiblePlanError, match=r"in \(0, 1\]"):
         make_plan(
             PlanRequest(
-                "Qwen/Qwen2.5-7B", "H100", 8, overrides={f"{ARR}.rollout.gpu_memory_utilization": 2}
+                "Qwen/Qwen2.5-7B", "H100", 8, **pin({f"{ARR}.rollout.gpu_memory_utilization": 2})
             )
         )
 
@@ -349,7 +372,7 @@ def test_too_small_a_fixed_layout_names_what_would_fit():
         f"{ARR}.actor.fsdp_config.optimizer_offload": False,
     }
     with pytest.raises(InfeasiblePlanError) as info:
-        make_plan(PlanRequest("Qwen/Qwen2.5-72B", "H100", 8, overrides=no_offload))
+        make_plan(PlanRequest("Qwen/Qwen2.5-72B", "H100", 8, **pin(no_offload)))
     assert "Qwen/Qwen2.5-72B does not fit on 8 × H100 on 1 node" in str(info.value)
     assert "budget 72.6 GiB" in str(info.value)
     assert "needs ~4 nodes × H100:8" in info.value.hint
@@ -388,7 +411,7 @@ def test_rollout_tp_must_divide_the_heads():
                 "Qwen/Qwen2.5-0.5B",
                 "H100",
                 None,
-                overrides={f"{ARR}.rollout.tensor_model_parallel_size": 4},
+                **pin({f"{ARR}.rollout.tensor_model_parallel_size": 4}),
             )
         )
     assert "must divide the model's 14 attention heads" in str(info.value)
@@ -702,14 +725,14 @@ def test_short_samples_keep_cp_1():
 
 def test_pinned_context_parallel_size_is_kept():
     pinned = {f"{ARR}.actor.megatron.context_parallel_size": 4}
-    plan = make_plan(PlanRequest(**LONG_CONTEXT, overrides=pinned))
+    plan = make_plan(PlanRequest(**LONG_CONTEXT, **pin(pinned)))
     assert plan.train_cp == 4  # the planner alone picks 2
     assert plan.num_devices % (plan.train_tp * plan.train_pp * 4) == 0
     assert any("CP 4 (pinned by the recipe)" in line for line in plan.reasoning)
     # nested and as a string, on a short sample too
     short = dict(LONG_CONTEXT, max_prompt_length=1024, max_response_length=2048)
     nested = {"actor_rollout_ref": {"actor": {"megatron": {"context_parallel_size": "2"}}}}
-    plan = make_plan(PlanRequest(**short, overrides=nested))
+    plan = make_plan(PlanRequest(**short, **pin(nested)))
     assert plan.train_cp == 2
     assert plan.engine_overrides()[f"{ARR}.actor.megatron.context_parallel_size"] == 2
     engine_config_for(plan)
@@ -718,18 +741,18 @@ def test_pinned_context_parallel_size_is_kept():
         make_plan(
             PlanRequest(
                 **LONG_CONTEXT,
-                overrides={
-                    f"{ARR}.actor.megatron.context_parallel_size": 2,
-                    "critic.megatron.context_parallel_size": 4,
-                },
+                **pin(
+                    {
+                        f"{ARR}.actor.megatron.context_parallel_size": 2,
+                        "critic.megatron.context_parallel_size": 4,
+                    }
+                ),
             )
         )
     # a CP that no TP × PP leaves room for on 8 devices is refused, with the way out
     with pytest.raises(InfeasiblePlanError) as info:
         make_plan(
-            PlanRequest(
-                **LONG_CONTEXT, overrides={f"{ARR}.actor.megatron.context_parallel_size": 3}
-            )
+            PlanRequest(**LONG_CONTEXT, **pin({f"{ARR}.actor.megatron.context_parallel_size": 3}))
         )
     assert "context_parallel_size 3 does not divide 8 / (TP × PP)" in str(info.value)
     assert "unpin context_parallel_size" in info.value.hint
@@ -905,7 +928,7 @@ def test_cpu_plan_keeps_vllm_when_the_recipe_pins_it():
             rollout_n=8,
             max_prompt_length=64,
             max_response_length=8,
-            overrides={f"{ARR}.rollout.name": "vllm"},
+            **pin({f"{ARR}.rollout.name": "vllm"}),
         )
     )
     assert plan.rollout_backend == "vllm"
@@ -1037,7 +1060,7 @@ def test_a_layout_that_fails_the_same_way_at_every_offload_level_says_it_once():
         ({"rollout_n": 10**9}, "actor_rollout_ref.rollout.n"),
         ({"max_response_length": 10**12}, "data.max_response_length"),
         (
-            {"overrides": {f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 10**12}},
+            pin({f"{ARR}.actor.ppo_micro_batch_size_per_gpu": 10**12}),
             f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
         ),
     ],

@@ -52,7 +52,7 @@ def test_profile_file_sets_image_and_prelude_for_its_infra(tmp_path, monkeypatch
     assert on_k8s["resources"]["image_id"] == "docker:registry.example.com/rl:1"
     on_other = _config("slurm/other", load_profile())  # the "slurm" entry: prelude, image
     assert "module load cuda" in on_other["run"]
-    assert on_other["resources"]["image_id"].startswith("docker:rlctl/engine:")
+    assert on_other["resources"]["image_id"] == "docker:vllm/vllm-openai:v0.33.0"
 
 
 def _spec_for(cloud):
@@ -61,10 +61,10 @@ def _spec_for(cloud):
     return build_spec(recipe, plan_recipe(recipe), backend.paths("j"))
 
 
-def test_no_profile_keeps_the_engine_image():
+def test_no_profile_keeps_the_plans_public_image():
     for cloud in ("gcp", "slurm/x", None):
         config = _config(cloud, {}, recipe="grpo-qwen05b-gsm8k")
-        assert config["resources"]["image_id"].startswith("docker:rlctl/engine:")
+        assert config["resources"]["image_id"] == "docker:vllm/vllm-openai:v0.33.0"
         assert "# the site's prelude (<RLCTL_HOME>" not in config["run"]
     assert for_infra({"slurm": NodeSoftware(image="none")}, None) == NodeSoftware()
 

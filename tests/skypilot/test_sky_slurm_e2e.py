@@ -204,6 +204,11 @@ def test_quickstart_trains_on_slurm_through_skypilot(
             assert "rlctl: ray cluster ready: 1 nodes, 0 GPU, 0 NPU, 2 CPU" in text
             assert "step 3/3 | score" in text
             assert "rlctl: the engine exited with code 0" in text
+            # the run used the wheel of this rlctl that the task shipped (file mount) and
+            # the setup installed in the job's environment, not the checkout
+            node = f"/tmp/rlctl/{job_id}"
+            assert f"engine: running {node}/env/lib/python3." in text
+            assert f"/site-packages/engine with {node}/env/bin/python" in text
         assert follow.returncode == 0  # `logs -f` ended by itself with the job
         assert_no_secret_kept(rlctl, tmp_path, job_id)
         assert find_processes(ray_dir(job_id)) == {}

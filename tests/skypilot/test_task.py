@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import subprocess
 import sys
 import types
@@ -28,6 +29,7 @@ from rlctl.hardware import get_accelerator
 from rlctl.jobs import Job, JobState
 from rlctl.recipe import RecipeError, parse_recipe
 from rlctl.spec import build_spec
+from rlctl.wheel import local_wheel
 
 sky = pytest.importorskip("sky", reason="skypilot is not installed: pip install 'rlctl[skypilot]'")
 
@@ -77,7 +79,13 @@ def test_every_recipe_on_every_cloud_is_accepted_by_skypilot_or_refused(name, cl
         acc = get_accelerator(plan.accelerator)
         assert dict(resources[0].accelerators) == {acc.skypilot_name: plan.devices_per_node}
         assert all(r.image_id for r in resources)
-        assert f"docker:{acc.default_image}" in json.dumps(config["resources"])
+        # the plan's public image, and the wheel of this rlctl that the setup installs
+        assert spec.image.public
+        assert f"docker:{spec.image.ref}" in json.dumps(config["resources"])
+    wheel = local_wheel("job-1")
+    assert config["file_mounts"][spec.paths.wheel] == str(wheel)
+    assert wheel.is_file()  # built by task(), before SkyPilot reads the mount
+    assert shlex.join(spec.install_command) in config["setup"]
     if cloud:
         assert config["resources"]["infra"].startswith(parse_infra(cloud).cloud)
     assert config["resources"]["job_recovery"]["strategy"] == "FAILOVER"
@@ -215,7 +223,7 @@ def test_checkpoint_bucket_is_mounted_and_the_engine_resumes_from_it(url, source
     backend = SkyPilotBackend(SkyPilotOptions(cloud="aws"))
     spec = _spec(recipe, backend)
     config = backend.task_config("job-1", spec)
-    assert config["file_mounts"] == {CHECKPOINT_MOUNT: {"source": source, "mode": "MOUNT"}}
+    assert config["file_mounts"][CHECKPOINT_MOUNT] == {"source": source, "mode": "MOUNT"}
     assert f"default_local_dir: {engine_dir}\n" in config["run"]
     assert "resume_mode: auto" in config["run"]
     task = sky.Task.from_yaml_config(config, secrets_overrides=[(RAY_TOKEN, "t")])
@@ -453,5 +461,8 @@ def test_launch_through_the_api_stores_no_secret(fake_sky, monkeypatch, tmp_path
     fake_sky.results["jobs.queue"] = [{"job_id": 12, "status": "RECOVERING"}]
     job = rlctl.api.status(job.id, store=store)[0]
     assert (job.state, job.reason) == (JobState.RUNNING, "recovering")
-    for path in tmp_path.iterdir():  # the database and any journal next to it
+    # the database, any journal next to it, and the job's directory (its wheel)
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".whl" for p in files)
+    for path in files:
         assert SENTINEL.encode() not in path.read_bytes()

@@ -143,7 +143,7 @@ def test_containers(tmp_path):
         container_mounts=("/data:/data",),
     )["job.sbatch"]
     assert (
-        f"STEP_PREFIX=(--container-image=rlctl/engine:0.1.0-cuda --container-mounts={root}:{root},/data:/data"
+        f"STEP_PREFIX=(--container-image=vllm/vllm-openai:v0.33.0 --container-mounts={root}:{root},/data:/data"
         in pyxis
     )
     apptainer = rendered(
@@ -482,7 +482,9 @@ def test_submit_and_logs_over_ssh(tmp_path, monkeypatch):
         "log": f"{root}/job.log",
         "ssh": "me@login",
     }
-    assert sorted(p.name for p in root.iterdir()) == ["engine.yaml", "job.sbatch", "ray_cluster.sh"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "engine.yaml", "job.sbatch", "ray_cluster.sh", "rlctl-0.1.0-py3-none-any.whl"
+    ]  # fmt: skip
     assert os.access(root / "job.sbatch", os.X_OK)
     assert (tmp_path / "secret.seen").read_text() == NASTY  # through stdin, not argv
     assert NASTY not in (tmp_path / "ssh.calls").read_text()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlctl import __version__
 from rlctl.jobs import JobStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -48,8 +49,12 @@ def rlctl(tmp_path, slurm_cluster):
         **os.environ,
         **slurm_cluster.env,
         "RLCTL_HOME": str(home),
-        "PYTHONPATH": str(REPO),
     }
+    # sbatch passes the launcher's environment on: no checkout on the job's PYTHONPATH,
+    # so the job runs the wheel rlctl ships with it (the CLI itself runs the installed rlctl)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != REPO
+    )
 
     def run(*args: str, timeout: float = 120, home_dir: Path = home) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -116,6 +121,12 @@ def test_two_node_job_succeeds(rlctl, tmp_path, wait_state, find_processes):
     print(f"two-node job: {time.monotonic() - started:.0f} s from launch to SUCCEEDED")
     assert "rlctl: ray cluster ready: 2 nodes" in logs  # both nodes joined
     assert "step 2/2 | score" in logs
+    # it ran the rlctl wheel shipped with the job, installed in the job's environment
+    root = Path(handle(rlctl, job_id)["root"])
+    site = next((root / "env" / "lib").glob("python3*/site-packages"))
+    assert (root / f"rlctl-{__version__}-py3-none-any.whl").is_file()
+    assert f"rlctl: job environment installed: rlctl {__version__} from {site}/engine/" in logs
+    assert f"engine: running {site / 'engine'} with {root / 'env' / 'bin' / 'python'}" in logs
     # the engine trained on both nodes: the plan asked for 2 nodes × 1 worker (cpu:1,
     # nodes: 2), and the engine placed one rank on each
     root = Path(handle(rlctl, job_id)["root"])

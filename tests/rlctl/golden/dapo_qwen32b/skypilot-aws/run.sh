@@ -19,6 +19,8 @@ export RLCTL_SECRET_NAMES=WANDB_API_KEY
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p /tmp/rlctl/golden
 cd /tmp/rlctl/golden
+# Ray from the job's Python (setup made it): its workers import the job's rlctl
+export RLCTL_RAY=/tmp/rlctl/golden/env/bin/ray
 
 # ---- the Ray bootstrap library (templates/ray/ray_cluster.sh), inlined ----------
 # shellcheck shell=bash
@@ -436,7 +438,7 @@ trainer:
   seed: 1
 RLCTL_ENGINE_YAML_END
   code=0
-  python -m engine.main --config /tmp/rlctl/golden/engine.yaml || code=$?
+  /tmp/rlctl/golden/env/bin/python -m engine.main --config /tmp/rlctl/golden/engine.yaml || code=$?
   echo "rlctl: the engine exited with code $code"
   rlctl_ray_stop  # the workers see the head go and stop theirs
   exit "$code"
