@@ -1,7 +1,8 @@
 """The engine's whole configuration, as typed dataclasses, one module a section.
 
 Defaults live in the dataclasses and nowhere else; every leaf field carries its help
-text. Keys follow verl's layout so that a verl command line carries over:
+text (``python -m engine.main --help KEY``, docs/configuration.md). Keys follow verl's
+layout so that a verl command line carries over:
 
     data                          data.py        the prompts
     actor_rollout_ref.model       train.py       the model (also critic.model, reward_model.model)
@@ -20,7 +21,7 @@ them). Each section's module holds its rules too; ``rules.validate`` runs them a
 docstring says where the rules that span sections live: ``batches.py`` for batch sizes,
 ``train.megatron_rules`` for the Megatron layout). ``load.py`` composes a config from a
 YAML file and Hydra-style ``key=value`` overrides; ``keys.py`` lists the schema's keys
-with their types, defaults and help.
+with their types, defaults and help; ``docs.py`` renders them for people.
 
 This package imports neither torch nor ray: ``rlctl`` validates recipes with it on a
 laptop (through ``engine.schema``).
