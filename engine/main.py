@@ -4,9 +4,12 @@
     python -m engine.main --config run.yaml trainer.total_epochs=2
     python -m engine.main --print-config ...     # the resolved config, then exit
     python -m engine.main --check ...            # validate only (no torch, no ray)
+    python -m engine.main --help actor_rollout_ref.rollout.n   # a key: type, default, meaning
+    python -m engine.main --help trainer         # a section: its keys, one line each
 
 Configuration errors print every problem with its fix and exit with code 2
-(``engine.errors.user_errors``).
+(``engine.errors.user_errors``); so does ``--help`` with a key the schema does not have
+(with the close matches).
 """
 
 from __future__ import annotations
@@ -16,16 +19,29 @@ import sys
 from collections.abc import Sequence
 
 from engine.config import EngineConfig, load_config, to_yaml
-from engine.errors import user_errors
+from engine.errors import EngineError, user_errors
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m engine.main",
         description="Run the RL engine. Configure with key=value overrides (Hydra syntax).",
         epilog="example: python -m engine.main algorithm.adv_estimator=grpo "
         "actor_rollout_ref.rollout.n=8 data.train_files=train.parquet "
         "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+        add_help=False,
+    )
+    parser.add_argument(
+        "-h",
+        "--help",
+        nargs="*",
+        metavar="KEY",
+        help="show this message; with KEYs, each key's type, default and meaning (a section"
+        " such as actor_rollout_ref.rollout lists the keys under it)",
     )
     parser.add_argument("--config", metavar="FILE", help="a YAML file applied before overrides")
     parser.add_argument(
@@ -33,12 +49,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with user_errors():
+        if args.help is not None:
+            explain(args.help)
+            return
         cfg = load_config(args.overrides, config_file=args.config)
         if args.print_config:
             print(to_yaml(cfg), end="")
@@ -47,6 +66,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(summary(cfg))
             return
         run(cfg)
+
+
+def explain(keys: Sequence[str]) -> None:
+    """``--help [KEY ...]``: the usage, or each key's help (torch-free, like --check)."""
+    if not keys:
+        _parser().print_help()
+        return
+    from engine.config.docs import key_help
+
+    text, unknown = key_help(keys)
+    if text:
+        print(text)
+    if unknown:
+        raise EngineError("; ".join(unknown))
 
 
 def summary(cfg: EngineConfig) -> str:

@@ -1,0 +1,108 @@
+"""The engine's whole configuration, as typed dataclasses, one module a section.
+
+Defaults live in the dataclasses and nowhere else; every leaf field carries its help
+text (``python -m engine.main --help KEY``, docs/configuration.md). Keys follow verl's
+layout so that a verl command line carries over:
+
+    data                          data.py        the prompts
+    actor_rollout_ref.model       train.py       the model (also critic.model, reward_model.model)
+    actor_rollout_ref.actor       actor.py       the policy's update; optim, fsdp_config,
+                                                 megatron from train.py
+    actor_rollout_ref.rollout     rollout.py     generation and sampling
+    actor_rollout_ref.ref         actor.py       the frozen reference policy
+    critic                        critic.py      the value model
+    reward_model, custom_reward_function
+                                  reward.py      scoring
+    algorithm                     algorithm.py   advantages, KL penalty, dynamic sampling
+    trainer                       trainer.py     devices, length, checkpoints, loggers
+
+``engine.py`` holds ``EngineConfig`` (the sections together, and what is derived from
+them). Each section's module holds its rules too; ``rules.validate`` runs them all (its
+docstring says where the rules that span sections live: ``batches.py`` for batch sizes,
+``train.megatron_rules`` for the Megatron layout). ``load.py`` composes a config from a
+YAML file and Hydra-style ``key=value`` overrides; ``keys.py`` lists the schema's keys
+with their types, defaults and help; ``docs.py`` renders them for people.
+
+This package imports neither torch nor ray: ``rlctl`` validates recipes with it on a
+laptop (through ``engine.schema``).
+"""
+
+from engine.config.actor import ActorConfig, ActorRolloutRefConfig, PolicyLossConfig, RefConfig
+from engine.config.algorithm import (
+    FILTER_METRICS,
+    ROLLOUT_IS_LEVELS,
+    AlgorithmConfig,
+    FilterGroupsConfig,
+    KLControlConfig,
+    RolloutCorrectionConfig,
+)
+from engine.config.critic import CriticConfig
+from engine.config.data import TRUNCATION_MODES, DataConfig
+from engine.config.engine import TOKEN_BUDGET_KEYS, EngineConfig
+from engine.config.keys import config_keys, schema_leaf
+from engine.config.load import key_problems, load_config, to_yaml
+from engine.config.reward import (
+    REWARD_MANAGERS,
+    CustomRewardFunctionConfig,
+    OverlongBufferConfig,
+    RewardModelConfig,
+)
+from engine.config.rollout import PLACEMENTS, ROLLOUT_BACKENDS, RolloutConfig, SamplingConfig
+from engine.config.rules import validate
+from engine.config.train import (
+    DTYPES,
+    LR_SCHEDULERS,
+    TRAIN_STRATEGIES,
+    FSDPConfig,
+    MegatronConfig,
+    MixedPrecisionConfig,
+    ModelConfig,
+    OptimConfig,
+)
+from engine.config.trainer import DEVICES, LOGGERS, RESUME_MODES, TrainerConfig
+from engine.errors import ConfigError
+
+__all__ = [
+    "DEVICES",
+    "DTYPES",
+    "FILTER_METRICS",
+    "LOGGERS",
+    "LR_SCHEDULERS",
+    "PLACEMENTS",
+    "RESUME_MODES",
+    "REWARD_MANAGERS",
+    "ROLLOUT_BACKENDS",
+    "ROLLOUT_IS_LEVELS",
+    "TOKEN_BUDGET_KEYS",
+    "TRAIN_STRATEGIES",
+    "TRUNCATION_MODES",
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "AlgorithmConfig",
+    "ConfigError",
+    "CriticConfig",
+    "CustomRewardFunctionConfig",
+    "DataConfig",
+    "EngineConfig",
+    "FSDPConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
+    "MegatronConfig",
+    "MixedPrecisionConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OverlongBufferConfig",
+    "PolicyLossConfig",
+    "RefConfig",
+    "RewardModelConfig",
+    "RolloutConfig",
+    "RolloutCorrectionConfig",
+    "SamplingConfig",
+    "TrainerConfig",
+    "config_keys",
+    "key_problems",
+    "load_config",
+    "schema_leaf",
+    "to_yaml",
+    "validate",
+]

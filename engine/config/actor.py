@@ -1,0 +1,208 @@
+"""``actor_rollout_ref``: the policy being trained (``actor``, with its ``policy_loss``),
+the model it starts from (``model``), the frozen reference policy (``ref``) and the
+rollout (``rollout``, in ``engine.config.rollout``); with the actor's and the
+reference's rules. The batch-size rules that tie the actor to ``data`` and the device
+count are in ``engine.config.batches``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.algo import names
+from engine.config.algorithm import KL_ESTIMATOR_HELP, kl_estimator_problems
+from engine.config.fields import choice, one_of, positive, setting
+from engine.config.rollout import RolloutConfig
+from engine.config.train import (
+    TRAIN_STRATEGIES,
+    FSDPConfig,
+    MegatronConfig,
+    ModelConfig,
+    OptimConfig,
+    dtype_problems,
+    optim_problems,
+)
+
+if TYPE_CHECKING:
+    from engine.config.engine import EngineConfig
+
+
+@dataclass
+class PolicyLossConfig:
+    """The policy loss (``engine.algo.policy_loss``) and its own coefficients."""
+
+    loss_mode: str = setting(
+        "vanilla", f"Policy loss: {one_of(names.POLICY_LOSSES)} (vanilla: PPO's clip)."
+    )
+    clip_cov_ratio: float = setting(
+        0.0002, "clip_cov: fraction of the tokens whose gradient is detached."
+    )
+    clip_cov_lb: float = setting(
+        1.0, "clip_cov: lower bound of the covariance window those tokens are drawn from."
+    )
+    clip_cov_ub: float = setting(5.0, "clip_cov: upper bound of that window.")
+    kl_cov_ratio: float = setting(
+        0.0002, "kl_cov: fraction of the tokens (largest covariance first) given a KL penalty."
+    )
+    ppo_kl_coef: float = setting(1.0, "kl_cov: coefficient of that penalty.")
+
+
+@dataclass
+class ActorConfig:
+    """The policy's update: batch sizes, PPO's clip, the loss and its terms, the
+    optimizer and the training backend."""
+
+    strategy: str = setting(
+        "fsdp2", "Training backend: fsdp or fsdp2 (both FSDP2 here), or megatron."
+    )
+    ppo_mini_batch_size: int = setting(
+        256, "Prompts per optimizer step (× rollout.n samples); must divide data.train_batch_size."
+    )
+    ppo_micro_batch_size_per_gpu: int = setting(
+        4, "Samples per forward/backward on one device; gradients accumulate over them."
+    )
+    use_dynamic_bsz: bool = setting(
+        False,
+        "Pack micro-batches by token count (`ppo_max_token_len_per_gpu`) instead; also the"
+        " default of the log-prob passes and the critic.",
+    )
+    ppo_max_token_len_per_gpu: int = setting(
+        16384, "use_dynamic_bsz: padded tokens per micro-batch on one device."
+    )
+    ppo_epochs: int = setting(1, "Passes of the update over each step's batch.")
+    # π_old comes from a separate forward pass after generation, unless the update is
+    # on-policy (one epoch, one mini-batch, no KL in the reward): then the update's own
+    # first forward sees the same weights, and its log-probs, detached, are π_old.
+    recompute_old_log_prob: bool = setting(
+        False, "Run the separate π_old pass even when the update is on-policy."
+    )
+    shuffle: bool = setting(
+        False, "verl's mini-batch shuffle; unused: mini-batches keep the batch's order."
+    )
+    grad_clip: float = setting(1.0, "Clip the global gradient norm to this before each step.")
+    clip_ratio: float = setting(
+        0.2, "ε of PPO's clip, both sides unless `clip_ratio_low`/`clip_ratio_high` are set."
+    )
+    clip_ratio_low: float | None = setting(
+        None, "Lower ε: the ratio is clipped at 1 - ε; null: `clip_ratio`."
+    )
+    clip_ratio_high: float | None = setting(
+        None,
+        "Upper ε: the ratio is clipped at 1 + ε; null: `clip_ratio` (DAPO's clip-higher: 0.28).",
+    )
+    clip_ratio_c: float = setting(
+        3.0, "Dual clip: the loss of a negative advantage is at most clip_ratio_c × |A| (> 1)."
+    )
+    loss_agg_mode: str = setting(
+        "token-mean",
+        f"How per-token losses become one (engine.algo.aggregate): {one_of(names.LOSS_AGG_MODES)}.",
+    )
+    loss_scale_factor: float | None = setting(
+        None, "seq-mean-token-sum-norm's constant divisor; null: data.max_response_length."
+    )
+    entropy_coeff: float = setting(0.0, "Weight of the entropy bonus (subtracted from the loss).")
+    use_kl_loss: bool = setting(
+        False, "Add a KL-to-the-reference term to the loss (GRPO); loads the reference policy."
+    )
+    kl_loss_coef: float = setting(0.001, "Weight of that KL term.")
+    kl_loss_type: str = setting("low_var_kl", f"Estimator of that KL: {KL_ESTIMATOR_HELP}")
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+@dataclass
+class RefConfig:
+    """The frozen reference policy: the actor's model, loaded only when a KL term uses it."""
+
+    strategy: str | None = setting(
+        None, "Backend of the reference: fsdp, fsdp2 or megatron; null: the actor's."
+    )
+    log_prob_micro_batch_size_per_gpu: int = setting(
+        8, "Samples per forward on one device in the reference's log-prob pass."
+    )
+    log_prob_use_dynamic_bsz: bool | None = setting(
+        None, "Pack those micro-batches by tokens; null: the actor's `use_dynamic_bsz`."
+    )
+    log_prob_max_token_len_per_gpu: int | None = setting(
+        None, "Tokens per packed micro-batch; null: the actor's `ppo_max_token_len_per_gpu`."
+    )
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """The policy's roles, which share one model: the actor trains it, the rollout
+    samples from it, the reference keeps its starting weights."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+def rules(cfg: EngineConfig) -> list[str]:
+    arr = cfg.actor_rollout_ref
+    actor = arr.actor
+    key = "actor_rollout_ref.actor"
+    p = choice(
+        actor.policy_loss.loss_mode,
+        names.POLICY_LOSSES,
+        f"{key}.policy_loss.loss_mode",
+        "policy loss",
+    )
+    p += choice(
+        actor.loss_agg_mode, names.LOSS_AGG_MODES, f"{key}.loss_agg_mode", "loss aggregation mode"
+    )
+    p += kl_estimator_problems(f"{key}.kl_loss_type", actor.kl_loss_type)
+    p += choice(actor.strategy, TRAIN_STRATEGIES, f"{key}.strategy", "strategy")
+    if arr.ref.strategy is not None:
+        p += choice(
+            arr.ref.strategy, TRAIN_STRATEGIES, "actor_rollout_ref.ref.strategy", "strategy"
+        )
+    p += optim_problems(f"{key}.optim", actor.optim)
+    mixed = actor.fsdp_config.mixed_precision
+    p += dtype_problems(
+        [
+            ("actor_rollout_ref.model.dtype", arr.model.dtype),
+            (f"{key}.fsdp_config.mixed_precision.param_dtype", mixed.param_dtype),
+            (f"{key}.fsdp_config.mixed_precision.reduce_dtype", mixed.reduce_dtype),
+        ]
+    )
+    p += positive(
+        [
+            (f"{key}.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+            (f"{key}.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+            (f"{key}.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu),
+            (f"{key}.ppo_epochs", actor.ppo_epochs),
+        ]
+    )
+    if not 0.0 < actor.clip_low < 1.0:
+        p.append(
+            f"{key}.clip_ratio_low {actor.clip_low} must be in (0, 1):"
+            " the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]"
+        )
+    if actor.clip_high <= 0.0:
+        p.append(f"{key}.clip_ratio_high must be > 0, got {actor.clip_high}")
+    if actor.clip_ratio_c <= 1.0:
+        p.append(
+            f"{key}.clip_ratio_c {actor.clip_ratio_c} must be > 1: dual-clip"
+            " bounds the loss of negative advantages at clip_ratio_c × |A| (3.0 is usual)"
+        )
+    if actor.loss_scale_factor is not None and actor.loss_scale_factor <= 0:
+        p.append(f"{key}.loss_scale_factor must be > 0, got {actor.loss_scale_factor}")
+    if not arr.model.path:
+        p.append(
+            "actor_rollout_ref.model.path is required: a Hugging Face model id or a local folder"
+        )
+    return p

@@ -1,0 +1,122 @@
+"""The batch-size rules, which tie ``data``, the actor, the critic, ``rollout.n`` and the
+device count together (verl's conventions: ``data.train_batch_size`` and
+``ppo_mini_batch_size`` count prompts, micro-batches count samples on one device), each
+problem with the numbers that would work."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from engine.config.engine import TOKEN_BUDGET_KEYS
+from engine.config.fields import selected
+
+if TYPE_CHECKING:
+    from engine.config.engine import EngineConfig
+
+
+def divisors_near(n: int, around: int, count: int = 3) -> list[int]:
+    """The ``count`` divisors of ``n`` nearest ``around``. Divisors come in pairs d, n/d
+    with d <= √n: the search stops there (a batch of 10**12 must not hang validation)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    divisors = set(small) | {n // d for d in small}
+    return sorted(sorted(divisors, key=lambda d: (abs(d - around), d))[:count])
+
+
+def rules(cfg: EngineConfig) -> list[str]:
+    actor = cfg.actor_rollout_ref.actor
+    sizes = (
+        cfg.data.train_batch_size,
+        cfg.actor_rollout_ref.rollout.n,
+        cfg.world_size,
+        actor.ppo_mini_batch_size,
+        actor.ppo_micro_batch_size_per_gpu,
+    )
+    if min(sizes) < 1:
+        return []  # the sections' own rules report these
+    return mini_batch_rules(cfg) + token_budget_rules(cfg)
+
+
+def mini_batch_rules(cfg: EngineConfig) -> list[str]:
+    """verl's batch-size rules, in prompts and samples, with the numbers that would work."""
+    actor = cfg.actor_rollout_ref.actor
+    n = cfg.actor_rollout_ref.rollout.n
+    world = cfg.world_size
+    train_bsz = cfg.data.train_batch_size
+    p = []
+    # (role, mini-batch, micro-batch, whether the mini-batch is the role's own setting,
+    #  whether micro-batches are packed by tokens)
+    roles = [
+        (
+            "actor_rollout_ref.actor",
+            actor.ppo_mini_batch_size,
+            actor.ppo_micro_batch_size_per_gpu,
+            True,
+            actor.use_dynamic_bsz,
+        )
+    ]
+    if cfg.use_critic:
+        own = cfg.critic.ppo_mini_batch_size is not None
+        critic_mini = cfg.critic.ppo_mini_batch_size if own else actor.ppo_mini_batch_size
+        roles.append(
+            (
+                "critic",
+                critic_mini,
+                cfg.critic.ppo_micro_batch_size_per_gpu,
+                own,
+                cfg.token_budget("critic") is not None,
+            )
+        )
+    for role, mini, micro, own, dynamic in roles:
+        if mini < 1 or micro < 1:
+            continue
+        if not own:
+            # Inherited from the actor: its mini-batch problems are reported once, there.
+            if train_bsz % mini or (mini * n) % world:
+                continue
+        elif mini > train_bsz or train_bsz % mini:
+            fits = ", ".join(map(str, divisors_near(train_bsz, mini)))
+            p.append(
+                f"{role}.ppo_mini_batch_size {mini} must divide data.train_batch_size {train_bsz}"
+                f" (both count prompts); use a divisor such as {fits}"
+            )
+            continue
+        samples = mini * n
+        if own and samples % world:
+            p.append(
+                f"{role}.ppo_mini_batch_size × rollout.n = {mini} × {n} = {samples} samples must be"
+                f" divisible by the {world} devices (trainer.nnodes × trainer.n_gpus_per_node);"
+                " change the mini-batch size, rollout.n or the device count"
+            )
+            continue
+        per_device = samples // world
+        if not dynamic and per_device % micro:
+            fits = ", ".join(map(str, divisors_near(per_device, micro)))
+            p.append(
+                f"{role}.ppo_micro_batch_size_per_gpu {micro} must divide the {per_device} samples"
+                f" each device gets per mini-batch ({mini} prompts × {n} samples / {world}"
+                f" devices); use {fits}, or set {role}.use_dynamic_bsz=true"
+            )
+    return p
+
+
+def token_budget_rules(cfg: EngineConfig) -> list[str]:
+    """With use_dynamic_bsz, one whole sequence must fit a micro-batch's budget."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    skipped = {"critic": not cfg.use_critic, "ref_log_prob": not cfg.use_reference}
+    p = []
+    for role, (_, key) in TOKEN_BUDGET_KEYS.items():
+        if skipped.get(role):
+            continue
+        budget = cfg.token_budget(role)
+        if budget is not None and budget < longest:
+            inherited = role != "actor" and selected(cfg, key) is None
+            if inherited and cfg.actor_rollout_ref.actor.use_dynamic_bsz:
+                continue  # the actor's own budget is reported, once
+            source = " (the actor's)" if inherited else ""
+            p.append(
+                f"{key} is {budget}{source}: less than one sequence of"
+                f" data.max_prompt_length + data.max_response_length = {longest} tokens;"
+                f" raise it to at least {longest}"
+            )
+    return p

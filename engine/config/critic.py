@@ -1,0 +1,72 @@
+"""``critic``: the value model that GAE needs (``engine.workers.critic``,
+``engine.algo.value``), and the rules on it. Its batch sizes follow the actor's rules,
+in ``engine.config.batches``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.algo import names
+from engine.config.fields import choice, one_of, positive, setting
+from engine.config.train import (
+    TRAIN_STRATEGIES,
+    FSDPConfig,
+    MegatronConfig,
+    ModelConfig,
+    OptimConfig,
+    optim_problems,
+)
+
+if TYPE_CHECKING:
+    from engine.config.engine import EngineConfig
+
+
+@dataclass
+class CriticConfig:
+    """The value model: its own model (or the actor's, with a value head), optimizer and
+    batch sizes; unset sizes are the actor's."""
+
+    enable: bool | None = setting(
+        None, "Train a value model; null: exactly when the advantage estimator needs one (gae)."
+    )
+    strategy: str = setting(
+        "fsdp2", "Training backend: fsdp or fsdp2 (both FSDP2 here), or megatron."
+    )
+    model: ModelConfig = field(default_factory=ModelConfig)  # path "" : the actor's model
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int | None = setting(
+        None, "Prompts per optimizer step (× rollout.n samples); null: the actor's."
+    )
+    ppo_micro_batch_size_per_gpu: int = setting(
+        4, "Samples per forward/backward on one device; gradients accumulate over them."
+    )
+    use_dynamic_bsz: bool | None = setting(
+        None, "Pack micro-batches by token count instead; null: the actor's setting."
+    )
+    ppo_max_token_len_per_gpu: int | None = setting(
+        None, "Tokens per packed micro-batch on one device; null: the actor's."
+    )
+    ppo_epochs: int | None = setting(None, "Passes over each step's batch; null: the actor's.")
+    cliprange_value: float = setting(
+        0.5, "ε of the value clip: how far a new value may move from the rollout-time one."
+    )
+    loss_agg_mode: str = setting(
+        "token-mean", f"How per-token losses become one: {one_of(names.LOSS_AGG_MODES)}."
+    )
+    grad_clip: float = setting(1.0, "Clip the global gradient norm to this before each step.")
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+def rules(cfg: EngineConfig) -> list[str]:
+    critic = cfg.critic
+    p = choice(
+        critic.loss_agg_mode, names.LOSS_AGG_MODES, "critic.loss_agg_mode", "loss aggregation mode"
+    )
+    p += choice(critic.strategy, TRAIN_STRATEGIES, "critic.strategy", "strategy")
+    p += optim_problems("critic.optim", critic.optim)
+    p += positive([("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu)])
+    if critic.cliprange_value <= 0:
+        p.append(f"critic.cliprange_value must be > 0, got {critic.cliprange_value}")
+    return p

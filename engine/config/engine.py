@@ -1,0 +1,114 @@
+"""``EngineConfig``: the whole configuration, one field a section, and the facts the
+trainer and workers derive from it (the device count, which roles run, each role's
+token budget)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.algo import names
+from engine.config.actor import ActorRolloutRefConfig
+from engine.config.algorithm import AlgorithmConfig
+from engine.config.critic import CriticConfig
+from engine.config.data import DataConfig
+from engine.config.fields import selected
+from engine.config.reward import CustomRewardFunctionConfig, RewardModelConfig
+from engine.config.train import MegatronConfig
+from engine.config.trainer import TrainerConfig
+
+
+@dataclass
+class EngineConfig:
+    """The engine's configuration (verl's layout of keys)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(
+        default_factory=CustomRewardFunctionConfig
+    )
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    # Derived facts the trainer and workers ask for; computed, never stored.
+
+    @property
+    def world_size(self) -> int:
+        """Devices the actor trains on (colocated with rollout and reference)."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def use_critic(self) -> bool:
+        if self.critic.enable is None:
+            return self.algorithm.adv_estimator in names.CRITIC_ADVANTAGE_ESTIMATORS
+        return self.critic.enable
+
+    @property
+    def use_reference(self) -> bool:
+        """A frozen reference policy is loaded only when some KL term needs it."""
+        return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
+
+    @property
+    def ref_strategy(self) -> str:
+        """The reference's training backend: its own, or the actor's."""
+        arr = self.actor_rollout_ref
+        return arr.ref.strategy or arr.actor.strategy
+
+    def megatron_roles(self) -> dict[str, tuple[str, MegatronConfig]]:
+        """The roles this run builds with ``strategy=megatron``: role -> (config key of
+        its megatron section, the section)."""
+        arr = self.actor_rollout_ref
+        roles: dict[str, tuple[str, MegatronConfig]] = {}
+        if arr.actor.strategy == "megatron":
+            roles["actor"] = ("actor_rollout_ref.actor.megatron", arr.actor.megatron)
+        if self.use_reference and self.ref_strategy == "megatron":
+            roles["reference"] = ("actor_rollout_ref.ref.megatron", arr.ref.megatron)
+        if self.use_critic and self.critic.strategy == "megatron":
+            roles["critic"] = ("critic.megatron", self.critic.megatron)
+        return roles
+
+    @property
+    def update_is_on_policy(self) -> bool:
+        """The actor update's first forward sees the weights that generated the batch:
+        one PPO epoch of one mini-batch. Then π_old needs no pass of its own, unless the
+        KL in the reward needs it before the update, the rollout's own log-probs are to
+        be compared with it (``calculate_log_probs``: mismatch metrics, TIS), or the user
+        asks for it."""
+        actor = self.actor_rollout_ref.actor
+        return (
+            actor.ppo_epochs == 1
+            and actor.ppo_mini_batch_size == self.data.train_batch_size
+            and not self.algorithm.use_kl_in_reward
+            and not actor.recompute_old_log_prob
+            and not self.actor_rollout_ref.rollout.calculate_log_probs
+        )
+
+    def token_budget(self, role: str) -> int | None:
+        """Padded tokens per micro-batch for ``role`` (a key of ``TOKEN_BUDGET_KEYS``)
+        when it packs micro-batches by tokens, else None. A role's unset (null) keys
+        take the actor's."""
+        if role not in TOKEN_BUDGET_KEYS:
+            raise ValueError(f"unknown role {role!r}; valid: {', '.join(TOKEN_BUDGET_KEYS)}")
+        own = [selected(self, key) for key in TOKEN_BUDGET_KEYS[role]]
+        actor = [selected(self, key) for key in TOKEN_BUDGET_KEYS["actor"]]
+        dynamic, budget = (a if o is None else o for o, a in zip(own, actor, strict=True))
+        return budget if dynamic else None
+
+
+# Each role's (use_dynamic_bsz, max_token_len) keys; the actor's are the defaults.
+TOKEN_BUDGET_KEYS = {
+    "actor": (
+        "actor_rollout_ref.actor.use_dynamic_bsz",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    ),
+    "actor_log_prob": (
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    ),
+    "ref_log_prob": (
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+    ),
+    "critic": ("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
+}

@@ -1,0 +1,192 @@
+"""What every training role (actor, reference, critic) configures the same way: its
+model, its optimizer, and its backend's settings (``fsdp_config`` for ``strategy``
+fsdp/fsdp2, ``megatron`` for ``strategy=megatron``), read by ``engine.train``; and the
+Megatron rules, which span the roles that use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.config.fields import choice, setting
+
+if TYPE_CHECKING:
+    from engine.config.engine import EngineConfig
+
+TRAIN_STRATEGIES = ("fsdp", "fsdp2", "megatron")
+DTYPES = ("float32", "bfloat16", "float16")
+LR_SCHEDULERS = ("constant", "cosine")
+
+
+@dataclass
+class ModelConfig:
+    """A Hugging Face model: where it is and how it is loaded."""
+
+    path: str = setting(
+        "",
+        "Hugging Face model id or local folder (required for the actor; the critic's"
+        " empty path means the actor's model).",
+    )
+    tokenizer_path: str | None = setting(None, "Tokenizer id or folder; null: the model's.")
+    trust_remote_code: bool = setting(
+        False, "Run the model's own Python code from the hub or its folder (transformers')."
+    )
+    enable_gradient_checkpointing: bool = setting(
+        True, "Recompute activations in the backward pass instead of keeping them (less memory)."
+    )
+    use_remove_padding: bool = setting(
+        True,
+        "verl's padding removal; always on here: each micro-batch drops the columns that are"
+        " padding in all its rows.",
+    )
+    dtype: str = setting(
+        "bfloat16",
+        "Training dtype of a Megatron role: bfloat16 or float32 (float32 where the device has"
+        " no bf16; float16 is refused); FSDP roles use `fsdp_config.mixed_precision`.",
+    )
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its learning-rate schedule: linear warmup, then constant or cosine."""
+
+    lr: float = setting(1e-6, "Peak learning rate of AdamW.")
+    betas: list[float] = setting(help="AdamW's (β1, β2).", factory=lambda: [0.9, 0.999])
+    weight_decay: float = setting(0.01, "AdamW's decoupled weight decay, on every parameter.")
+    lr_warmup_steps: int = setting(
+        -1, "Steps of linear warmup; -1: `lr_warmup_steps_ratio` of the total steps."
+    )
+    lr_warmup_steps_ratio: float = setting(
+        0.0, "Warmup as a fraction of the total steps, when `lr_warmup_steps` is -1."
+    )
+    lr_scheduler_type: str = setting(
+        "constant", "After warmup: constant, or cosine (decay to `min_lr_ratio` × lr)."
+    )
+    min_lr_ratio: float = setting(0.0, "Floor of the cosine decay, as a fraction of lr.")
+    num_cycles: float = setting(
+        0.5, "Cosine periods over the decay; 0.5 falls once from lr to the floor."
+    )
+    total_training_steps: int = setting(
+        -1, "Length of the schedule in steps; set by the engine from the run's step count."
+    )
+
+
+@dataclass
+class MixedPrecisionConfig:
+    """FSDP's mixed precision, applied where the device supports bfloat16 (else float32)."""
+
+    param_dtype: str = setting(
+        "bfloat16", "dtype parameters are gathered and computed in: float32, bfloat16, float16."
+    )
+    reduce_dtype: str = setting(
+        "float32", "dtype gradients are reduced in: float32, bfloat16, float16."
+    )
+
+
+@dataclass
+class FSDPConfig:
+    """``strategy`` fsdp or fsdp2: how FSDP2 shards the role's model (each decoder layer
+    one unit)."""
+
+    param_offload: bool = setting(
+        False,
+        "Keep parameters, gradients and optimizer state in host memory; each layer visits"
+        " the device for its passes (no effect on a CPU device).",
+    )
+    optimizer_offload: bool = setting(
+        False, "Keep the optimizer state in host memory between updates."
+    )
+    reshard_after_forward: bool = setting(
+        True, "Free each layer's gathered parameters after its forward (less memory, more traffic)."
+    )
+    fsdp_size: int = setting(
+        -1, "verl's sharding group size; unused: parameters shard over all data-parallel ranks."
+    )
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass
+class MegatronConfig:
+    """``strategy=megatron``: Megatron-core's parallel sizes (verl's ``<role>.megatron.*``).
+    Data parallel is the rest of the world. The rules are in
+    ``engine.train.megatron_parallel`` (what the engine supports and why)."""
+
+    tensor_model_parallel_size: int = setting(
+        1, "Ranks that split every layer (tensor parallel); they share their rows."
+    )
+    pipeline_model_parallel_size: int = setting(
+        1, "Pipeline stages the layers are split over (1F1B schedule)."
+    )
+    context_parallel_size: int = setting(
+        1, "Ranks that split every sequence (for long sequences); they share their rows."
+    )
+    expert_model_parallel_size: int = setting(
+        1, "Ranks the experts of a mixture-of-experts model are spread over."
+    )
+    sequence_parallel: bool = setting(
+        False,
+        "With tensor parallel > 1, split the activations outside attention and the MLP by"
+        " sequence over its ranks; ignored at 1.",
+    )
+    use_distributed_optimizer: bool = setting(
+        True,
+        "Megatron's DistributedOptimizer (sharded state) on GPUs; the CPU path uses torch's AdamW.",
+    )
+
+
+def optim_problems(key: str, optim: OptimConfig) -> list[str]:
+    return choice(
+        optim.lr_scheduler_type, LR_SCHEDULERS, f"{key}.lr_scheduler_type", "LR scheduler"
+    )
+
+
+def dtype_problems(dtypes: list[tuple[str, str]]) -> list[str]:
+    return [p for key, dtype in dtypes for p in choice(dtype, DTYPES, key, "dtype")]
+
+
+def megatron_rules(cfg: EngineConfig) -> list[str]:
+    """The Megatron engine's parallel sizes, for each role that uses it."""
+    roles = cfg.megatron_roles()
+    if not roles:
+        return []
+    # Pure python (no torch): importable wherever this module is.
+    from engine.train.megatron_parallel import MegatronParallel
+
+    p = []
+    if cfg.trainer.device == "npu":
+        p.append(
+            "trainer.device=npu: the Megatron engine runs on NVIDIA/AMD GPUs (cuda) only; on"
+            f" Ascend set {' and '.join(_strategy_key(role) for role in roles)} to fsdp2"
+        )
+    for key, section in roles.values():
+        p += MegatronParallel.of(section).problems(cfg.world_size, key)
+    # Every role runs in the same worker processes, which hold one Megatron parallel state.
+    names = (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+    )
+    sizes = {
+        role: tuple(getattr(section, name) for name in names)
+        for role, (_key, section) in roles.items()
+    }
+    if len(set(sizes.values())) > 1:
+        listed = "; ".join(
+            f"{roles[role][0]}: "
+            + ", ".join(f"{name}={size}" for name, size in zip(names, role_sizes, strict=True))
+            for role, role_sizes in sizes.items()
+        )
+        p.append(
+            f"the Megatron roles share their worker processes and so one parallel layout, but"
+            f" their sizes differ ({listed}); give them the same sizes"
+        )
+    return p
+
+
+def _strategy_key(role: str) -> str:
+    return {
+        "actor": "actor_rollout_ref.actor.strategy",
+        "reference": "actor_rollout_ref.ref.strategy",
+        "critic": "critic.strategy",
+    }[role]
