@@ -46,7 +46,8 @@ OTHER_CLOUDS = (
 
 # Ordered fallbacks: a plan sized for the first accelerator also fits the next ones
 # (same vendor and software, no less memory, no less compute, fast links kept).
-# B200 is left out: it needs CUDA 12.8 builds (sm_100) the image may not carry.
+# B200 is left out: the default images (CUDA 13) carry sm_100 builds, but nothing here
+# has run on one; a recipe that wants it names it.
 FALLBACKS: dict[str, tuple[str, ...]] = {
     "H100": ("H200",),
     "A100-80GB": ("H100", "H200"),
