@@ -19,6 +19,7 @@ from torch import nn
 
 from engine.device import DeviceSpec
 from engine.errors import EngineError
+from engine.models.families import family
 from engine.train.megatron_config import (
     AttentionShape,
     gpt_model_kwargs,
@@ -294,7 +295,7 @@ def _load_hf_weights(
         AttentionShape.of(hf_config),
         tie_word_embeddings=tied,
         fused_norms=FUSED_NORMS,
-        mla=is_mla(hf_config),
+        names=family(hf_config.model_type).weights,
     )
     if role == "critic":
         full.update(_value_head_state(head, hf_config, seed))
@@ -402,8 +403,7 @@ def _to_hf_pairs(
         body(),
         AttentionShape.of(hf_config),
         fused_norms=FUSED_NORMS,
-        mla=is_mla(hf_config),
-        shared_expert="shared_experts" if is_mla(hf_config) else "shared_expert",
+        names=family(hf_config.model_type).weights,
     )
     yield from head
 
