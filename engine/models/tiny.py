@@ -177,6 +177,26 @@ def tiny_config(
     return transformers.AutoConfig.for_model(model_type, **shape)
 
 
+def random_model(config: Any, seed: int = 0):
+    """A randomly initialised causal LM of ``config``: the same weights for the same seed.
+    Routers are drawn with std 0.5 (HF's 0.02 would route almost uniformly, so that
+    rounding could flip a token's experts), DeepSeek's routing bias with std 0.05."""
+    import torch
+    import transformers
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    param.normal_(0.0, 0.5)
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.normal_(0.0, 0.05)
+    return model
+
+
 def build_tiny_model(
     out_dir: str | Path,
     *,
@@ -191,11 +211,8 @@ def build_tiny_model(
     model_type: str = "qwen2",
 ) -> Path:
     """Save a random model of a family (``tiny_config``: ``qwen2`` by default, with
-    ``num_experts`` ``qwen3_moe``) and its tokenizer under ``out_dir``; return it.
-    Routers are drawn with std 0.5 (HF's 0.02 would route almost uniformly, so that
-    rounding could flip a token's experts)."""
-    import torch
-    import transformers
+    ``num_experts`` ``qwen3_moe``; ``random_model``) and its tokenizer under ``out_dir``;
+    return it."""
     from transformers import GenerationConfig
 
     out = Path(out_dir)
@@ -218,16 +235,7 @@ def build_tiny_model(
         eos_token_id=eos_id,
         pad_token_id=pad_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("mlp.gate.weight"):
-                    param.normal_(0.0, 0.5)
-            for name, buffer in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    buffer.normal_(0.0, 0.05)
+    model = random_model(config, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
