@@ -202,17 +202,13 @@ def build_tiny_model(
     *,
     seed: int = 0,
     vocab_size: int = 2048,
-    hidden_size: int = 128,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int | None = None,
-    num_experts: int = 0,
     model_type: str = "qwen2",
+    **sizes: int,
 ) -> Path:
-    """Save a random model of a family (``tiny_config``: ``qwen2`` by default, with
-    ``num_experts`` ``qwen3_moe``; ``random_model``) and its tokenizer under ``out_dir``;
-    return it."""
+    """Save a random model of a family (``tiny_config``, with ``sizes``: hidden_size,
+    num_layers, num_heads, num_kv_heads, intermediate_size, num_experts; ``qwen2`` by
+    default, with ``num_experts`` ``qwen3_moe``; ``random_model``) and its tokenizer
+    under ``out_dir``; return it."""
     from transformers import GenerationConfig
 
     out = Path(out_dir)
@@ -220,21 +216,10 @@ def build_tiny_model(
     tokenizer = build_tokenizer(vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    if num_experts and model_type == "qwen2":
+    if sizes.get("num_experts") and model_type == "qwen2":
         model_type = "qwen3_moe"
-    config = tiny_config(
-        model_type,
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        num_experts=num_experts,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-    )
+    ids = dict(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+    config = tiny_config(model_type, vocab_size=len(tokenizer), **sizes, **ids)
     model = random_model(config, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
