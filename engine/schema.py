@@ -1,7 +1,9 @@
 """What the launcher (rlctl) may use of the engine, in one place: the config schema and
-its rules, what each advantage estimator needs, the config error, and the Megatron
-model-shape rules the planner and ``rlctl validate`` need. Torch-free, Ray-free: rlctl imports the engine through this
-module only (tests/rlctl/test_import_graph.py checks both)."""
+its rules, what each advantage estimator needs, the config error, the Megatron parallel
+rules and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
+Megatron backend converts) that the planner and ``rlctl validate`` need. Torch-free,
+Ray-free: rlctl imports the engine through this module only
+(tests/rlctl/test_import_graph.py checks both)."""
 
 from engine.algo.names import estimator_needs
 from engine.config import (
@@ -13,7 +15,8 @@ from engine.config import (
     to_yaml,
 )
 from engine.errors import ConfigError
-from engine.train.megatron_parallel import MODEL_TYPES, MegatronParallel, pipeline_stage_layers
+from engine.models.families import MODEL_TYPES, family_rules
+from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
 
 __all__ = [
     "MODEL_TYPES",
@@ -22,6 +25,7 @@ __all__ = [
     "MegatronParallel",
     "config_keys",
     "estimator_needs",
+    "family_rules",
     "key_problems",
     "load_config",
     "pipeline_stage_layers",

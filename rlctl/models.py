@@ -24,7 +24,9 @@ biases unless the architecture has them):
   width ``I_moe``, a router ``h·E``, and shared experts if any
 - per layer, two norms ``2·h`` (four for Gemma-2/3)
 
-Imports nothing heavy (no torch, transformers or engine); ``huggingface_hub`` lazily.
+Imports nothing heavy (no torch or transformers); ``huggingface_hub`` lazily, and the
+engine's torch-free model-family rules (which architectures have q/k/v biases or q/k
+norms) through ``engine.schema`` where a shape is counted.
 """
 
 from __future__ import annotations
@@ -340,6 +342,8 @@ def _mla(cfg: Mapping[str, Any], h: int, heads: int) -> tuple[int, int, int, int
 
 def _count(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter count the planner uses, from config fields (see the module doc)."""
+    from engine.schema import family_rules
+
     model_type = str(cfg.get("model_type", ""))
     h = int(_get(cfg, "hidden_size", "n_embd", "d_model"))
     layers = int(_get(cfg, "num_hidden_layers", "n_layer", "num_layers"))
@@ -358,12 +362,12 @@ def _count(cfg: Mapping[str, Any]) -> dict[str, Any]:
         q_dim, kv_one = heads * head_dim, kv_heads * head_dim
         kv_dim = 2 * kv_one
         attn = h * q_dim + 2 * h * kv_one + q_dim * h
-        qkv_bias = model_type in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias"))
-        if qkv_bias:
+        family = family_rules(model_type)  # the engine's shape rules of the model type
+        if family.qkv_bias(cfg):
             attn += q_dim + 2 * kv_one
-        if bool(cfg.get("attention_bias")) and model_type not in ("qwen2", "qwen2_moe"):
-            attn += h  # o_proj bias (Llama-style attention_bias covers all four)
-        if model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
+        if family.o_proj_bias(cfg):
+            attn += h
+        if family.qk_norm or model_type in ("gemma3", "gemma3_text"):
             attn += 2 * head_dim  # per-head q_norm and k_norm
 
     norms = (4 if model_type.startswith("gemma") and model_type != "gemma" else 2) * h

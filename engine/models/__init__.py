@@ -1,1 +1,3 @@
-"""Models built locally (no hub): a tiny Qwen2 and its tokenizer for tests and the quickstart."""
+"""Models built locally (no hub): a tiny model of each family and its tokenizer for tests
+and the quickstart (``tiny``); the model families the Megatron backend converts, with
+their shape rules for the planner (``families``)."""

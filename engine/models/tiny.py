@@ -1,4 +1,5 @@
-"""Build a tiny Qwen2-shaped model and its tokenizer locally, without a model hub.
+"""Build a tiny model (Qwen2-shaped by default; any of ``engine.models.families``) and
+its tokenizer locally, without a model hub.
 
 The tokenizer is a byte-level BPE trained with the ``tokenizers`` library on generated
 text (the synthetic task, templated word problems, arithmetic) and a fixed selection of
@@ -6,10 +7,11 @@ the Python standard library's own sources. It uses Qwen2's pre-tokenizer split p
 (digits one by one) because transformers 5 reloads any ``qwen2`` folder as
 ``Qwen2Tokenizer``, which imposes that pattern: trained with another one, the token ids
 would change after a reload. The model is a randomly initialised ``Qwen2ForCausalLM``
-(about 1.3M parameters with the defaults). Same seed, same weights; the vocabulary does
-not depend on the seed.
+(about 1.3M parameters with the defaults), or of another family with the sizes its
+record asks for (``ModelFamily.tiny``). Same seed, same weights; the vocabulary does not
+depend on the seed.
 
-    python -m engine.models.tiny OUT_DIR [--seed N]
+    python -m engine.models.tiny OUT_DIR [--seed N] [--model-type qwen3]
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import argparse
 import random
 import sysconfig
 from pathlib import Path
+from typing import Any
+
+from engine.models.families import MODEL_TYPES, family
+from engine.models.families.base import TinySize
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -137,10 +143,9 @@ def build_tokenizer(vocab_size: int = 2048):
     )
 
 
-def build_tiny_model(
-    out_dir: str | Path,
+def tiny_config(
+    model_type: str = "qwen2",
     *,
-    seed: int = 0,
     vocab_size: int = 2048,
     hidden_size: int = 128,
     num_layers: int = 4,
@@ -148,30 +153,16 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
     num_experts: int = 0,
-    model_type: str = "qwen2",
-) -> Path:
-    """Save a random model and its tokenizer under ``out_dir``; return it.
-
-    ``model_type``: ``qwen2`` (the default; with ``num_experts``, ``qwen3_moe``), or
-    ``qwen3_moe``: every layer a mixture of ``num_experts`` (default 4) experts of width
-    ``hidden_size``, 2 per token, renormalised; or ``deepseek_v3``: multi-latent attention,
-    the first layer dense, then ``num_experts`` (default 8) experts in 4 groups, 4 per
-    token from the best 2 groups, a shared expert, a routing bias. Routers are drawn with
-    std 0.5 (HF's 0.02 would route almost uniformly, so that rounding could flip a
-    token's experts)."""
-    import torch
+    **fields: Any,
+):
+    """A tiny ``transformers`` config of a model family (``engine.models.families``):
+    these sizes, tied embeddings, float32, then the family's own fields
+    (``ModelFamily.tiny``: its experts, ``num_experts`` of them or its default number;
+    head sizes...) and ``fields`` last."""
     import transformers
-    from transformers import GenerationConfig
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size)
-    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
-    pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    if num_experts and model_type == "qwen2":
-        model_type = "qwen3_moe"
     shape = dict(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
         num_hidden_layers=num_layers,
@@ -179,41 +170,20 @@ def build_tiny_model(
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
         dtype="float32",
     )
-    head = hidden_size // num_heads
-    if model_type == "qwen3_moe":
-        shape.update(
-            head_dim=head,
-            num_experts=num_experts or 4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=hidden_size,
-            norm_topk_prob=True,
-        )
-    elif model_type == "deepseek_v3":
-        shape.update(
-            num_key_value_heads=num_heads,
-            q_lora_rank=hidden_size // 2,
-            kv_lora_rank=hidden_size // 4,
-            qk_nope_head_dim=head,
-            qk_rope_head_dim=head // 2,
-            v_head_dim=head,
-            n_routed_experts=num_experts or 8,
-            num_experts_per_tok=4,
-            n_group=4,
-            topk_group=2,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            moe_intermediate_size=hidden_size // 2,
-            routed_scaling_factor=2.5,
-            norm_topk_prob=True,
-        )
-    elif model_type != "qwen2":
-        raise ValueError(f"model_type {model_type!r}: qwen2, qwen3_moe or deepseek_v3")
-    config = transformers.AutoConfig.for_model(model_type, **shape)
+    shape.update(family(model_type).tiny(TinySize(hidden_size, num_heads, num_experts)))
+    shape.update(fields)
+    return transformers.AutoConfig.for_model(model_type, **shape)
+
+
+def random_model(config: Any, seed: int = 0):
+    """A randomly initialised causal LM of ``config``: the same weights for the same seed.
+    Routers are drawn with std 0.5 (HF's 0.02 would route almost uniformly, so that
+    rounding could flip a token's experts), DeepSeek's routing bias with std 0.05."""
+    import torch
+    import transformers
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config)
@@ -224,6 +194,33 @@ def build_tiny_model(
             for name, buffer in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     buffer.normal_(0.0, 0.05)
+    return model
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 2048,
+    model_type: str = "qwen2",
+    **sizes: int,
+) -> Path:
+    """Save a random model of a family (``tiny_config``, with ``sizes``: hidden_size,
+    num_layers, num_heads, num_kv_heads, intermediate_size, num_experts; ``qwen2`` by
+    default, with ``num_experts`` ``qwen3_moe``; ``random_model``) and its tokenizer
+    under ``out_dir``; return it."""
+    from transformers import GenerationConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    if sizes.get("num_experts") and model_type == "qwen2":
+        model_type = "qwen3_moe"
+    ids = dict(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+    config = tiny_config(model_type, vocab_size=len(tokenizer), **sizes, **ids)
+    model = random_model(config, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -233,12 +230,13 @@ def build_tiny_model(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m engine.models.tiny",
-        description="Build a tiny random Qwen2 model and a locally trained tokenizer.",
+        description="A tiny random model (Qwen2 by default) and a locally trained tokenizer.",
     )
     parser.add_argument("out_dir", help="folder to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-type", choices=MODEL_TYPES, default="qwen2")
     args = parser.parse_args(argv)
-    print(build_tiny_model(args.out_dir, seed=args.seed))
+    print(build_tiny_model(args.out_dir, seed=args.seed, model_type=args.model_type))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Weights between Hugging Face and Megatron-core layouts, both ways: Llama, Mistral,
-Qwen2, Qwen3, their MoE, DeepSeek-V3.
+"""Weights between Hugging Face and Megatron-core layouts, both ways, for every model
+family (``engine.models.families``): the names all of them share here, each family's
+own (q/k norms, routers, multi-latent attention...) in its ``WeightNames``.
 
 Used for loading a Hugging Face checkpoint into a Megatron-core ``GPTModel``, for
 pushing Megatron weights to a rollout engine (which takes HF names; see
@@ -19,7 +20,6 @@ layers.i.self_attn.{q,k,v}_proj.{weight,bias}  decoder.layers.i.self_attention.l
                                                .{weight,bias}: grouped by query group (GQA):
                                                for each of the G kv heads, its H/G query
                                                heads, then its key head, then its value head
-layers.i.self_attn.{q,k}_norm.weight (Qwen3)   ...self_attention.{q,k}_layernorm.weight
 layers.i.self_attn.o_proj.weight               ...self_attention.linear_proj.weight
 layers.i.post_attention_layernorm.weight       ...mlp.linear_fc1.layer_norm_weight
                                                (local: .pre_mlp_layernorm.weight)
@@ -29,33 +29,16 @@ model.norm.weight                              decoder.final_layernorm.weight
 lm_head.weight (untied only)                   output_layer.weight
 =============================================  ==============================================
 
-Mixture-of-experts layers (Qwen2-MoE, Qwen3-MoE), by their checkpoint names (what
-``save_pretrained`` writes and vLLM/SGLang load; transformers 5 fuses the experts in
-memory, see engine.rollout.weights):
+Mixture-of-experts layers, by their checkpoint names (what ``save_pretrained`` writes
+and vLLM/SGLang load; transformers 5 fuses the experts in memory, see
+engine.rollout.weights); the router and the shared experts' HF name are the family's:
 
 =============================================  ==============================================
-layers.i.mlp.gate.weight (the router)          decoder.layers.i.mlp.router.weight
 layers.i.mlp.experts.j.{gate,up}_proj.weight   ...mlp.experts.local_experts.j.linear_fc1
                                                .weight = [gate; up]
 layers.i.mlp.experts.j.down_proj.weight        ...mlp.experts.local_experts.j.linear_fc2.weight
-layers.i.mlp.shared_expert.{gate,up,down}      ...mlp.shared_experts.linear_fc{1,2}.weight
-_proj.weight (Qwen2-MoE)
-layers.i.mlp.shared_expert_gate.weight         ...mlp.shared_experts.gate_weight
-=============================================  ==============================================
-
-DeepSeek-V3 (``mla=True``): multi-latent attention, a routing bias, shared experts named
-``shared_experts`` (one MLP of ``n_shared_experts`` × the expert width):
-
-=============================================  ==============================================
-layers.i.self_attn.q_a_proj.weight             ...self_attention.linear_q_down_proj.weight
-layers.i.self_attn.q_a_layernorm.weight        ...self_attention.q_layernorm.weight
-layers.i.self_attn.q_b_proj.weight             ...self_attention.linear_q_up_proj.weight
-layers.i.self_attn.q_proj.weight (no lora)     ...self_attention.linear_q_proj.weight
-layers.i.self_attn.kv_a_proj_with_mqa.weight   ...self_attention.linear_kv_down_proj.weight
-layers.i.self_attn.kv_a_layernorm.weight       ...self_attention.kv_layernorm.weight
-layers.i.self_attn.kv_b_proj.weight            ...self_attention.linear_kv_up_proj.weight
-layers.i.mlp.gate.e_score_correction_bias      ...mlp.router.expert_bias (a buffer)
-layers.i.mlp.shared_experts.*_proj.weight      ...mlp.shared_experts.linear_fc{1,2}.weight
+layers.i.mlp.<shared>.{gate,up,down}_proj      ...mlp.shared_experts.linear_fc{1,2}.weight
+.weight
 =============================================  ==============================================
 
 Expert ``j`` is numbered in the whole model here; an expert-parallel rank holds the
@@ -80,9 +63,11 @@ from typing import Any
 
 import torch
 
+from engine.models.families.base import WeightNames
 from engine.train.megatron_config import AttentionShape
 
 NamedTensor = tuple[str, torch.Tensor]
+COMMON_NAMES_ONLY = WeightNames()  # a family with no names of its own (Llama)
 
 
 # ---------------------------------------------------------------------------
@@ -137,22 +122,10 @@ _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _MC_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
-_MLA_NAMES = {  # multi-latent attention (DeepSeek-V3), local spec
-    "self_attn.q_a_proj.weight": "self_attention.linear_q_down_proj.weight",
-    "self_attn.q_a_layernorm.weight": "self_attention.q_layernorm.weight",
-    "self_attn.q_b_proj.weight": "self_attention.linear_q_up_proj.weight",
-    "self_attn.q_proj.weight": "self_attention.linear_q_proj.weight",  # no q_lora_rank
-    "self_attn.kv_a_proj_with_mqa.weight": "self_attention.linear_kv_down_proj.weight",
-    "self_attn.kv_a_layernorm.weight": "self_attention.kv_layernorm.weight",
-    "self_attn.kv_b_proj.weight": "self_attention.linear_kv_up_proj.weight",
-    "mlp.gate.e_score_correction_bias": "mlp.router.expert_bias",
-}
-
-
-def _simple_layer_names(fused_norms: bool, mla: bool = False) -> dict[str, str]:
-    """HF per-layer suffix → Megatron per-layer suffix, for one-to-one tensors (MLA's
-    last: its query norm takes the Megatron name Qwen3's has, and wins the way back)."""
-    names = {
+def _simple_layer_names(fused_norms: bool, names: WeightNames) -> dict[str, str]:
+    """HF per-layer suffix → Megatron per-layer suffix, for one-to-one tensors: every
+    family's, then the family's own."""
+    common = {
         "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight"
         if fused_norms
         else "input_layernorm.weight",
@@ -160,12 +133,8 @@ def _simple_layer_names(fused_norms: bool, mla: bool = False) -> dict[str, str]:
         if fused_norms
         else "pre_mlp_layernorm.weight",
         "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
-        "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
-        "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
-        "mlp.gate.weight": "mlp.router.weight",
-        "mlp.shared_expert_gate.weight": "mlp.shared_experts.gate_weight",
     }
-    return names | (_MLA_NAMES if mla else {})
+    return common | dict(names.layer)
 
 
 # The MLPs of a layer: the dense one, the shared expert(s) (Qwen2-MoE: shared_expert;
@@ -220,11 +189,11 @@ def hf_to_megatron(
     *,
     tie_word_embeddings: bool,
     fused_norms: bool = True,
-    mla: bool = False,
+    names: WeightNames = COMMON_NAMES_ONLY,
 ) -> dict[str, torch.Tensor]:
-    """A full (unsharded) HF state dict as a Megatron-core GPTModel state dict
-    (``mla``: DeepSeek-V3's multi-latent attention names)."""
-    simple = _simple_layer_names(fused_norms, mla)
+    """A full (unsharded) HF state dict as a Megatron-core GPTModel state dict (``names``:
+    the model family's own, ``family(model_type).weights``)."""
+    simple = _simple_layer_names(fused_norms, names)
     out: dict[str, torch.Tensor] = {}
     pending: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, tensor in state.items():
@@ -275,12 +244,11 @@ def megatron_to_hf_pairs(
     shape: AttentionShape,
     *,
     fused_norms: bool = True,
-    mla: bool = False,
-    shared_expert: str = "shared_expert",
+    names: WeightNames = COMMON_NAMES_ONLY,
 ) -> Iterator[NamedTensor]:
     """Megatron-core (name, full tensor) pairs as HF pairs, lazily: the form the rollout
     weight sync consumes (engine.rollout.weights.bucketize)."""
-    simple = {v: k for k, v in _simple_layer_names(fused_norms, mla).items()}
+    simple = {v: k for k, v in _simple_layer_names(fused_norms, names).items()}
     global_names = {v: k for k, v in _GLOBAL.items()}
     for name, tensor in pairs:
         if name in global_names:
@@ -304,7 +272,8 @@ def megatron_to_hf_pairs(
                 (f"{prefix}self_attn.v_proj.{leaf}", v),
             )
         elif mlp := _MC_MLP.fullmatch(suffix):
-            hf_mlp = prefix + _mlp_names(bool(mlp.group(1)), mlp.group(2), shared_expert)[0]
+            shared, expert = bool(mlp.group(1)), mlp.group(2)
+            hf_mlp = prefix + _mlp_names(shared, expert, names.shared_expert)[0]
             if mlp.group(3) == "2":
                 yield f"{hf_mlp}down_proj.weight", tensor
             else:

@@ -1,11 +1,11 @@
 """Megatron's GPT model built from a Hugging Face config, its weights loaded from HF
-checkpoints and exported back to HF names (also offline, from a saved checkpoint)."""
+checkpoints and renamed back to HF names (``megatron_weights`` gathers them from a
+running engine, ``megatron_checkpoint`` from a saved checkpoint)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import fields
@@ -19,6 +19,7 @@ from torch import nn
 
 from engine.device import DeviceSpec
 from engine.errors import EngineError
+from engine.models.families import family
 from engine.train.megatron_config import (
     AttentionShape,
     gpt_model_kwargs,
@@ -33,7 +34,6 @@ from engine.train.megatron_convert import (
     hf_to_megatron,
     is_expert,
     megatron_to_hf_pairs,
-    merge_from_tp,
     shift_expert,
     split_for_tp,
     tp_split_dim,
@@ -41,19 +41,6 @@ from engine.train.megatron_convert import (
 from engine.train.megatron_modules import SDPAttention, TorchRMSNorm, ValueHead, _duplicated_linear
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
 from engine.train.megatron_pipeline import Stage, shift_layer
-
-# Layout fields that checkpoints written before pipeline, context and expert parallelism
-# leave out.
-_LAYOUT_DEFAULTS = {
-    "pp": 1,
-    "pp_rank": 0,
-    "cp": 1,
-    "cp_rank": 0,
-    "ep": 1,
-    "ep_rank": 0,
-    "edp_rank": 0,
-}
-
 
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 
@@ -294,7 +281,7 @@ def _load_hf_weights(
         AttentionShape.of(hf_config),
         tie_word_embeddings=tied,
         fused_norms=FUSED_NORMS,
-        mla=is_mla(hf_config),
+        names=family(hf_config.model_type).weights,
     )
     if role == "critic":
         full.update(_value_head_state(head, hf_config, seed))
@@ -402,42 +389,6 @@ def _to_hf_pairs(
         body(),
         AttentionShape.of(hf_config),
         fused_norms=FUSED_NORMS,
-        mla=is_mla(hf_config),
-        shared_expert="shared_experts" if is_mla(hf_config) else "shared_expert",
+        names=family(hf_config.model_type).weights,
     )
     yield from head
-
-
-def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
-    """A Hugging Face state dict from a Megatron checkpoint directory, on one process and
-    without Megatron: one replica's TP slices merged (data-parallel rank 0's; with expert
-    parallelism, routed experts from expert-data-parallel rank 0 of each EP rank), its
-    pipeline stages joined (their files name layers and experts globally), copies of tied
-    embeddings left out, renamed."""
-    from transformers import AutoConfig
-
-    path = Path(path)
-    meta = json.loads((path / "meta.json").read_text())
-    role = meta["role"]
-    layouts = [{**_LAYOUT_DEFAULTS, **r} for r in meta["ranks"]]
-    expert_parallel = any(r["ep"] > 1 for r in layouts)
-    # TP groups holding one copy of each tensor: (which tensors, pipeline stage, EP rank).
-    groups: dict[tuple[bool, int, int], list[dict]] = {}
-    for r in layouts:
-        if r["dp_rank"] == 0 and r["cp_rank"] == 0:
-            groups.setdefault((False, r["pp_rank"], 0), []).append(r)
-        if expert_parallel and r["edp_rank"] == 0:
-            groups.setdefault((True, r["pp_rank"], r["ep_rank"]), []).append(r)
-    merged: dict[str, torch.Tensor] = {}
-    for (experts, _, _), group in sorted(groups.items()):
-        group.sort(key=lambda r: r["tp_rank"])
-        files = [torch.load(path / f"rank_{r['rank']}.pt", weights_only=False) for r in group]
-        shared = set(files[0].get("shared", ()))
-        for name in files[0]["model"]:
-            if name not in shared and (expert_parallel and is_expert(name)) == experts:
-                slices = [f["model"][name] for f in files]
-                merged[name] = (
-                    merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]
-                )
-    hf_config = AutoConfig.from_pretrained(path / "hf")
-    return dict(_to_hf_pairs(iter(merged.items()), hf_config, role))

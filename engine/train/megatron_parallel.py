@@ -13,7 +13,6 @@ from typing import Any
 
 from engine.errors import ConfigError
 from engine.train.megatron_config import (
-    MODEL_TYPES,  # noqa: F401  (re-exported: the planner names them)
     AttentionShape,
     conversion_problems,
     is_mla,

@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from engine.schema import MODEL_TYPES
 from rlctl.errors import RlctlError
 from rlctl.model_table import known_models, table_config
 from rlctl.models import UnknownModelError, model_shape, shape_from_config
@@ -79,6 +80,12 @@ ARCHITECTURES = {
                                            num_hidden_layers=2, num_attention_heads=4,
                                            num_key_value_heads=4, vocab_size=900,
                                            tie_word_embeddings=False)),
+    "qwen2-moe-no-qkv-bias": ("qwen2_moe", dict(hidden_size=128, intermediate_size=384,
+                                                moe_intermediate_size=64, num_experts=4,
+                                                num_experts_per_tok=2, qkv_bias=False,
+                                                shared_expert_intermediate_size=128,
+                                                num_hidden_layers=2, num_attention_heads=4,
+                                                num_key_value_heads=2, vocab_size=900)),
     "mixtral": ("mixtral", dict(hidden_size=128, intermediate_size=256, num_local_experts=4,
                                 num_experts_per_tok=2, num_hidden_layers=2,
                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=800)),
@@ -111,6 +118,17 @@ def test_parameter_formula_is_exact(name):
     assert shape.num_params == total
     assert shape.largest_layer_params == largest
     assert shape.root_params == root
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_every_model_family_is_counted_exactly(model_type):
+    """Each Megatron model family's tiny model (engine.models.families): the planner's
+    counts from its config.json fields are transformers' counts."""
+    from engine.models.tiny import tiny_config
+
+    config = tiny_config(model_type, vocab_size=128, hidden_size=32, num_layers=2)
+    shape = shape_from_config(config.to_dict(), name="tiny", source="test")
+    assert (shape.num_params, shape.largest_layer_params, shape.root_params) == counts_of(config)
 
 
 @pytest.mark.parametrize("model_id", known_models())

@@ -930,3 +930,64 @@ def test_qwen3_and_llama3_rope_at_tp2(tmp_path):
         "(tp, pp, cp, ep) (1, 1, 1, 1) requested, (2, 1, 1, 1) already in use"
         in r["colocated_error"]
     )
+
+
+def _families_run(rank, world_size, port, out_path):
+    import torch.distributed as dist
+
+    from engine.device import DEVICES
+    from engine.models.families import MODEL_TYPES
+    from engine.models.tiny import random_model, tiny_config
+    from engine.train.megatron import MegatronEngine
+
+    _init(rank, world_size, port)
+    try:
+        result = {}
+        for model_type in MODEL_TYPES:
+            cfg = tiny_config(
+                model_type,
+                vocab_size=256,
+                hidden_size=64,
+                num_layers=2,
+                max_position_embeddings=128,
+            )
+            hf = random_model(cfg, seed=1).eval()
+            state = _checkpoint_state(hf)
+            engine = MegatronEngine.from_hf(
+                None,
+                MegatronParallel(),
+                None,
+                DEVICES["cpu"],
+                role="reference",
+                hf_config=cfg,
+                state_dict=dict(state),
+            )
+            engine.eval()
+            batch = _batch(cfg.vocab_size)
+            inputs = (batch.input_ids_BS, batch.attention_mask_BS, batch.position_ids_BS)
+            with torch.no_grad():
+                err = engine.logits(*inputs) - hf(*inputs[:2], position_ids=inputs[2]).logits
+            result[f"{model_type}_logit_err"] = (
+                err[batch.attention_mask_BS.bool()].abs().max().item()
+            )
+            result[f"{model_type}_export_err"] = _max_diff(_hf_copy(engine), state)
+        torch.save(result, f"{out_path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_megatron
+@pytest.mark.slow
+def test_every_family_matches_hf(tmp_path):
+    """Every registered model family (engine.models.families), its tiny model built as a
+    Megatron-core GPTModel from the Hugging Face weights: the same logits as Hugging
+    Face's, and the same weights exported back."""
+    from engine.models.families import MODEL_TYPES
+
+    out = str(tmp_path / "result")
+    _spawn(_families_run, 1, out)
+    r = torch.load(f"{out}.0", weights_only=False)
+    print(r)  # shown with -s
+    for model_type in MODEL_TYPES:
+        assert r[f"{model_type}_logit_err"] < 1e-5, model_type
+        assert r[f"{model_type}_export_err"] == 0.0, model_type

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.models.families import family
 from engine.train.megatron_config import (
     AttentionShape,
     gpt_model_kwargs,
@@ -106,7 +107,10 @@ def test_whole_model_round_trip(model_type, tie, fused_norms):
     hf_state = {k: v.clone() for k, v in model.state_dict().items()}
     shape = AttentionShape.of(cfg)
     assert shape == SHAPE
-    mc = hf_to_megatron(hf_state, shape, tie_word_embeddings=tie, fused_norms=fused_norms)
+    names = family(model_type).weights
+    mc = hf_to_megatron(
+        hf_state, shape, tie_word_embeddings=tie, fused_norms=fused_norms, names=names
+    )
 
     qkv = mc["decoder.layers.0.self_attention.linear_qkv.weight"]
     assert qkv.shape == ((4 + 2 * 2) * 3, HIDDEN)
@@ -122,7 +126,7 @@ def test_whole_model_round_trip(model_type, tie, fused_norms):
     )
     assert torch.equal(mc[norm], hf_state["model.layers.0.input_layernorm.weight"])
 
-    back = megatron_to_hf(mc, shape, fused_norms=fused_norms)
+    back = megatron_to_hf(mc, shape, fused_norms=fused_norms, names=names)
     expected = {k: v for k, v in hf_state.items() if not (tie and k == "lm_head.weight")}
     assert set(back) == set(expected)
     for name, tensor in expected.items():
@@ -363,7 +367,8 @@ def test_moe_names_both_ways(model_type):
     state = dict(as_checkpoint(model.state_dict().items(), checkpoint_reverter(model)))
     state.pop("lm_head.weight", None)
     shape = AttentionShape.of(cfg)
-    mc = hf_to_megatron(state, shape, tie_word_embeddings=True, fused_norms=False)
+    names = family(model_type).weights
+    mc = hf_to_megatron(state, shape, tie_word_embeddings=True, fused_norms=False, names=names)
     layer0 = "decoder.layers.0.mlp."
     fc1 = mc[layer0 + "experts.local_experts.3.linear_fc1.weight"]
     assert fc1.shape == (2 * 4, 8)  # [gate; up] of expert 3
@@ -382,7 +387,7 @@ def test_moe_names_both_ways(model_type):
             state["model.layers.0.mlp.shared_expert_gate.weight"],
         )
         assert mc[layer0 + "shared_experts.linear_fc1.weight"].shape == (2 * 6, 8)
-    back = megatron_to_hf(mc, shape, fused_norms=False)
+    back = megatron_to_hf(mc, shape, fused_norms=False, names=names)
     assert set(back) == set(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
 
@@ -458,7 +463,8 @@ def test_deepseek_names_both_ways():
     model = AutoModelForCausalLM.from_config(cfg)
     state = dict(as_checkpoint(model.state_dict().items(), checkpoint_reverter(model)))
     shape = AttentionShape.of(cfg)
-    mc = hf_to_megatron(state, shape, tie_word_embeddings=False, fused_norms=False, mla=True)
+    names = family("deepseek_v3").weights
+    mc = hf_to_megatron(state, shape, tie_word_embeddings=False, fused_norms=False, names=names)
     attn, hf_attn = "decoder.layers.1.self_attention.", "model.layers.1.self_attn."
     for hf_name, mc_name in [
         ("q_a_proj.weight", "linear_q_down_proj.weight"),
@@ -475,7 +481,7 @@ def test_deepseek_names_both_ways():
     )
     assert mc[mlp + "shared_experts.linear_fc1.weight"].shape == (2 * 2 * 8, 16)  # 2 shared
     assert "decoder.layers.0.mlp.linear_fc1.weight" in mc  # first_k_dense_replace = 1
-    back = megatron_to_hf(mc, shape, fused_norms=False, mla=True, shared_expert="shared_experts")
+    back = megatron_to_hf(mc, shape, fused_norms=False, names=names)
     assert set(back) == set(state)
     assert all(torch.equal(back[k], state[k]) for k in state)
 

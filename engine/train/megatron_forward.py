@@ -1,0 +1,185 @@
+"""The forward pass of ``MegatronEngine`` (``engine.train.megatron``): the stage's
+output for a batch (padded for sequence and context parallelism and the experts' token
+exchange, received from and sent to the neighbouring pipeline stages), and from it the
+logits, the response tokens' log-probs and entropy, or the critic's values."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
+from engine.errors import EngineError
+from engine.train import megatron_context
+from engine.train.forward import trim_padding
+from engine.train.megatron_ops import (
+    _pad_responses,
+    attention_mask_B1SS,
+    check_consecutive_positions,
+    vocab_parallel_logprobs_entropy,
+)
+from engine.train.megatron_state import EngineState
+from engine.types import TokenBatch
+
+
+class MegatronForward(EngineState):
+    """Forward passes: ``logits``, ``response_logprobs``, ``response_values``."""
+
+    def _forward(
+        self, input_ids_BS, attention_mask_BS, position_ids_BS
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stage's output and, under context parallelism, the positions it covers.
+
+        On the last stage the output is the model's, batch first ((B, S, V/tp) logits, or
+        (B, S, 1) values); on earlier stages the (S, B, H) hidden states, also sent to the
+        next stage. Stages after the first take their input from the previous one.
+        Inside ``forward_backward`` the (input, output) pair is kept for the micro-batch's
+        backward. Under sequence parallelism the sequence is padded on the right to a
+        multiple of the TP size (masked keys; the output is cut back) and what travels
+        between stages is each rank's slice of it. Under context parallelism (padded to a
+        multiple of 2·CP) each rank runs its zigzag share of the positions
+        (``megatron_context``), returned with the output for ``_whole_sequence``."""
+        device = self.device.torch_device()
+        ids = input_ids_BS.to(device)
+        mask = attention_mask_BS.to(device)
+        check_consecutive_positions(position_ids_BS.to(device), mask)
+        b, s = ids.shape
+        rows, columns = self._expert_group_shape(b, s)
+        if (rows, columns) != (b, s):  # padding rows: masked, attending only to themselves
+            ids = F.pad(ids, (0, columns - s, 0, rows - b))
+            mask = F.pad(mask, (0, columns - s, 0, rows - b))
+        sp = self.model.config.sequence_parallel
+        cp = self.layout.cp
+        multiple = (self.layout.tp if sp else 1) * (2 * cp if cp > 1 else 1)
+        if columns % multiple:
+            ids = F.pad(ids, (0, -columns % multiple))
+            mask = F.pad(mask, (0, -columns % multiple))
+        b, padded = ids.shape
+        held = None
+        if cp > 1:  # this rank's queries (rows of the mask) against every key
+            held = megatron_context.zigzag_index(padded, cp, self.layout.cp_rank, device)
+            ids = ids[:, held]
+        mask_B1SS = attention_mask_B1SS(mask, held)
+        length = ids.shape[1]
+        positions = torch.arange(padded, device=device)[:length].expand(b, length)
+        stage_input = None
+        if not self.stage.first:
+            shape = (length // self.layout.tp if sp else length, b, self.hf_config.hidden_size)
+            dtype = self.model.config.params_dtype
+            stage_input = self.link.recv(shape, dtype, device, self.stage.prev_rank)
+            stage_input.requires_grad_(torch.is_grad_enabled())
+            self.model.set_input_tensor(stage_input)
+        out = self.module(input_ids=ids, position_ids=positions, attention_mask=mask_B1SS)
+        if not self.stage.last:
+            self.link.send(out, self.stage.next_rank)
+        if self._scheduling and torch.is_grad_enabled():
+            self._in_flight.append((stage_input, out))
+        if self.stage.last:
+            out = out[: input_ids_BS.shape[0]]
+            if held is None and padded != s:
+                out = out[:, :s]
+        return out, held
+
+    def _expert_group_shape(self, b: int, s: int) -> tuple[int, int]:
+        """The (rows, columns) every rank whose tokens meet in the experts runs: with
+        expert parallelism, Megatron's all-gather token exchange needs the same number
+        of tokens from each of them, and they hold different data-parallel rows (their
+        micro-batch counts already agree: ``forward.token_budget_micro_batches``)."""
+        if self.layout.ep == 1 or self.model.config.moe_token_dispatcher_type != "allgather":
+            return b, s
+        shape = torch.tensor([b, s], device=self.device.torch_device())
+        dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.tp_ep_group)
+        rows, columns = shape.tolist()
+        return rows, columns
+
+    def _whole_sequence(self, values_BL: torch.Tensor, held: torch.Tensor | None, s: int):
+        """Per-position results (B, L) of this rank's positions as (B, s) in sequence
+        order: gathered over the context-parallel group when there is one."""
+        if held is None:
+            return values_BL
+        return megatron_context.gather(values_BL, 1, self.cp_group, sum_grads=False)[:, :s]
+
+    def _stage_placeholder(self, tokens: TokenBatch) -> torch.Tensor:
+        """What a stage before the last returns for per-token results it does not compute
+        (they come from the last stage; the controller gathers them there)."""
+        return torch.zeros(tokens.responses_BR.shape, device=self.device.torch_device())
+
+    def _forward_trimmed(self, tokens: TokenBatch):
+        """``_forward`` of the batch without its all-padding columns: (the trimmed batch,
+        the stage's output, the positions held)."""
+        trimmed = trim_padding(tokens)
+        ids, mask = trimmed.input_ids_BS, trimmed.attention_mask_BS
+        return (trimmed, *self._forward(ids, mask, trimmed.position_ids_BS))
+
+    def logits(self, input_ids_BS, attention_mask_BS, position_ids_BS) -> torch.Tensor:
+        """(B, S, V) logits over the whole vocabulary (gathered over TP ranks)."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        if self.role == "critic":
+            raise EngineError("the critic has a value head, not logits: use response_values")
+        out, held = self._forward(input_ids_BS, attention_mask_BS, position_ids_BS)
+        if not self.stage.last:
+            return None  # with pipeline stages, only the last one has logits
+        out = gather_from_tensor_model_parallel_region(out) if self.layout.tp > 1 else out
+        return self._whole_sequence(out, held, input_ids_BS.shape[1])
+
+    def response_logprobs(
+        self,
+        tokens: TokenBatch,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As ``engine.train.forward.response_logprobs``: log π of each response token
+        (logits divided by the sampling temperature) and optionally the entropy, whose
+        graph is kept only with ``entropy_grad``. With TP > 1 the vocabulary stays split."""
+        r_len = tokens.response_length
+        trimmed, out, held = self._forward_trimmed(tokens)
+        kept, ids = trimmed.response_length, trimmed.input_ids_BS
+        if not self.stage.last:
+            zeros = self._stage_placeholder(tokens)
+            return zeros, zeros if with_entropy else None
+        s = ids.shape[1]
+        if held is None:  # the logits before each response token
+            logits = out[:, -kept - 1 : -1, :]
+            targets = trimmed.responses_BR
+        else:  # every position this rank holds predicts the token after it
+            logits = out
+            padded = len(held) * self.layout.cp
+            targets = F.pad(ids[:, 1:], (0, padded - s + 1))[:, held.cpu()]
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        targets = targets.to(logits.device)
+        entropy = None
+        if self.layout.tp == 1:
+            logp = logprobs_from_logits(logits, targets)
+            if with_entropy:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    entropy = entropy_from_logits(logits)
+        else:
+            logp, entropy = vocab_parallel_logprobs_entropy(
+                logits, targets, with_entropy, entropy_grad
+            )
+        if held is not None:
+            window = slice(s - kept - 1, s - 1)
+            logp = self._whole_sequence(logp, held, s)[:, window]
+            if entropy is not None:
+                entropy = self._whole_sequence(entropy, held, s)[:, window]
+        if entropy is not None:
+            entropy = _pad_responses(entropy, r_len)
+        return _pad_responses(logp, r_len), entropy
+
+    def response_values(self, tokens: TokenBatch) -> torch.Tensor:
+        """V(prefix) before each response token (the critic)."""
+        if self.role != "critic":
+            raise EngineError(f"response_values needs the critic's value head, not the {self.role}")
+        r_len = tokens.response_length
+        trimmed, out, held = self._forward_trimmed(tokens)
+        kept = trimmed.response_length
+        if not self.stage.last:
+            return self._stage_placeholder(tokens)
+        s = trimmed.input_ids_BS.shape[1]
+        values = self._whole_sequence(out[..., 0].float(), held, s)
+        return _pad_responses(values[:, s - kept - 1 : s - 1], r_len)
