@@ -16,19 +16,28 @@ from engine.config import CustomRewardFunctionConfig
 from engine.reward.types import CustomScorer, RewardError
 
 
-def load_custom_function(path: str | Path, name: str) -> CustomScorer:
-    """Import ``path`` as a module and return its callable ``name``."""
+def load_custom_function(
+    path: str | Path,
+    name: str,
+    *,
+    path_key: str = "custom_reward_function.path",
+    name_key: str = "custom_reward_function.name",
+) -> CustomScorer:
+    """Import ``path`` as a module and return its callable ``name``.
+
+    ``path_key``/``name_key`` are the config keys the messages name (a custom tool's
+    loader, ``engine/agents/tools/specs.py``, names its own)."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         raise RewardError(
-            f"custom_reward_function.path {str(path)!r} is not a file "
+            f"{path_key} {str(path)!r} is not a file "
             f"(looked for {str(file)!r}); give the path of a .py file"
         )
     digest = hashlib.sha1(str(file).encode()).hexdigest()[:12]
     module_name = f"_rlctl_custom_reward_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
-        raise RewardError(f"custom_reward_function.path {str(file)!r} is not a Python file")
+        raise RewardError(f"{path_key} {str(file)!r} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -36,8 +45,7 @@ def load_custom_function(path: str | Path, name: str) -> CustomScorer:
     except Exception as exc:
         del sys.modules[module_name]
         raise RewardError(
-            f"importing custom_reward_function.path {str(file)!r} failed: "
-            f"{type(exc).__name__}: {exc}"
+            f"importing {path_key} {str(file)!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
     if not hasattr(module, name):
         functions = sorted(
@@ -46,7 +54,7 @@ def load_custom_function(path: str | Path, name: str) -> CustomScorer:
             if callable(value) and not attr.startswith("_")
         )
         raise RewardError(
-            f"{str(file)!r} has no function {name!r} (set custom_reward_function.name; "
+            f"{str(file)!r} has no function {name!r} (set {name_key}; "
             f"callables in the file: {', '.join(functions) or 'none'})"
         )
     function = getattr(module, name)

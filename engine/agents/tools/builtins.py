@@ -1,0 +1,170 @@
+"""The tools themselves: a Python function as a tool, and the registered built-ins.
+
+A built-in is a class registered by name in ``BUILTIN_TOOLS`` with what the loader checks
+before anything runs: its default ``DESCRIPTION`` and ``PARAMETERS`` (what the model sees
+unless the tools file gives its own), the ``ARGUMENTS`` it reads (a schema the file gives
+must declare them), the ``CONFIG_KEYS`` it accepts (``None``: any, passed on) and
+``unavailable()`` (why it cannot run in this build, or ``None``). It is built as
+``cls(name, schema, config)``.
+
+- ``calculator``: arithmetic (``calculator.py``), evaluated in the event loop (bounded).
+- ``code_interpreter``: runs the model's Python with ``engine.agents.sandbox``'s
+  ``code_interpreter(code[, limits])``, imported on the first call; the tool's ``config``
+  is passed as the limits when it is not empty.
+
+A function (a custom tool, or a built-in written as one) is called with the arguments as
+keywords. A plain function runs in a daemon thread of its own, so a slow one never blocks
+the event loop and a hung one is left behind at the timeout without holding a pool or the
+process's exit; an ``async def`` one is awaited (it must not block: write a plain function
+for blocking work). It returns text; a dict or list is sent as JSON, ``None`` as nothing,
+anything else as ``str(value)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import json
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from engine.agents.tools import calculator
+from engine.agents.tools.types import ToolError, ToolResult
+from engine.algo.registry import Registry
+
+BUILTIN_TOOLS: Registry[Any] = Registry("built-in tool")
+
+SANDBOX_MODULE = "engine.agents.sandbox"
+
+
+def as_text(value: Any) -> str:
+    """What a tool function returned, as the text the model reads."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, dict | list | tuple):
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (ValueError, TypeError, RecursionError):
+            pass
+    return str(value)
+
+
+async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a new daemon thread, awaited without blocking the loop.
+
+    Cancelling the wait (a timeout) leaves the thread to finish on its own; its result is
+    dropped. A ``SystemExit`` in ``fn`` comes back as a ``ToolError``: a tool's ``exit()``
+    ends the call, not the run."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(error: BaseException | None, value: Any) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+    def target() -> None:
+        error: BaseException | None = None
+        value = None
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            error = exc
+        except SystemExit as exc:  # never past this call
+            error = ToolError(f"it called exit({exc.code})")
+        except BaseException as exc:
+            error = ToolError(f"it stopped with {type(exc).__name__}")
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(settle, error, value)
+
+    threading.Thread(
+        target=target, name=f"tool:{getattr(fn, '__name__', 'fn')}", daemon=True
+    ).start()
+    return await future
+
+
+class FunctionTool:
+    """A tool that calls ``fn(**arguments)`` (see the module's docstring)."""
+
+    def __init__(
+        self, name: str, schema: dict[str, Any], fn: Callable[..., Any], *, threaded: bool = True
+    ) -> None:
+        self.name = name
+        self.schema = schema
+        self.fn = fn
+        self.threaded = threaded
+
+    async def call(self, arguments: dict[str, Any]) -> ToolResult:
+        if inspect.iscoroutinefunction(self.fn):
+            value = await self.fn(**arguments)
+        elif self.threaded:
+            value = await run_in_thread(self.fn, **arguments)
+        else:
+            value = self.fn(**arguments)
+        if inspect.isawaitable(value):
+            value = await value
+        return ToolResult.success(as_text(value))
+
+
+class Builtin:
+    """What every built-in declares (the module's docstring says how each is used)."""
+
+    DESCRIPTION: ClassVar[str]
+    PARAMETERS: ClassVar[dict[str, Any]]
+    ARGUMENTS: ClassVar[tuple[str, ...]]
+    CONFIG_KEYS: ClassVar[tuple[str, ...] | None] = ()
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return None
+
+
+@BUILTIN_TOOLS.register("calculator")
+class CalculatorTool(Builtin, FunctionTool):
+    DESCRIPTION = calculator.DESCRIPTION
+    PARAMETERS = calculator.PARAMETERS
+    ARGUMENTS = ("expression",)
+
+    def __init__(self, name: str, schema: dict[str, Any], config: dict[str, Any]) -> None:
+        super().__init__(name, schema, calculator.calculate, threaded=False)
+
+
+@BUILTIN_TOOLS.register("code_interpreter")
+class CodeInterpreterTool(Builtin, FunctionTool):
+    DESCRIPTION = "Run Python code in a sandbox and return what it printed."
+    PARAMETERS: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "The Python code to run."}},
+        "required": ["code"],
+    }
+    ARGUMENTS = ("code",)
+    CONFIG_KEYS = None  # the sandbox's limits: it checks them
+
+    def __init__(self, name: str, schema: dict[str, Any], config: dict[str, Any]) -> None:
+        super().__init__(name, schema, self._run)
+        self.config = dict(config)
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        try:
+            found = importlib.util.find_spec(SANDBOX_MODULE) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            return None
+        return f"it needs {SANDBOX_MODULE} (engine/agents/sandbox.py), which this engine lacks"
+
+    def _run(self, code: str) -> Any:
+        sandbox = importlib.import_module(SANDBOX_MODULE)
+        if self.config:
+            return sandbox.code_interpreter(code, self.config)
+        return sandbox.code_interpreter(code)
