@@ -30,10 +30,30 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
-# ChatML; ``add_generation_prompt`` opens the assistant's turn.
+# ChatML; ``add_generation_prompt`` opens the assistant's turn. With ``tools`` (OpenAI
+# function schemas), a system turn lists them and says how to call one (Hermes-style
+# ``<tool_call>`` JSON, what engine/agents/tools' hermes parser reads); a ``tool`` message
+# comes back as a user turn wrapped in ``<tool_response>``. Without tools or tool
+# messages it renders exactly as plain ChatML.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
+    "{%- set rest = messages %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] + '\\n\\n' }}{%- set rest = messages[1:] %}"
+    "{%- endif %}"
+    '{{- \'Call a tool by writing <tool_call>{"name": NAME, "arguments": {...}}</tool_call>;\''
+    " + ' the tools:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in rest %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content']"
+    " + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

@@ -70,3 +70,22 @@ def test_cli(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
     assert (tmp_path / "cli" / "model.safetensors").is_file()
     assert (tmp_path / "cli" / "generation_config.json").is_file()
+
+
+def test_the_chat_template_without_tools_is_plain_chatml():
+    """Tools support (engine/agents) left every existing prompt's tokens as they were."""
+    tok = build_tokenizer()
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    chatml = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    assert tok.apply_chat_template(messages, tokenize=False) == chatml
+    opened = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+    assert opened == chatml.rsplit("<|im_start|>assistant", 1)[0] + "<|im_start|>assistant\n"
+    with_tools = tok.apply_chat_template(
+        messages[:2], tools=[{"type": "function", "function": {"name": "f"}}], tokenize=False
+    )
+    assert with_tools.startswith("<|im_start|>system\nBe brief.\n\nCall a tool by writing")
+    assert '"name": "f"' in with_tools and with_tools.endswith("<|im_start|>user\n2+2?<|im_end|>\n")

@@ -1,0 +1,110 @@
+"""The tool-using agent loop, batched turn by turn over any rollout engine.
+
+Every running trajectory generates its next turn in one request (the HF rollout batches
+them; vLLM takes them as one batch too); the turns that called tools have their calls
+run concurrently (across trajectories as well: one slow tool holds no other call); their
+results, tokenized through the chat template, are appended with mask 0 and the
+trajectories that are still running go on. A trajectory ends when the model answers
+without a tool call, at the turn limit, or at the response token budget.
+
+    agent = ToolAgent(ChatFormat(tokenizer, tool_schemas(specs)), parser, tools, limits)
+    trajectories = agent.run(engine, [agent.chat.prompt_ids(messages), ...], sampling)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from engine.agents.chat import ChatFormat
+from engine.agents.tools import (
+    OK,
+    TIMEOUT,
+    TRUNCATED,
+    ParsedTurn,
+    Tool,
+    ToolCallParser,
+    ToolResult,
+    execute,
+)
+from engine.agents.trajectory import ANSWERED, LENGTH, MAX_TURNS, AgentLimits, Trajectory
+from engine.rollout.base import RolloutEngine
+from engine.types import GenerationRequest, SamplingParams
+
+
+@dataclass
+class ToolAgent:
+    chat: ChatFormat
+    parser: ToolCallParser
+    tools: Mapping[str, Tool]
+    limits: AgentLimits
+
+    def run(
+        self, engine: RolloutEngine, prompts: Sequence[list[int]], sampling: SamplingParams
+    ) -> list[Trajectory]:
+        """One trajectory per prompt row (rows already expanded, ``sampling.n`` is 1)."""
+        if sampling.n != 1:
+            raise ValueError("ToolAgent.run takes prompts expanded to one row per sample (n=1)")
+        trajectories = [Trajectory(list(p)) for p in prompts]
+        while running := [t for t in trajectories if t.running]:
+            turns = self._generate(engine, running, sampling)
+            calling = [(t, turn) for t, turn in zip(running, turns, strict=True) if turn]
+            if calling:
+                results = asyncio.run(self._run_tools([turn for _, turn in calling]))
+                for (t, turn), done in zip(calling, results, strict=True):
+                    self._answer(t, turn, done)
+        return trajectories
+
+    def _generate(
+        self, engine: RolloutEngine, running: list[Trajectory], sampling: SamplingParams
+    ) -> list[ParsedTurn | None]:
+        """Each running trajectory's next model turn; the parsed turn of those that called
+        a tool (or wrote a call the parser could not read), None for the others."""
+        budget = max(t.room(self.limits) for t in running)
+        request = GenerationRequest(
+            prompt_ids=[t.prompt_ids + t.response_ids for t in running],
+            sampling=replace(sampling, max_new_tokens=min(sampling.max_new_tokens, budget)),
+        )
+        out = engine.generate(request)
+        turns: list[ParsedTurn | None] = []
+        for i, t in enumerate(running):
+            logprobs = out.logprobs[i] if out.logprobs is not None else None
+            kept = t.add_model_turn(list(out.response_ids[i]), logprobs, self.limits)
+            complete = out.finished[i] and len(kept) == len(out.response_ids[i])
+            turn = self.parser.parse(self.chat.tokenizer.decode(kept, skip_special_tokens=True))
+            if not complete:
+                t.ended = LENGTH
+            elif not turn.calls and not turn.errors:
+                t.ended = ANSWERED
+            elif t.turns >= self.limits.max_turns:
+                t.ended = MAX_TURNS
+            turns.append(turn if t.running else None)
+        return turns
+
+    async def _run_tools(self, turns: list[ParsedTurn]) -> list[list[ToolResult]]:
+        return list(
+            await asyncio.gather(
+                *(
+                    execute(
+                        turn.calls,
+                        self.tools,
+                        timeout_s=self.limits.tool_timeout_s,
+                        max_output_chars=self.limits.max_tool_response_chars,
+                    )
+                    for turn in turns
+                )
+            )
+        )
+
+    def _answer(self, t: Trajectory, turn: ParsedTurn, results: list[ToolResult]) -> None:
+        """The tools' results (and what the parser could not read) as the next messages."""
+        t.tool_calls += len(results)
+        t.tool_errors += len(turn.errors) + sum(
+            r.kind not in (OK, TRUNCATED, TIMEOUT) for r in results
+        )
+        t.tool_timeouts += sum(r.kind == TIMEOUT for r in results)
+        t.tool_latency_s += sum(r.latency_s for r in results)
+        messages = [r.as_message() for r in results]
+        messages += [{"role": "tool", "name": "error", "content": e} for e in turn.errors]
+        t.add_environment(self.chat.continuation_ids(messages), self.limits)

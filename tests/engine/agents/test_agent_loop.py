@@ -1,0 +1,166 @@
+"""The multi-turn agent loop: the model's tokens kept as sampled, the environment's
+tokens masked out, exact to the token, on the tiny model's real tokenizer and chat
+template and the real calculator tool. The generator is a script of turns (what a model
+would sample), so every mask and length below is computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.agents.chat import ChatFormat
+from engine.agents.loop import ToolAgent
+from engine.agents.tools import build_tools, get_tool_call_parser, parse_tool_specs, tool_schemas
+from engine.agents.trajectory import ANSWERED, LENGTH, MAX_TURNS, AgentLimits
+from engine.errors import ConfigError
+from engine.models.tiny import build_tokenizer
+from engine.types import GenerationOutput, GenerationRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return parse_tool_specs({"tools": [{"name": "calculator"}]})
+
+
+class Script:
+    """A rollout engine that answers each request's rows with the next scripted turn of
+    that row's conversation (text, tokenized, ended with the end-of-turn token unless
+    ``cut``), and records what it was asked."""
+
+    def __init__(self, tokenizer, turns_per_row: list[list[str]], cut: set[tuple[int, int]] = ()):
+        self.tok, self.turns, self.cut = tokenizer, turns_per_row, set(cut)
+        self.requests: list[GenerationRequest] = []
+        self.asked: dict[int, int] = {}
+        self.rows: dict[tuple[int, ...], int] = {}
+
+    def generate(self, request: GenerationRequest) -> GenerationOutput:
+        self.requests.append(request)
+        ids, finished, logprobs = [], [], []
+        for prompt in request.prompt_ids:
+            row = self._row(prompt)
+            turn = self.asked.get(row, 0)
+            self.asked[row] = turn + 1
+            tokens = self.tok.encode(self.turns[row][turn], add_special_tokens=False)
+            done = (row, turn) not in self.cut
+            if done:
+                tokens = [*tokens, self.tok.eos_token_id]
+            tokens = tokens[: request.sampling.max_new_tokens]
+            ids.append(tokens)
+            finished.append(done and tokens[-1] == self.tok.eos_token_id)
+            logprobs.append([-0.5 - row] * len(tokens))
+        return GenerationOutput(ids, finished, logprobs)
+
+    def _row(self, prompt: list[int]) -> int:
+        for start, row in self.rows.items():
+            if tuple(prompt[: len(start)]) == start:
+                return row
+        row = len(self.rows)
+        self.rows[tuple(prompt)] = row
+        return row
+
+
+def _agent(tokenizer, specs, **limits) -> ToolAgent:
+    return ToolAgent(
+        ChatFormat(tokenizer, tool_schemas(specs)),
+        get_tool_call_parser("hermes"),
+        build_tools(specs),
+        AgentLimits(**limits),
+    )
+
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "17*23"}}</tool_call>'
+
+
+def test_a_two_turn_trajectory_masks_exactly_the_tool_tokens(tokenizer, specs):
+    agent = _agent(tokenizer, specs)
+    prompt = agent.chat.prompt_ids([{"role": "user", "content": "What is 17*23?"}])
+    script = Script(tokenizer, [[CALL, "The answer is 391."]])
+    (t,) = agent.run(script, [prompt], SamplingParams(max_new_tokens=200))
+
+    eos = tokenizer.eos_token_id
+    first = [*tokenizer.encode(CALL, add_special_tokens=False), eos]
+    tool = tokenizer.encode(
+        "\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )
+    second = [*tokenizer.encode("The answer is 391.", add_special_tokens=False), eos]
+    assert t.prompt_ids == prompt
+    assert t.response_ids == first + tool + second
+    assert t.response_mask == [1] * len(first) + [0] * len(tool) + [1] * len(second)
+    assert t.logprobs == [-0.5] * len(first) + [0.0] * len(tool) + [-0.5] * len(second)
+    assert (t.turns, t.ended, t.finished) == (2, ANSWERED, True)
+    assert (t.tool_calls, t.tool_errors, t.tool_timeouts) == (1, 0, 0)
+    # the second turn was asked with the model's own tokens and the tool's, as they are
+    assert script.requests[1].prompt_ids == [prompt + first + tool]
+    # the whole trajectory decodes as the chat template renders the conversation
+    conversation = [
+        {"role": "user", "content": "What is 17*23?"},
+        {"role": "assistant", "content": CALL},
+        {"role": "tool", "content": "391"},
+        {"role": "assistant", "content": "The answer is 391."},
+    ]
+    rendered = tokenizer.apply_chat_template(
+        conversation, tools=tool_schemas(specs), tokenize=False
+    )
+    assert tokenizer.decode(t.prompt_ids + t.response_ids) + "\n" == rendered
+
+
+def test_rows_run_together_and_end_each_for_its_own_reason(tokenizer, specs):
+    agent = _agent(tokenizer, specs, max_turns=2, max_response_tokens=400)
+    prompts = [agent.chat.prompt_ids([{"role": "user", "content": f"go {i}"}]) for i in "abcd"]
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+"}</tool_call>'
+    script = Script(
+        tokenizer,
+        [
+            ["no tools needed"],  # answers at once
+            [CALL, CALL],  # calls twice: the turn limit
+            [bad, "sorry"],  # a malformed call: told, then answers
+            ["this turn is cut"],  # no end-of-turn token: cut
+        ],
+        cut={(3, 0)},
+    )
+    answered, limited, malformed, cut = agent.run(script, prompts, SamplingParams())
+    assert (answered.ended, answered.turns, answered.tool_calls) == (ANSWERED, 1, 0)
+    assert set(answered.response_mask) == {1}
+    assert (limited.ended, limited.turns, limited.tool_calls) == (MAX_TURNS, 2, 1)
+    assert (malformed.ended, malformed.turns, malformed.tool_errors) == (ANSWERED, 2, 1)
+    assert (cut.ended, cut.turns, cut.finished) == (LENGTH, 1, False)
+    # two requests: every row in the first, then only the two that called a tool
+    assert [len(r.prompt_ids) for r in script.requests] == [4, 2]
+
+
+def test_the_token_budget_cuts_a_turn_and_refuses_a_tool_result_that_does_not_fit(tokenizer, specs):
+    prompt = [1, 2, 3]
+    call = [*tokenizer.encode(CALL, add_special_tokens=False), tokenizer.eos_token_id]
+    # room for the call and part of the tool's answer: the trajectory ends there
+    agent = _agent(tokenizer, specs, max_response_tokens=len(call) + 3)
+    (t,) = agent.run(Script(tokenizer, [[CALL, "x"]]), [prompt], SamplingParams())
+    assert (t.ended, t.response_ids, t.response_mask) == (LENGTH, call, [1] * len(call))
+    # a budget smaller than the first turn: the turn is cut, and the engine was asked
+    # for no more than the budget
+    agent = _agent(tokenizer, specs, max_response_tokens=5)
+    script = Script(tokenizer, [[CALL]])
+    (t,) = agent.run(script, [prompt], SamplingParams(max_new_tokens=512))
+    assert (t.ended, len(t.response_ids)) == (LENGTH, 5)
+    assert script.requests[0].sampling.max_new_tokens == 5
+
+
+def test_a_chat_template_that_cannot_continue_a_conversation_is_refused(tokenizer):
+    class Shuffled:
+        eos_token = tokenizer.eos_token
+
+        def apply_chat_template(self, messages, **_):
+            return "".join(m["content"] for m in reversed(messages)) + self.eos_token
+
+    with pytest.raises(ConfigError, match="does not render a conversation as the start"):
+        ChatFormat(Shuffled())
+
+
+def test_prompts_must_be_expanded_rows(tokenizer, specs):
+    with pytest.raises(ValueError, match="n=1"):
+        _agent(tokenizer, specs).run(Script(tokenizer, [["x"]]), [[1]], SamplingParams(n=2))
