@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.controller.dispatch import ModelParallelLayout
 from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
 from engine.device import DEVICES
-from engine.errors import EngineError
+from engine.errors import ConfigError, EngineError
 
 # Settings every worker process starts with: these constants and nothing read from the
 # environment. Ray writes a job's runtime_env into its logs (runtime_env_agent.log) and
@@ -139,6 +139,20 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
     )
 
 
+def _tool_schemas(cfg: EngineConfig) -> list[dict]:
+    """The tools the prompts show the model, for a multi-turn rollout (else none)."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable or not mt.tool_config_path:
+        return []
+    from engine.agents.tools import load_tool_specs, tool_schemas
+
+    try:
+        return tool_schemas(load_tool_specs(mt.tool_config_path))
+    except ConfigError as exc:  # before any worker starts: the key, the value, the fix
+        key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+        raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None
+
+
 def run_training(cfg: EngineConfig) -> None:
     from transformers import AutoTokenizer
 
@@ -155,11 +169,16 @@ def run_training(cfg: EngineConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
-    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data)
+    tools = _tool_schemas(cfg)
+    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, tools)
     loader = PromptLoader(
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
     )
-    val = RLDataset(cfg.data.val_file_list, tokenizer, cfg.data) if cfg.data.val_file_list else None
+    val = (
+        RLDataset(cfg.data.val_file_list, tokenizer, cfg.data, tools)
+        if cfg.data.val_file_list
+        else None
+    )
     total = cfg.trainer.total_training_steps or len(loader) * cfg.trainer.total_epochs
     if total < 1:
         raise EngineError("no training steps: the dataset is smaller than data.train_batch_size")

@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
+from engine.agents.metrics import agent_metrics
 from engine.algo.advantage import AdvantageInputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
+from engine.algo.masked import last_valid_index
 from engine.algo.names import estimator_needs
 from engine.algo.rollout_correction import (
     is_weight_metrics,
@@ -69,10 +71,15 @@ class Rollout:
     pad_token_id: int
     # The engine's log-prob of each response token (rollout.calculate_log_probs), or None
     rollout_logprobs: list[list[float]] | None = None
+    # Multi-turn rows (engine.agents): 0 on the tools' tokens; their per-row statistics
+    response_masks: list[list[int]] | None = None
+    agent_stats: list[dict[str, float]] | None = None
 
     @functools.cached_property
     def tokens(self) -> TokenBatch:
-        return TokenBatch.from_ragged(self.prompt_ids, self.response_ids, self.pad_token_id)
+        return TokenBatch.from_ragged(
+            self.prompt_ids, self.response_ids, self.pad_token_id, self.response_masks
+        )
 
     @property
     def prompt_lengths_B(self) -> torch.Tensor:
@@ -211,6 +218,8 @@ class Trainer:
         with timer("step"):
             with timer("gen"):
                 rollout = self.generate_training_batch(timer, metrics)
+            if rollout.agent_stats is not None and rollout.response_masks is not None:
+                metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
             tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
             updates_actor = self.step > cfg.trainer.critic_warmup
             old_logprobs = None  # on-policy: the update's own log-probs serve as π_old
@@ -333,7 +342,13 @@ class Trainer:
     ) -> Rollout:
         n = sampling.n
         expanded = [p for p in prompts for _ in range(n)]
-        request = GenerationRequest([p.prompt_ids for p in expanded], sampling)
+        multi_turn = self.cfg.actor_rollout_ref.rollout.multi_turn
+        agents = (
+            [p.agent_name or multi_turn.default_agent for p in expanded]
+            if multi_turn.enable
+            else None
+        )
+        request = GenerationRequest([p.prompt_ids for p in expanded], sampling, agents)
         output = self.workers.call_split("rollout", "generate", request)
         meta = SampleMeta(
             group_ids=[i // n for i in range(len(expanded))],
@@ -352,6 +367,8 @@ class Trainer:
             preds=[r.pred for r in results],
             pad_token_id=self.pad_token_id,
             rollout_logprobs=output.logprobs,
+            response_masks=output.response_mask,
+            agent_stats=output.agent_stats,
         )
 
     def score(self, responses: list[list[int]], meta: SampleMeta) -> list[ScoreResult]:
@@ -379,7 +396,7 @@ class Trainer:
         when the KL is in the reward."""
         mask = rollout.tokens.response_mask_BR
         scores = torch.zeros_like(mask)
-        last = (mask.sum(-1).long() - 1).clamp(min=0)
+        last = last_valid_index(mask)  # the model's last token (tool tokens come between)
         has_tokens = mask.sum(-1) > 0
         rows = torch.arange(len(rollout))[has_tokens]
         scores[rows, last[has_tokens]] = rollout.scores_B[has_tokens]

@@ -41,6 +41,8 @@ class GenerationRequest:
 
     prompt_ids: list[list[int]]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Each row's agent loop (engine.agents: single_turn | tool_agent); None: single turn
+    agent_names: list[str] | None = None
 
 
 @dataclass
@@ -50,6 +52,10 @@ class GenerationOutput:
     response_ids: list[list[int]]  # up to and including EOS when one was sampled
     finished: list[bool]  # True when the response ended with EOS (not truncated)
     logprobs: list[list[float]] | None = None  # sampling log-probs, when the engine gives them
+    # Multi-turn rows: 1 on the model's tokens, 0 on the tools' (None: all the model's)
+    response_mask: list[list[int]] | None = None
+    # Multi-turn rows: turns, tool calls, errors, timeouts, latency (engine.agents)
+    agent_stats: list[dict[str, float]] | None = None
 
 
 @dataclass
@@ -74,9 +80,15 @@ class TokenBatch:
 
     @classmethod
     def from_ragged(
-        cls, prompts: list[list[int]], responses: list[list[int]], pad_token_id: int
+        cls,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        pad_token_id: int,
+        response_masks: list[list[int]] | None = None,
     ) -> TokenBatch:
-        """Pad prompts on the left and responses on the right, to the longest of each."""
+        """Pad prompts on the left and responses on the right, to the longest of each.
+        ``response_masks`` (multi-turn: 0 on tool tokens) narrow which response tokens
+        count in the losses; the model still attends to every one."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         batch = len(prompts)
@@ -92,11 +104,17 @@ class TokenBatch:
                 attention[i, p_len : p_len + len(response)] = 1
         # Positions count real tokens only, so left padding does not shift them.
         position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        response_mask = attention[:, p_len:].float()
+        if response_masks is not None:
+            for i, row in enumerate(response_masks):
+                if len(row) != len(responses[i]):
+                    raise ValueError(f"row {i}: {len(row)} mask values, {len(responses[i])} tokens")
+                response_mask[i, : len(row)] = torch.tensor(row, dtype=response_mask.dtype)
         return cls(
             input_ids_BS=input_ids,
             attention_mask_BS=attention,
             position_ids_BS=position_ids,
-            response_mask_BR=attention[:, p_len:].float(),
+            response_mask_BR=response_mask,
         )
 
 

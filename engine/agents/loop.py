@@ -30,7 +30,7 @@ from engine.agents.tools import (
 )
 from engine.agents.trajectory import ANSWERED, LENGTH, MAX_TURNS, AgentLimits, Trajectory
 from engine.rollout.base import RolloutEngine
-from engine.types import GenerationRequest, SamplingParams
+from engine.types import GenerationOutput, GenerationRequest, SamplingParams
 
 
 @dataclass
@@ -41,12 +41,19 @@ class ToolAgent:
     limits: AgentLimits
 
     def run(
-        self, engine: RolloutEngine, prompts: Sequence[list[int]], sampling: SamplingParams
+        self,
+        engine: RolloutEngine,
+        prompts: Sequence[list[int]],
+        sampling: SamplingParams,
+        single_turn: Sequence[bool] | None = None,
     ) -> list[Trajectory]:
-        """One trajectory per prompt row (rows already expanded, ``sampling.n`` is 1)."""
-        if sampling.n != 1:
-            raise ValueError("ToolAgent.run takes prompts expanded to one row per sample (n=1)")
-        trajectories = [Trajectory(list(p)) for p in prompts]
+        """One trajectory per prompt row (rows already expanded: engines generate one
+        response per row, ``sampling.n`` is not read); rows flagged ``single_turn`` end
+        after their first turn, as without tools."""
+        one = single_turn or [False] * len(prompts)
+        trajectories = [
+            Trajectory(list(p), single_turn=o) for p, o in zip(prompts, one, strict=True)
+        ]
         while running := [t for t in trajectories if t.running]:
             turns = self._generate(engine, running, sampling)
             calling = [(t, turn) for t, turn in zip(running, turns, strict=True) if turn]
@@ -72,6 +79,10 @@ class ToolAgent:
             logprobs = out.logprobs[i] if out.logprobs is not None else None
             kept = t.add_model_turn(list(out.response_ids[i]), logprobs, self.limits)
             complete = out.finished[i] and len(kept) == len(out.response_ids[i])
+            if t.single_turn:
+                t.ended = ANSWERED if complete else LENGTH
+                turns.append(None)
+                continue
             turn = self.parser.parse(self.chat.tokenizer.decode(kept, skip_special_tokens=True))
             if not complete:
                 t.ended = LENGTH
@@ -108,3 +119,24 @@ class ToolAgent:
         messages = [r.as_message() for r in results]
         messages += [{"role": "tool", "name": "error", "content": e} for e in turn.errors]
         t.add_environment(self.chat.continuation_ids(messages), self.limits)
+
+
+def as_generation_output(trajectories: list[Trajectory], logprobs: bool) -> GenerationOutput:
+    """The trajectories as the rollout's output: tokens, mask, log-probs (when the
+    engine gives them), whether the model ended each itself, and their statistics."""
+    return GenerationOutput(
+        response_ids=[t.response_ids for t in trajectories],
+        finished=[t.finished for t in trajectories],
+        logprobs=[t.logprobs for t in trajectories] if logprobs else None,
+        response_mask=[t.response_mask for t in trajectories],
+        agent_stats=[
+            {
+                "turns": float(t.turns),
+                "tool_calls": float(t.tool_calls),
+                "tool_errors": float(t.tool_errors),
+                "tool_timeouts": float(t.tool_timeouts),
+                "tool_latency_s": t.tool_latency_s,
+            }
+            for t in trajectories
+        ],
+    )

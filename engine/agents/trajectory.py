@@ -34,6 +34,7 @@ class AgentLimits:
 @dataclass
 class Trajectory:
     prompt_ids: list[int]
+    single_turn: bool = False  # one turn, no tool calls read (the single_turn agent loop)
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)  # 1: the model's token
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob; 0.0 off-mask

@@ -51,3 +51,11 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))
+
+
+def last_valid_index(mask_BT: torch.Tensor) -> torch.Tensor:
+    """Per row, the index of the last position where the mask is set (0 for an empty
+    row). Not ``mask.sum() - 1``: a multi-turn row has unmasked tool tokens between the
+    model's turns."""
+    positions_T = torch.arange(mask_BT.shape[-1], device=mask_BT.device)
+    return torch.where(mask_BT > 0, positions_T, torch.zeros_like(positions_T)).amax(dim=-1)

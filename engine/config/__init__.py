@@ -41,6 +41,7 @@ from engine.config.data import TRUNCATION_MODES, DataConfig
 from engine.config.engine import TOKEN_BUDGET_KEYS, EngineConfig
 from engine.config.keys import config_keys, schema_leaf
 from engine.config.load import key_problems, load_config, to_yaml
+from engine.config.multi_turn import AGENT_LOOPS, MultiTurnConfig
 from engine.config.reward import (
     REWARD_MANAGERS,
     CustomRewardFunctionConfig,
@@ -63,6 +64,7 @@ from engine.config.trainer import DEVICES, LOGGERS, RESUME_MODES, TrainerConfig
 from engine.errors import ConfigError
 
 __all__ = [
+    "AGENT_LOOPS",
     "DEVICES",
     "DTYPES",
     "FILTER_METRICS",
@@ -90,6 +92,7 @@ __all__ = [
     "MegatronConfig",
     "MixedPrecisionConfig",
     "ModelConfig",
+    "MultiTurnConfig",
     "OptimConfig",
     "OverlongBufferConfig",
     "PolicyLossConfig",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.config.fields import choice, positive, setting
+from engine.config.multi_turn import MultiTurnConfig
 from engine.config.train import dtype_problems
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class RolloutConfig:
         512, "vllm/sglang: size of the buckets the actor's weights are sent in, in MiB."
     )
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 def rules(cfg: EngineConfig) -> list[str]:

@@ -2,7 +2,7 @@
 together, each with the fix.
 
 Each section's rules sit beside its fields, in a ``rules(cfg)`` function of its module
-(``data``, ``actor``, ``rollout``, ``critic``, ``reward``, ``algorithm``, ``trainer``); a
+(``data``, ``actor``, ``rollout``, ``multi_turn``, ``critic``, ``reward``, ``algorithm``, ``trainer``); a
 rule that spans sections lives with the field it is about (``rollout.n >= 2`` for group
 estimators in ``algorithm``, the rollout's tensor-parallel size against the device count
 in ``rollout``). Two kinds span too much for one section and have modules of their own:
@@ -14,7 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.config import actor, algorithm, batches, critic, data, reward, rollout, trainer
+from engine.config import (
+    actor,
+    algorithm,
+    batches,
+    critic,
+    data,
+    multi_turn,
+    reward,
+    rollout,
+    trainer,
+)
 from engine.config.engine import EngineConfig
 from engine.config.train import megatron_rules
 from engine.errors import ConfigError
@@ -24,6 +34,7 @@ RULES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     data.rules,
     actor.rules,
     rollout.rules,
+    multi_turn.rules,
     critic.rules,
     reward.rules,
     algorithm.rules,

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_EXTENSIONS = (".parquet", ".jsonl", ".json")
 REQUIRED_COLUMNS = ("data_source", "ability", "reward_model")  # besides cfg.prompt_key
-OPTIONAL_COLUMNS = ("extra_info",)
+OPTIONAL_COLUMNS = ("extra_info", "agent_name")
 TRUNCATION_HINT = (
     "raise data.max_prompt_length, set data.filter_overlong_prompts=true to drop such "
     "prompts, or set data.truncation=left|right|middle to cut them"
@@ -50,6 +50,7 @@ class PromptSample:
     ground_truth: Any
     ability: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    agent_name: str | None = None  # its agent loop (engine.agents); None: the default
 
 
 # ---------------------------------------------------------------------------
@@ -122,7 +123,15 @@ def require_columns(
 class RLDataset:
     """Map-style dataset of :class:`PromptSample`, tokenised at construction."""
 
-    def __init__(self, files: Sequence[str | Path] | str | Path, tokenizer: Any, cfg: DataConfig):
+    def __init__(
+        self,
+        files: Sequence[str | Path] | str | Path,
+        tokenizer: Any,
+        cfg: DataConfig,
+        tools: Sequence[dict[str, Any]] = (),
+    ):
+        """``tools``: OpenAI function schemas the chat template shows the model (a
+        multi-turn rollout's tools, engine.agents)."""
         if isinstance(files, (str, Path)):
             files = [files]
         if not files:
@@ -134,12 +143,14 @@ class RLDataset:
         self._ability: list[str] = []
         self._ground_truth: list[Any] = []
         self._extra_info: list[dict[str, Any]] = []
+        self._agent_name: list[str | None] = []
+        self.tools = list(tools)
         origins: list[tuple[str, int]] = []  # (file, row) of each sample, for messages
         for path in self.files:
             n = self._load_file(path, cfg.prompt_key)
             origins.extend((path, row) for row in range(n))
 
-        ids, offsets = _tokenize_chats(tokenizer, self._messages)
+        ids, offsets = _tokenize_chats(tokenizer, self._messages, self.tools)
         lengths = np.diff(offsets)
         over = np.flatnonzero(lengths > cfg.max_prompt_length)
         self.num_overlong = int(over.size)
@@ -187,6 +198,8 @@ class RLDataset:
         prompts = columns[prompt_key]
         rewards = columns["reward_model"]
         extra = columns["extra_info"] if "extra_info" in columns else [None] * len(prompts)
+        agents = columns["agent_name"] if "agent_name" in columns else [None] * len(prompts)
+        self._agent_name.extend(None if a is None else str(a) for a in agents)
         for row, (chat, reward) in enumerate(zip(prompts, rewards, strict=True)):
             self._messages.append(_check_chat(chat, path, row, prompt_key))
             if not isinstance(reward, dict) or "ground_truth" not in reward:
@@ -201,7 +214,14 @@ class RLDataset:
         return len(prompts)
 
     def _keep_rows(self, keep: list[int]) -> None:
-        for name in ("_messages", "_data_source", "_ability", "_ground_truth", "_extra_info"):
+        for name in (
+            "_messages",
+            "_data_source",
+            "_ability",
+            "_ground_truth",
+            "_extra_info",
+            "_agent_name",
+        ):
             values = getattr(self, name)
             setattr(self, name, [values[i] for i in keep])
 
@@ -222,6 +242,7 @@ class RLDataset:
             ground_truth=self._ground_truth[index],
             ability=self._ability[index],
             extra_info=self._extra_info[index],
+            agent_name=self._agent_name[index],
         )
 
     def data_sources(self) -> set[str]:
@@ -254,7 +275,7 @@ def _check_chat(chat: Any, path: str, row: int, prompt_key: str) -> list[dict[st
 
 
 def _tokenize_chats(
-    tokenizer: Any, chats: list[list[dict[str, Any]]]
+    tokenizer: Any, chats: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Render every chat with the tokenizer's template and tokenise it.
 
@@ -271,7 +292,10 @@ def _tokenize_chats(
     lengths: list[int] = []
     for start in range(0, len(chats), _CHUNK):
         texts = tokenizer.apply_chat_template(
-            chats[start : start + _CHUNK], tokenize=False, add_generation_prompt=True
+            chats[start : start + _CHUNK],
+            tokenize=False,
+            add_generation_prompt=True,
+            **({"tools": tools} if tools else {}),  # what a plain prompt renders stays as it was
         )
         encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
         for ids in encoded["input_ids"]:

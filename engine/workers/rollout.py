@@ -44,6 +44,7 @@ class RolloutWorker:
         self.actor = colocated["actor"]
         self.megatron_actor = cfg.actor_rollout_ref.actor.strategy == "megatron"
         self.synced_version: int | None = None  # the actor's weights the engine holds
+        self.agent = _tool_agent(cfg, tokenizer)  # None: single-turn rollouts only
         model = cfg.actor_rollout_ref.model
         if rollout_cfg.name == "hf":
             from engine.rollout.hf import HFRollout
@@ -99,7 +100,18 @@ class RolloutWorker:
             self.sync_weights()
         self.engine.wake()
         try:
-            return self.engine.generate(request)
+            names = request.agent_names
+            if self.agent is None or not names or set(names) == {"single_turn"}:
+                return self.engine.generate(request)
+            from engine.agents.loop import as_generation_output
+
+            trajectories = self.agent.run(
+                self.engine,
+                request.prompt_ids,
+                request.sampling,
+                single_turn=[name == "single_turn" for name in names],
+            )
+            return as_generation_output(trajectories, logprobs=self.cfg.calculate_log_probs)
         finally:
             self.engine.sleep()
 
@@ -157,3 +169,28 @@ def _generation_config(model_cfg: Any) -> Any:
     except OSError:  # no generation_config.json: the tokenizer's EOS alone
         config = None
     return SimpleNamespace(generation_config=config)
+
+
+def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
+    """The multi-turn agent (engine.agents) when ``rollout.multi_turn`` is on: its tools
+    are built here, in the worker that runs them."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return None
+    from engine.agents.chat import ChatFormat
+    from engine.agents.loop import ToolAgent
+    from engine.agents.tools import build_tools, get_tool_call_parser, load_tool_specs, tool_schemas
+    from engine.agents.trajectory import AgentLimits
+
+    specs = load_tool_specs(mt.tool_config_path)
+    return ToolAgent(
+        ChatFormat(tokenizer, tool_schemas(specs)),
+        get_tool_call_parser(mt.format, mt.max_parallel_calls),
+        build_tools(specs),
+        AgentLimits(
+            max_turns=mt.max_assistant_turns,
+            max_response_tokens=cfg.data.max_response_length,
+            max_tool_response_chars=mt.max_tool_response_length,
+            tool_timeout_s=mt.tool_timeout_s,
+        ),
+    )

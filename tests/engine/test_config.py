@@ -475,3 +475,31 @@ def test_a_huge_batch_is_refused_with_divisors_at_once():
     assert divisors_near(256, 48) == [16, 32, 64]  # 48 is no divisor: 32, 64 (16 off), 16
     assert divisors_near(10**12, 48) == [32, 40, 50]  # 50 (2 off), 40 (8), 32 (16)
     assert divisors_near(97, 10) == [1, 97]  # a prime has two
+
+
+def test_multi_turn_rules_name_the_key_and_the_fix(tmp_path):
+    """A multi-turn rollout needs its tools file, a known call format, and TP 1."""
+    key = "actor_rollout_ref.rollout.multi_turn"
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            [
+                *REQUIRED,
+                f"{key}.enable=true",
+                f"{key}.max_assistant_turns=0",
+                f"{key}.default_agent=react",
+            ]
+        )
+    text = "\n".join(err.value.problems)
+    assert f"{key}.tool_config_path: a multi-turn rollout needs its tools file" in text
+    assert f"{key}.max_assistant_turns must be a positive integer, got 0" in text
+    assert f"{key}.default_agent: unknown agent loop 'react'" in text
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: calculator\n")
+    ok = [*REQUIRED, f"{key}.enable=true", f"{key}.tool_config_path={tools}"]
+    assert load_config(ok).actor_rollout_ref.rollout.multi_turn.enable
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=1 for multi-turn"):
+        load_config([*ok, "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                     "trainer.n_gpus_per_node=2"])  # fmt: skip
+    # off: nothing is checked (the default config has no tools file)
+    off = load_config([*REQUIRED, f"{key}.tool_config_path=/nope.yaml"])
+    assert not off.actor_rollout_ref.rollout.multi_turn.enable

@@ -161,6 +161,36 @@ def test_a_chat_template_that_cannot_continue_a_conversation_is_refused(tokenize
         ChatFormat(Shuffled())
 
 
-def test_prompts_must_be_expanded_rows(tokenizer, specs):
-    with pytest.raises(ValueError, match="n=1"):
-        _agent(tokenizer, specs).run(Script(tokenizer, [["x"]]), [[1]], SamplingParams(n=2))
+def test_single_turn_rows_beside_tool_rows_read_no_calls(tokenizer, specs):
+    """A dataset's agent_name column mixes loops: a single_turn row that writes a tool
+    call is answered as without tools (one turn, nothing run)."""
+    agent = _agent(tokenizer, specs)
+    prompts = [agent.chat.prompt_ids([{"role": "user", "content": f"q {i}"}]) for i in "ab"]
+    script = Script(tokenizer, [[CALL], [CALL, "391"]])
+    one, tool = agent.run(script, prompts, SamplingParams(), single_turn=[True, False])
+    assert (one.ended, one.turns, one.tool_calls, set(one.response_mask)) == (ANSWERED, 1, 0, {1})
+    assert (tool.ended, tool.turns, tool.tool_calls) == (ANSWERED, 2, 1)
+
+
+def test_the_output_and_metrics_of_a_batch_of_trajectories(tokenizer, specs):
+    from engine.agents.loop import as_generation_output
+    from engine.agents.metrics import agent_metrics
+    from engine.types import TokenBatch
+
+    agent = _agent(tokenizer, specs)
+    prompts = [agent.chat.prompt_ids([{"role": "user", "content": f"q {i}"}]) for i in "ab"]
+    trajectories = agent.run(Script(tokenizer, [[CALL, "391"], ["no"]]), prompts, SamplingParams())
+    out = as_generation_output(trajectories, logprobs=True)
+    assert out.finished == [True, True] and out.response_mask[1] == [1] * len(out.response_ids[1])
+    tokens = TokenBatch.from_ragged(prompts, out.response_ids, 0, out.response_mask)
+    # the losses' mask is the agent's, padded with 0; the model attends to every token
+    row = tokens.response_mask_BR[0, : len(out.response_ids[0])].tolist()
+    assert row == [float(m) for m in out.response_mask[0]]
+    assert tokens.attention_mask_BS[0, -tokens.response_length :].sum() == len(out.response_ids[0])
+    m = agent_metrics(out.agent_stats, out.response_mask)
+    model_tokens = sum(map(sum, out.response_mask))
+    assert m["agent/turns_mean"] == 1.5 and m["agent/turns_max"] == 2.0
+    assert m["agent/tool_calls_mean"] == 0.5 and m["agent/tool_call_rate"] == 0.5
+    assert m["agent/response_tokens_per_turn"] == model_tokens / 3
+    assert (m["agent/tool_errors"], m["agent/tool_timeouts"]) == (0, 0)
+    assert as_generation_output(trajectories, logprobs=False).logprobs is None

@@ -84,3 +84,18 @@ def test_inf_and_nan_in_padding_give_finite_gradients():
         loss.backward()
         assert torch.isfinite(x.grad).all(), fn.__name__
         assert (x.grad[~MASK.bool()] == 0).all(), fn.__name__
+
+
+def test_last_valid_index_skips_the_holes_of_a_multi_turn_row():
+    from engine.algo.masked import last_valid_index
+
+    mask = torch.tensor(
+        [
+            [1, 1, 0, 0, 1, 1, 0],  # model, tool, model, padding: the last is index 5
+            [1, 1, 1, 0, 0, 0, 0],  # one turn: index 2 (what sum - 1 gave too)
+            [0, 0, 0, 0, 0, 0, 0],  # empty: 0
+            [1, 0, 0, 0, 0, 0, 1],  # the last position
+        ],
+        dtype=torch.float32,
+    )
+    assert last_valid_index(mask).tolist() == [5, 2, 0, 6]

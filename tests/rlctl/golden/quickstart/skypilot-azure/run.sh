@@ -308,6 +308,15 @@ actor_rollout_ref:
       top_p: 1.0
       top_k: -1
       do_sample: false
+    multi_turn:
+      enable: false
+      tool_config_path: null
+      format: hermes
+      max_assistant_turns: 4
+      max_parallel_calls: 8
+      max_tool_response_length: 2000
+      tool_timeout_s: 30.0
+      default_agent: tool_agent
   ref:
     strategy: null
     log_prob_micro_batch_size_per_gpu: 8

@@ -1,0 +1,89 @@
+"""``actor_rollout_ref.rollout.multi_turn``: agentic rollouts, where the model calls tools
+between its turns (``engine.agents``; verl's keys of the same names), with the rules on
+them: a tools file is named, the call format is known, the limits are positive. The
+tools file itself is read where the job runs, at the engine's start (``engine.runtime``,
+before any worker): like the data files, its path is the job's, not the launcher's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.config.fields import positive, setting
+
+if TYPE_CHECKING:
+    from engine.config.engine import EngineConfig
+
+AGENT_LOOPS = ("single_turn", "tool_agent")  # a dataset's agent_name column names one
+
+
+@dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools: each sample's trajectory is driven by its agent
+    loop (the dataset's ``agent_name`` column; ``tool_agent`` by default here), the
+    tools' tokens masked out of the losses (docs/agents.md)."""
+
+    enable: bool = setting(False, "Run samples through their agent loop, turn by turn, with tools.")
+    tool_config_path: str | None = setting(
+        None, "The tools file (docs/tools.md): verl's tool_config form or rlctl's short one."
+    )
+    format: str = setting(
+        "hermes", "How the model writes a tool call: hermes (<tool_call> JSON, Qwen2.5/Qwen3)."
+    )
+    max_assistant_turns: int = setting(4, "Model turns in one trajectory, at most.")
+    max_parallel_calls: int = setting(8, "Tool calls run from one model turn, at most.")
+    max_tool_response_length: int = setting(
+        2000, "Characters of one tool result the model reads; the rest is cut and marked."
+    )
+    tool_timeout_s: float = setting(30.0, "Seconds one tool call may take.")
+    default_agent: str = setting(
+        "tool_agent", "The agent loop of samples without an agent_name: single_turn or tool_agent."
+    )
+
+
+def rules(cfg: EngineConfig) -> list[str]:
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    key = "actor_rollout_ref.rollout.multi_turn"
+    if not mt.enable:
+        return []
+    p = positive(
+        [
+            (f"{key}.max_assistant_turns", mt.max_assistant_turns),
+            (f"{key}.max_parallel_calls", mt.max_parallel_calls),
+            (f"{key}.max_tool_response_length", mt.max_tool_response_length),
+        ]
+    )
+    if not mt.tool_timeout_s > 0:
+        p.append(f"{key}.tool_timeout_s must be positive, got {mt.tool_timeout_s}")
+    if mt.default_agent not in AGENT_LOOPS:
+        p.append(
+            f"{key}.default_agent: unknown agent loop {mt.default_agent!r}; use one of"
+            f" {', '.join(AGENT_LOOPS)}"
+        )
+    if cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
+        p.append(
+            f"{key}.enable with actor_rollout_ref.rollout.tensor_model_parallel_size > 1: the"
+            " colocated engine's tensor-parallel members would each run the tools and could"
+            " diverge; use tensor_model_parallel_size=1 for multi-turn rollouts (not yet"
+            " supported with TP)"
+        )
+    p += _tool_problems(mt, key)
+    return p
+
+
+def _tool_problems(mt: MultiTurnConfig, key: str) -> list[str]:
+    """A tools file is named and the call format is known (a torch-free import)."""
+    from engine.agents.tools import get_tool_call_parser
+    from engine.errors import ConfigError
+
+    problems: list[str] = []
+    if not mt.tool_config_path:
+        problems.append(
+            f"{key}.tool_config_path: a multi-turn rollout needs its tools file; set it"
+            " (docs/tools.md), or multi_turn.enable=false"
+        )
+    try:
+        get_tool_call_parser(mt.format, mt.max_parallel_calls, key=f"{key}.format")
+    except ConfigError as exc:
+        problems += list(exc.problems)
+    return problems
