@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.agents.sandbox_bwrap import applied as bwrap_applied
+from engine.agents.sandbox_bwrap import bwrap_argv, find_bwrap
 from engine.agents.sandbox_io import Capture, drain_async, drain_sync, kill_group, read_status
 from engine.agents.sandbox_limits import SandboxError, SandboxLimits
 
@@ -71,11 +73,13 @@ _READONLY_FALLBACK = False
 # The isolation modes, strongest first (docs/sandbox.md).
 NAMESPACES = "namespaces"  # root: net/pid/mount/ipc namespaces and a fresh uid
 USERNS = "userns"  # not root: the same namespaces inside a user namespace
+BWRAP = "bwrap"  # not root, user namespaces only for bwrap: the same, made by bubblewrap
 UID = "uid"  # root without namespaces: a fresh uid only
 NONE = "none"  # neither: rlimits and a scratch directory only
 _MISSING = {
     NAMESPACES: "",
     USERNS: "runs as the engine's uid: files it may read and are not hidden stay readable",
+    BWRAP: "runs as the engine's uid: files it may read and are not hidden stay readable",
     UID: (
         "NO network isolation; shared /tmp, /var/tmp, /dev/shm (what it leaves there "
         "is removed after); the host's /proc visible; the file system readable as far "
@@ -163,8 +167,11 @@ def isolation_summary() -> str:
     return "\n".join(lines)
 
 
-def _probe() -> tuple[str, tuple[str, ...]]:
-    candidates = [NAMESPACES, UID] if os.geteuid() == 0 else [USERNS, NONE]
+def _probe(root: bool | None = None) -> tuple[str, tuple[str, ...]]:
+    if os.geteuid() == 0 if root is None else root:
+        candidates = [NAMESPACES, UID]
+    else:
+        candidates = [USERNS, BWRAP, NONE] if find_bwrap() else [USERNS, NONE]
     failures = []
     for mode in candidates[:-1]:
         result = _run_sync("pass", SandboxLimits(wall_seconds=20), "", mode)
@@ -176,7 +183,7 @@ def _probe() -> tuple[str, tuple[str, ...]]:
 
 def _mode_for(limits: SandboxLimits) -> str:
     mode = isolation_mode()
-    if limits.require_namespaces and mode not in (NAMESPACES, USERNS):
+    if limits.require_namespaces and mode not in (NAMESPACES, USERNS, BWRAP):
         raise SandboxError(
             "the sandbox needs network, pid and mount namespaces (require_namespaces) and "
             "this machine allows none: run the engine as root, or allow unprivileged user "
@@ -273,7 +280,7 @@ class _Launch:
         self.scratch = scratch
         self.uid = uid
         self.status_r, self.status_w = os.pipe()
-        self.stdin_fd = -1
+        self.stdin_fd = self.plan_fd = -1
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
         self.cwd = str(scratch)
@@ -296,7 +303,8 @@ class _Launch:
     def _write(self, code: str, stdin: str) -> None:
         limits, uid = self.limits, self.uid
         python = os.path.realpath(limits.python or sys.executable)
-        if self.mode in (NAMESPACES, USERNS):
+        engine_python = os.path.realpath(sys.executable)
+        if self.mode in (NAMESPACES, USERNS, BWRAP):
             workdir = _NAMESPACE_WORKDIR
         else:
             workdir = str(self.scratch / "work")
@@ -304,9 +312,11 @@ class _Launch:
             if uid is not None:
                 os.chmod(self.scratch, 0o711)  # the uid may pass through, not list
                 os.chown(workdir, uid, uid)
-        keep = {str(Path(python).parent.parent)}
-        if limits.python is None:
-            keep.add(os.path.realpath(sys.base_prefix))
+        # What stays visible under a hidden directory: the interpreters (the engine's
+        # runs the init, under bwrap inside the namespaces) and the init script itself.
+        keep = {str(Path(p).parent.parent) for p in (python, engine_python)}
+        keep |= {os.path.realpath(sys.base_prefix), str(Path(_INIT_SCRIPT).parent)}
+        hide = _hidden_dirs()
         plan = {
             "mode": self.mode,
             "code": code,
@@ -322,30 +332,31 @@ class _Launch:
             "file_bytes": limits.file_bytes,
             "open_files": limits.open_files,
             "scratch_bytes": limits.scratch_bytes,
-            "hide": _hidden_dirs(),
+            "hide": hide,
             "keep": sorted(keep),
             "readonly_fallback": _READONLY_FALLBACK,
+            "applied": bwrap_applied(limits.scratch_bytes, hide) if self.mode == BWRAP else [],
         }
-        plan_path = self.scratch / "plan.json"
-        fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(plan, f)
+        self.plan_fd = self._file("plan.json", json.dumps(plan))
         # stdin from a file: the code reads it at its own pace and then sees EOF, and
         # the parent never blocks writing to a pipe the code does not read.
-        stdin_path = self.scratch / "stdin"
-        fd = os.open(stdin_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(stdin)
-        self.stdin_fd = os.open(stdin_path, os.O_RDONLY)
-        self.argv = [
-            os.path.realpath(sys.executable),
+        self.stdin_fd = self._file("stdin", stdin)
+        # The plan travels open, as fds do through bwrap: its path would be hidden there.
+        init = [
+            engine_python,
             "-I",
             "-S",
             "-B",
             _INIT_SCRIPT,
-            str(plan_path),
+            str(self.plan_fd),
             str(self.status_w),
         ]
+        if self.mode == BWRAP:
+            bwrap = find_bwrap()
+            if bwrap is None:
+                raise SandboxError("bwrap is no longer on the PATH")
+            init = bwrap_argv(bwrap, limits.scratch_bytes, hide, sorted(keep)) + init
+        self.argv = init
         # Nothing of the engine's environment (tokens, keys, cluster addresses).
         self.env = {
             "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
@@ -357,12 +368,20 @@ class _Launch:
             "PYTHONIOENCODING": "utf-8",
         }
 
+    def _file(self, name: str, text: str) -> int:
+        """Write a file of the scratch dir, readable by root only, and open it to pass."""
+        path = self.scratch / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return os.open(path, os.O_RDONLY)
+
     def popen_kwargs(self) -> dict:
         return {
             "stdin": self.stdin_fd,
             "env": self.env,
             "cwd": self.cwd,
-            "pass_fds": (self.status_w,),
+            "pass_fds": (self.plan_fd, self.status_w),
             "close_fds": True,
             "start_new_session": True,
         }
@@ -370,7 +389,8 @@ class _Launch:
     def started(self) -> None:
         # Only the sandbox holds the write end now: EOF once it is gone.
         os.close(self.status_w)
-        self.status_w = -1
+        os.close(self.plan_fd)
+        self.status_w = self.plan_fd = -1
 
     def deadline(self, started: float) -> float:
         return started + self.limits.wall_seconds + _BACKSTOP_GRACE
@@ -420,10 +440,10 @@ class _Launch:
         )
 
     def cleanup(self) -> None:
-        for fd in (self.status_r, self.status_w, self.stdin_fd):
+        for fd in (self.status_r, self.status_w, self.stdin_fd, self.plan_fd):
             if fd >= 0:
                 os.close(fd)
-        self.status_r = self.status_w = self.stdin_fd = -1
+        self.status_r = self.status_w = self.stdin_fd = self.plan_fd = -1
         if self.mode == UID and self.uid is not None:
             _remove_uid_leftovers(self.uid)
         _remove_tree(self.scratch)

@@ -1,6 +1,8 @@
 """The sandbox's inside: started by engine/agents/sandbox.py as
 
-    python -I -S -B sandbox_init.py PLAN_JSON STATUS_FD
+    python -I -S -B sandbox_init.py PLAN_FD STATUS_FD
+
+(the plan, a JSON file, passed open: under bubblewrap its path is not visible).
 
 Stdlib only, and never imports the engine: it runs under the interpreter's isolated
 flags, as root where the engine is root, before anything is dropped. Three processes:
@@ -129,6 +131,8 @@ def enter_namespaces(plan: dict) -> list[str]:
     """unshare the namespaces the plan's mode asks for; the pid namespace takes effect
     for the next child, which becomes its pid 1."""
     mode = plan["mode"]
+    if mode == "bwrap":  # bubblewrap made them, and the file system
+        return list(plan["applied"])
     if mode not in ("namespaces", "userns"):
         return []
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC
@@ -158,15 +162,12 @@ def supervise(plan: dict, status: Status) -> int:
         status.send(error=f"cannot enter the namespaces: {exc}")
         return 1
     supervisor = os.getpid()
+    if plan["mode"] == "bwrap":
+        # bwrap --as-pid-1 made this process pid 1 of its pid namespace: the init.
+        return run_init(plan, status, applied, supervisor)
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
-            code = init(plan, status, applied, supervisor)
-        except BaseException as exc:
-            status.send(error=f"sandbox init failed: {type(exc).__name__}: {exc}")
-        finally:
-            os._exit(code)
+        os._exit(run_init(plan, status, applied, supervisor))
     os.close(status.fd)
     while True:
         try:
@@ -179,8 +180,16 @@ def supervise(plan: dict, status: Status) -> int:
 # ---------------------------------------------------------------- init
 
 
+def run_init(plan: dict, status: Status, applied: list[str], supervisor: int) -> int:
+    try:
+        return init(plan, status, applied, supervisor)
+    except BaseException as exc:
+        status.send(error=f"sandbox init failed: {type(exc).__name__}: {exc}")
+        return 1
+
+
 def init(plan: dict, status: Status, applied: list[str], supervisor: int) -> int:
-    namespaced = plan["mode"] in ("namespaces", "userns")
+    namespaced = plan["mode"] in ("namespaces", "userns", "bwrap")
     # Die with the supervisor: the parent's last resort is to kill its process group.
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if not namespaced:
@@ -191,8 +200,10 @@ def init(plan: dict, status: Status, applied: list[str], supervisor: int) -> int
         applied.append("subreaper (leftover processes killed)")
     try:
         workdir = plan["workdir"]
-        if namespaced:
+        if plan["mode"] in ("namespaces", "userns"):
             applied += build_filesystem(plan)
+        elif plan["mode"] == "bwrap":
+            os.makedirs(workdir, mode=0o700)
         write_code(plan, workdir)
         baseline = process_baseline(plan)
         applied.append(new_session_keyring())
@@ -359,9 +370,10 @@ def process_baseline(plan: dict) -> int:
     """Processes RLIMIT_NPROC already counts for the code's uid, to add to its limit.
 
     The kernel counts (since 5.14) per user namespace: in our own user namespace the
-    supervisor and this init; as a fresh uid, nothing. Without either, every process of
-    the user: counted here, so the code gets ``max_processes`` more (racy, and only
-    approximate: that mode isolates little anyway)."""
+    supervisor and this init; as a fresh uid, nothing. Otherwise the processes of the
+    user that /proc shows: under bwrap those of its namespaces (exact); without any,
+    all of them, so the code gets ``max_processes`` more (racy, and only approximate:
+    that mode isolates little anyway)."""
     mode = plan["mode"]
     if mode == "namespaces" or mode == "uid":
         return 0
@@ -537,7 +549,7 @@ def _read_all(fd: int) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    with open(argv[1], encoding="utf-8") as f:
+    with os.fdopen(int(argv[1]), encoding="utf-8") as f:
         plan = json.load(f)
     status_fd = int(argv[2])
     os.set_inheritable(status_fd, False)

@@ -22,10 +22,13 @@ import pytest
 
 from engine.agents import sandbox
 from engine.agents.sandbox import SandboxLimits
+from engine.agents.sandbox_bwrap import find_bwrap
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[3]
-NAMESPACED = (sandbox.NAMESPACES, sandbox.USERNS)
+NAMESPACED = (sandbox.NAMESPACES, sandbox.USERNS, sandbox.BWRAP)
+# The modes a test runs in: bubblewrap's too where a user who is not root has it.
+MODES = ["strongest", "fallback"] + (["bwrap"] if not ROOT and find_bwrap() else [])
 
 
 def _usable_by_others(path: str) -> bool:
@@ -46,12 +49,13 @@ def _python_for_a_fresh_uid() -> str | None:
     return None
 
 
-@pytest.fixture(params=["strongest", "fallback"])
+@pytest.fixture(params=MODES)
 def sandbox_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     strongest = sandbox.isolation_mode()
     if request.param == "strongest":
         return strongest
-    fallback = sandbox.UID if ROOT else sandbox.NONE
+    fallback = {"bwrap": sandbox.BWRAP, "fallback": sandbox.UID if ROOT else sandbox.NONE}
+    fallback = fallback[request.param]
     if fallback == strongest:
         pytest.skip(f"{fallback} is already the strongest mode on this machine")
     monkeypatch.setattr(sandbox, "isolation_mode", lambda: fallback)
@@ -73,6 +77,17 @@ def make_limits(sandbox_mode: str) -> Callable[..., SandboxLimits]:
         return SandboxLimits(**values)
 
     return make
+
+
+def may_show(hidden: str) -> set[str]:
+    """What a hidden directory may show: the way to the interpreter and to the
+    sandbox's init script, bound back when they live under it."""
+    kept = [sys.base_prefix, Path(sys.executable).resolve().parent.parent, sandbox.__file__]
+    names = set()
+    for path in (Path(os.path.realpath(p)) for p in kept):
+        if path.is_relative_to(hidden) and path != Path(hidden):
+            names.add(path.relative_to(hidden).parts[0])
+    return names
 
 
 def process_name() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -111,3 +112,21 @@ def test_the_probe_runs_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox, "_probe", lambda: calls.append(1) or (sandbox.NONE, ()))
     assert sandbox.isolation_mode() == sandbox.isolation_mode() == sandbox.NONE
     assert calls == [1]
+
+
+def test_the_probe_takes_the_strongest_mode_that_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = []
+
+    def fake_run(code: str, limits: SandboxLimits, stdin: str, mode: str) -> object:
+        tried.append(mode)
+        broken = "unshare: Operation not permitted" if mode == sandbox.USERNS else None
+        return SimpleNamespace(error=broken, exit_code=None if broken else 0, stderr="")
+
+    monkeypatch.setattr(sandbox, "_run_sync", fake_run)
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: "/usr/bin/bwrap")
+    failed = ("userns: unshare: Operation not permitted",)
+    assert sandbox._probe(root=False) == (sandbox.BWRAP, failed)
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    assert sandbox._probe(root=False)[0] == sandbox.NONE  # the last resort is taken untried
+    assert sandbox._probe(root=True)[0] == sandbox.NAMESPACES  # root: never bwrap or nothing
+    assert tried == [sandbox.USERNS, sandbox.BWRAP, sandbox.USERNS, sandbox.NAMESPACES]
