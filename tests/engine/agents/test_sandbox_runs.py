@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import textwrap
 from types import SimpleNamespace
 
@@ -130,3 +132,14 @@ def test_the_probe_takes_the_strongest_mode_that_works(monkeypatch: pytest.Monke
     assert sandbox._probe(root=False)[0] == sandbox.NONE  # the last resort is taken untried
     assert sandbox._probe(root=True)[0] == sandbox.NAMESPACES  # root: never bwrap or nothing
     assert tried == [sandbox.USERNS, sandbox.BWRAP, sandbox.USERNS, sandbox.NAMESPACES]
+
+
+def test_the_probe_finds_the_namespaces_this_machine_has() -> None:
+    """A regression that broke the namespaces would otherwise only skip their tests."""
+    flags = 0x00020000 | 0x40000000 | 0x20000000  # CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID
+    if not ROOT:
+        flags |= 0x10000000  # CLONE_NEWUSER
+    can = f"import ctypes, sys\nsys.exit(ctypes.CDLL(None, use_errno=True).unshare({flags}) != 0)"
+    if subprocess.run([sys.executable, "-c", can], timeout=30).returncode != 0:
+        pytest.skip("this machine gives no namespaces")
+    assert sandbox.isolation_mode() == (sandbox.NAMESPACES if ROOT else sandbox.USERNS)
