@@ -144,10 +144,12 @@ def _tool_schemas(cfg: EngineConfig) -> list[dict]:
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable or not mt.tool_config_path:
         return []
-    from engine.agents.tools import load_tool_specs, tool_schemas
+    from engine.agents.tools import build_tools, load_tool_specs, tool_schemas
 
     try:
-        return tool_schemas(load_tool_specs(mt.tool_config_path))
+        specs = load_tool_specs(mt.tool_config_path)
+        build_tools(specs)  # every tool's options checked here, not in a worker
+        return tool_schemas(specs)
     except ConfigError as exc:  # before any worker starts: the key, the value, the fix
         key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
         raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None

@@ -8,9 +8,9 @@ must declare them), the ``CONFIG_KEYS`` it accepts (``None``: any, passed on) an
 ``cls(name, schema, config)``.
 
 - ``calculator``: arithmetic (``calculator.py``), evaluated in the event loop (bounded).
-- ``code_interpreter``: runs the model's Python with ``engine.agents.sandbox``'s
-  ``code_interpreter(code[, limits])``, imported on the first call; the tool's ``config``
-  is passed as the limits when it is not empty.
+- ``code_interpreter``: runs the model's Python in the sandbox (``engine.agents.sandbox``,
+  through ``engine.agents.code_interpreter``, imported on the first call); the tool's
+  ``config`` holds the sandbox's limits (``SandboxLimits``' fields), checked when built.
 
 A function (a custom tool, or a built-in written as one) is called with the arguments as
 keywords. A plain function runs in a daemon thread of its own, so a slow one never blocks
@@ -35,10 +35,11 @@ from typing import Any, ClassVar
 from engine.agents.tools import calculator
 from engine.agents.tools.types import ToolError, ToolResult
 from engine.algo.registry import Registry
+from engine.errors import ConfigError
 
 BUILTIN_TOOLS: Registry[Any] = Registry("built-in tool")
 
-SANDBOX_MODULE = "engine.agents.sandbox"
+SANDBOX_MODULE = "engine.agents.code_interpreter"  # the sandbox's tool-side function
 
 
 def as_text(value: Any) -> str:
@@ -147,11 +148,11 @@ class CodeInterpreterTool(Builtin, FunctionTool):
         "required": ["code"],
     }
     ARGUMENTS = ("code",)
-    CONFIG_KEYS = None  # the sandbox's limits: it checks them
+    CONFIG_KEYS = None  # the sandbox's limits (SandboxLimits' fields): checked when built
 
     def __init__(self, name: str, schema: dict[str, Any], config: dict[str, Any]) -> None:
         super().__init__(name, schema, self._run)
-        self.config = dict(config)
+        self.limits = _sandbox_limits(name, config) if config else None
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -161,10 +162,27 @@ class CodeInterpreterTool(Builtin, FunctionTool):
             found = False
         if found:
             return None
-        return f"it needs {SANDBOX_MODULE} (engine/agents/sandbox.py), which this engine lacks"
+        return f"it needs {SANDBOX_MODULE} (and the sandbox under it), which this engine lacks"
 
     def _run(self, code: str) -> Any:
         sandbox = importlib.import_module(SANDBOX_MODULE)
-        if self.config:
-            return sandbox.code_interpreter(code, self.config)
-        return sandbox.code_interpreter(code)
+        return sandbox.code_interpreter(code, self.limits)
+
+
+def _sandbox_limits(name: str, config: dict[str, Any]) -> Any:
+    """The tool's ``config`` as the sandbox's limits; a ConfigError naming the tool,
+    the key and what it takes otherwise."""
+    import dataclasses
+
+    from engine.agents.sandbox_limits import SandboxError, SandboxLimits
+
+    known = [f.name for f in dataclasses.fields(SandboxLimits)]
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise ConfigError(
+            [f"tool {name!r}: config keys {unknown} are not sandbox limits; use {', '.join(known)}"]
+        )
+    try:
+        return SandboxLimits(**config)
+    except (SandboxError, TypeError) as exc:
+        raise ConfigError([f"tool {name!r}: config: {exc}"]) from None

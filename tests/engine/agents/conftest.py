@@ -1,3 +1,6 @@
+"""Fixtures of the agents' tests: the isolation mode a sandbox test runs in
+(sandbox_modes.py), and stand-ins for the sandbox module on the tool side."""
+
 import importlib.machinery
 import sys
 import types
@@ -5,6 +8,7 @@ import types
 import pytest
 
 from engine.agents.tools.builtins import SANDBOX_MODULE
+from tests.engine.agents.sandbox_modes import make_limits, sandbox_mode  # noqa: F401
 
 
 @pytest.fixture

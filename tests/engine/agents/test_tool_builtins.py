@@ -5,8 +5,8 @@ module always; the real engine/agents/sandbox.py when it is in the tree)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,8 +21,9 @@ from engine.agents.tools import (
     execute,
     parse_tool_specs,
 )
-from engine.agents.tools.builtins import SANDBOX_MODULE, as_text
+from engine.agents.tools.builtins import as_text
 from engine.agents.tools.calculator import MAX_EXPRESSION_CHARS, calculate
+from engine.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -166,7 +167,7 @@ def test_code_interpreter_calls_the_sandbox_with_its_limits(fake_sandbox):
                 {"name": "code_interpreter"},
                 {
                     "class_name": "code_interpreter",
-                    "config": {"timeout_s": 3},
+                    "config": {"wall_seconds": 3},
                     "tool_schema": {
                         "type": "function",
                         "function": {
@@ -186,7 +187,17 @@ def test_code_interpreter_calls_the_sandbox_with_its_limits(fake_sandbox):
         build_tools(specs), ("code_interpreter", {"code": "print(1)"}), ("python", {"code": "x"})
     )
     assert (plain.kind, plain.text, limited.text) == (OK, "ran 8 characters", "ran 1 characters")
-    assert sorted(fake_sandbox.calls, key=len) == [("print(1)", None), ("x", {"timeout_s": 3})]
+    from engine.agents.sandbox_limits import SandboxLimits
+
+    assert sorted(fake_sandbox.calls) == [("print(1)", None), ("x", SandboxLimits(wall_seconds=3))]
+
+
+def test_code_interpreter_config_that_is_not_a_sandbox_limit_is_refused_naming_it():
+    for config, message in (({"timeout_s": 3}, "'timeout_s'] are not sandbox limits"),
+                            ({"cpu_seconds": 0}, "tool 'code_interpreter': config:")):  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            build_tools(parse_tool_specs({"tools": [{"class_name": "code_interpreter",
+                                                     "config": config}]}))  # fmt: skip
 
 
 def test_code_interpreter_whose_sandbox_fails(fake_sandbox):
@@ -200,10 +211,6 @@ def test_code_interpreter_whose_sandbox_fails(fake_sandbox):
     assert "OSError: no sandbox runtime on this node" in result.text
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec(SANDBOX_MODULE) is None,
-    reason="engine/agents/sandbox.py is not in this tree (it lands with the sandbox's branch)",
-)
 def test_code_interpreter_runs_code_in_the_real_sandbox():
     tools = build_tools(parse_tool_specs({"tools": [{"name": "code_interpreter"}]}))
     (result,) = _run(tools, ("code_interpreter", {"code": "print(6 * 7)"}), timeout_s=60)

@@ -1,0 +1,102 @@
+"""The code interpreter tool: run model-written Python in the sandbox and tell the model
+what happened, as the text of the tool's reply.
+
+A plain function for the tool registry to wrap (engine/agents/tools/):
+
+    text = code_interpreter(code, SandboxLimits(wall_seconds=10))
+    text = await code_interpreter_async(code, limits)
+
+The reply is stdout, then stderr under a ``[stderr]`` line, then one bracketed line for
+each thing the model should know (cut output, a timeout, a limit, the exit status), and
+never longer than ``max_chars``. The code runs as a script: only what it prints shows.
+"""
+
+from __future__ import annotations
+
+from engine.agents.sandbox import SandboxLimits, SandboxResult, run_python, run_python_async
+from engine.agents.sandbox_limits import SandboxError
+
+# What one tool reply may hold, in characters, unless the caller says otherwise.
+DEFAULT_MAX_CHARS = 4000
+_MIN_MAX_CHARS = 200
+
+
+def code_interpreter(
+    code: str, limits: SandboxLimits | None = None, *, max_chars: int = DEFAULT_MAX_CHARS
+) -> str:
+    """Run ``code`` in a fresh sandbox and return the reply the model sees."""
+    limits = limits or SandboxLimits()
+    _check_max_chars(max_chars)
+    return format_result(run_python(code, limits), limits, max_chars)
+
+
+async def code_interpreter_async(
+    code: str, limits: SandboxLimits | None = None, *, max_chars: int = DEFAULT_MAX_CHARS
+) -> str:
+    """``code_interpreter`` as a coroutine, for tool calls run concurrently."""
+    limits = limits or SandboxLimits()
+    _check_max_chars(max_chars)
+    return format_result(await run_python_async(code, limits), limits, max_chars)
+
+
+def format_result(
+    result: SandboxResult, limits: SandboxLimits, max_chars: int = DEFAULT_MAX_CHARS
+) -> str:
+    """The model's view of a run: its output, cut to fit, and what stopped it."""
+    notes = _notes(result, limits)
+    budget = max(max_chars - sum(len(n) + 1 for n in notes) - len("[stderr]\n") - 1, 0)
+    out, err = result.stdout, result.stderr
+    if len(out) + len(err) > budget:
+        # stderr (a traceback) keeps at least half, or all it needs when it is short.
+        err_share = min(len(err), max(budget // 2, budget - len(out)))
+        out, err = _shorten(out, budget - err_share), _shorten(err, err_share)
+    parts = []
+    if out:
+        parts.append(out if out.endswith("\n") else out + "\n")
+    if err:
+        parts.append("[stderr]\n" + (err if err.endswith("\n") else err + "\n"))
+    parts += [n + "\n" for n in notes]
+    text = "".join(parts).rstrip("\n")
+    return text[:max_chars]
+
+
+def _notes(result: SandboxResult, limits: SandboxLimits) -> list[str]:
+    if result.error:
+        return [f"[sandbox error: {result.error}]"]
+    notes = []
+    if result.stdout_truncated:
+        notes.append(f"[stdout cut: only the first {limits.output_bytes} bytes were kept]")
+    if result.stderr_truncated:
+        notes.append(f"[stderr cut: only the first {limits.output_bytes} bytes were kept]")
+    if result.timed_out:
+        notes.append(f"[timed out: stopped after {limits.wall_seconds:g} s]")
+    elif result.cpu_exceeded:
+        notes.append(f"[stopped: CPU time limit of {limits.cpu_seconds} s exceeded]")
+    elif result.signal is not None:
+        notes.append(f"[killed by {result.signal_name}]")
+    if result.memory_exceeded:
+        notes.append(f"[memory limit of {limits.memory_bytes >> 20} MiB exceeded]")
+    if result.exit_code not in (0, None):
+        notes.append(f"[exit status {result.exit_code}]")
+    if not notes and not result.stdout and not result.stderr:
+        notes.append("[no output: print() what you want to see]")
+    return notes
+
+
+def _shorten(text: str, limit: int) -> str:
+    """``text`` in at most about ``limit`` characters: its start and its end."""
+    if len(text) <= limit:
+        return text
+    if limit < 80:
+        return text[: max(limit, 0)]
+    marker = "\n[... {} characters cut ...]\n"
+    room = limit - len(marker) - 8
+    head, tail = room * 2 // 3, room - room * 2 // 3
+    return text[:head] + marker.format(len(text) - head - tail) + text[len(text) - tail :]
+
+
+def _check_max_chars(max_chars: int) -> None:
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < _MIN_MAX_CHARS:
+        raise SandboxError(
+            f"max_chars={max_chars!r} must be an integer of at least {_MIN_MAX_CHARS}"
+        )

@@ -1,0 +1,159 @@
+"""The sandbox's file system (engine/agents/sandbox.py): writes outside the scratch
+directory, its removal, file size and scratch space, hidden directories and mounts that
+stay put. As in test_sandbox.py, each test is an attack that must be stopped, and fails
+if the protection it tests is removed.
+"""
+
+from __future__ import annotations
+
+import ast
+import errno
+import os
+import secrets
+import tempfile
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engine.agents import sandbox
+from engine.agents.sandbox import SandboxLimits, run_python
+from tests.engine.agents.sandbox_modes import NAMESPACED, REPO, fill, may_show
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_writes_outside_the_scratch_dir_fail_and_leave_nothing(
+    sandbox_mode: str, make_limits: Callable[..., SandboxLimits], tmp_path: Path
+) -> None:
+    if sandbox_mode == sandbox.NONE:
+        pytest.skip(
+            "without namespaces or root, the code runs as the engine's user: it may write its files"
+        )
+    name = f"sbx-escape-{secrets.token_hex(4)}"
+    home = Path(os.environ.get("HOME", "/root"))
+    targets = [
+        REPO / name,
+        home / name,
+        Path("/tmp") / name,
+        Path("/var/tmp") / name,
+        Path("/dev/shm") / name,
+        tmp_path / name,
+    ]
+    code = fill(
+        """
+        for path in PATHS:
+            try:
+                with open(path, "w") as f:
+                    f.write("escaped")
+                print("wrote", path)
+            except OSError as exc:
+                print("refused", path, exc.errno)
+        """,
+        PATHS=[str(t) for t in targets],
+    )
+    result = run_python(code, make_limits())
+    assert result.exit_code == 0, result
+    refused = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("refused")}
+    # The engine's files and home: refused outright (read-only, or another uid's).
+    assert {str(REPO / name), str(home / name), str(tmp_path / name)} <= refused, result.stdout
+    # The world-writable directories: private (namespaces) or cleaned after (a fresh uid).
+    assert [t for t in targets if t.exists()] == []
+
+
+def test_the_scratch_dir_is_writable_and_removed_after(
+    make_limits: Callable[..., SandboxLimits],
+) -> None:
+    before = set(Path(tempfile.gettempdir()).glob("rlctl-sandbox-*"))
+    code = """
+        import os
+        with open("notes.txt", "w") as f:
+            f.write("kept")
+        os.makedirs("sub/dir")
+        os.chmod("sub", 0)
+        print(os.getcwd(), open("notes.txt").read())
+        print(os.environ["HOME"] == os.environ["TMPDIR"] == os.getcwd())
+    """
+    result = run_python(textwrap.dedent(code), make_limits())
+    cwd, content, same = result.stdout.split()
+    assert (content, same) == ("kept", "True"), result
+    leftovers = set(Path(tempfile.gettempdir()).glob("rlctl-sandbox-*")) - before
+    assert leftovers == set()
+    if not cwd.startswith("/tmp/sandbox"):  # the namespace's private /tmp is gone with it
+        assert not Path(cwd).exists()
+
+
+def test_file_size_and_scratch_space_are_bounded() -> None:
+    code = """
+        import os
+        try:
+            with open("big", "wb") as f:
+                f.write(b"x" * (3 << 20))
+        except OSError as exc:
+            print("file", exc.errno)
+        os.remove("big")
+        try:
+            for i in range(64):
+                with open(f"part{i}", "wb") as f:
+                    f.write(b"x" * (1 << 20))
+            print("wrote 64 MiB")
+        except OSError as exc:
+            print("space", exc.errno)
+    """
+    limits = SandboxLimits(file_bytes=2 << 20, scratch_bytes=16 << 20)
+    result = run_python(textwrap.dedent(code), limits)
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"file {errno.EFBIG}", result
+    if sandbox.isolation_mode() in NAMESPACED:
+        assert lines[1] == f"space {errno.ENOSPC}"
+
+
+def test_hidden_directories_show_nothing_of_the_host() -> None:
+    if sandbox.isolation_mode() not in NAMESPACED:
+        pytest.skip("no mount namespace on this machine")
+    code = "import os\nfor d in ('/home', '/root', '/run'):\n    print(d, sorted(os.listdir(d)))"
+    result = run_python(code)
+    listing = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert listing["/home"] == "[]" and listing["/run"] == "[]", result
+    # /root shows at most the way to the interpreter, bound back when it lives there.
+    assert set(ast.literal_eval(listing["/root"])) <= may_show("/root")
+
+
+def test_a_nested_namespace_cannot_undo_the_mounts() -> None:
+    if sandbox.isolation_mode() not in NAMESPACED:
+        pytest.skip("no mount namespace on this machine")
+    # The code makes a user and mount namespace of its own (where the kernel lets it):
+    # root in there, it tries to uncover /root and to make / writable again.
+    code = f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x10000000 | 0x00020000) != 0:
+            print("no nested namespace", ctypes.get_errno())
+        else:
+            print("umount", libc.umount2(b"/root", 2), ctypes.get_errno())
+            print("remount", libc.mount(None, b"/", None, 4096 | 32, None), ctypes.get_errno())
+            print(sorted(os.listdir("/root")))
+            try:
+                open({str(REPO / "sbx-nested")!r}, "w")
+            except OSError as exc:
+                print("refused", exc.errno)
+    """
+    result = run_python(textwrap.dedent(code))
+    lines = result.stdout.splitlines()
+    if lines[0].startswith("no nested namespace"):
+        return
+    assert lines[0] == f"umount -1 {errno.EINVAL}", result  # the kernel locks them
+    assert lines[1] == f"remount -1 {errno.EPERM}"
+    assert set(ast.literal_eval(lines[2])) <= may_show("/root")
+    assert lines[3].startswith("refused") and not (REPO / "sbx-nested").exists()
+
+
+def test_readonly_fallback_without_mount_setattr(monkeypatch: pytest.MonkeyPatch) -> None:
+    if sandbox.isolation_mode() not in NAMESPACED:
+        pytest.skip("no mount namespace on this machine")
+    monkeypatch.setattr(sandbox, "_READONLY_FALLBACK", True)
+    path = REPO / f"sbx-escape-{secrets.token_hex(4)}"
+    result = run_python(f"open({str(path)!r}, 'w')")
+    assert "Read-only file system" in result.stderr, result
+    assert not path.exists()
