@@ -30,6 +30,7 @@ from rlctl.api import find_recipe, plan_recipe
 from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
 from rlctl.recipe import load_recipe
 from rlctl.spec import Layout, build_spec
+from rlctl.wheel import build_wheel
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -60,6 +61,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _job_env(root: Path) -> None:
+    """The job's Python as the setup makes it on a node: the wheel of this rlctl in the
+    job's directory (SkyPilot's file mount) installed over this venv (rlctl/jobenv.py).
+    Made once here: the "nodes" of these tests share one file system, and the setup's own
+    install line then finds it made from the same wheel (kept)."""
+    root.mkdir(parents=True, exist_ok=True)
+    wheel = build_wheel(root)
+    made = subprocess.run(
+        [sys.executable, "-m", "rlctl.jobenv", str(root / "env"), str(wheel), "--extras", "engine"],
+        env={**os.environ, "PYTHONPATH": str(wheel), "PIP_NO_INDEX": "1"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+
+
 def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_processes):
     recipe = load_recipe(find_recipe("quickstart"))
     root = tmp_path / "job"
@@ -76,7 +92,8 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_pr
     result = tmp_path / "result.json"
     port = _free_port()
     token = secrets.token_hex(16)
-    setup = backend._setup("job", spec).replace("python -c", f"{sys.executable} -c")
+    _job_env(root)
+    setup = backend._setup("job", spec)  # its steps run with the job's Python
     run = backend._run(
         "job",
         spec,
@@ -140,6 +157,8 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_pr
         assert seen["cwd"] == str(root)
         assert seen["env"] == "it's $quoted"
         assert (root / "setup-done").read_text() == "xx"  # setup ran on both nodes
+        # both "nodes" ran the setup's install line: the job's Python, made from the wheel
+        assert all("rlctl: job environment kept: rlctl" in log for log in logs), logs[0]
         assert "ray cluster ready: 2 nodes" in logs[0]
         assert "the engine exited with code 0" in logs[0]
         assert "the head at" in logs[1]
@@ -165,6 +184,7 @@ def test_engine_failure_is_the_task_exit_code(tmp_path, find_processes):
     recipe = load_recipe(find_recipe("quickstart"))
     backend = SkyPilotBackend(SkyPilotOptions(remote_root=str(tmp_path)))
     spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
+    _job_env(Path(spec.paths.root))
     run = backend._run(
         "job",
         spec,
