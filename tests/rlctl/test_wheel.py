@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -130,9 +131,17 @@ def test_a_missing_wheel_or_a_requirement_nobody_has_fails_clearly(wheel, tmp_pa
 def test_the_wheel_has_what_setuptools_would_put_in_it(wheel, tmp_path):
     """The same files as `pip wheel .` of the checkout (the build backend's view of the
     project), so a node gets what an installed release would have."""
+    # A copy of the project's files: a checkout's build/ folder would leak stale modules
+    # into setuptools' wheel.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "rlctl", "engine", "templates", "recipes"):
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
+        copy(REPO / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                          if copy is shutil.copytree else {}))  # fmt: skip
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(REPO)],
+         "-w", str(tmp_path), str(src)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (built,) = tmp_path.glob("rlctl-*.whl")
