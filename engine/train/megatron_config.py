@@ -153,8 +153,8 @@ _LLAMA3_FIXED_ROPE = {
 
 def conversion_problems(hf_config: Any) -> list[str]:
     """Why this model cannot be converted (empty when it can): an unknown model type,
-    sliding-window attention, MLP biases, a RoPE scaling Megatron-core lacks, and what
-    the family itself refuses."""
+    sliding-window attention, MLP or output-projection biases, a RoPE scaling
+    Megatron-core lacks, and what the family itself refuses."""
     model_type = getattr(hf_config, "model_type", "")
     if model_type not in MODEL_TYPES:
         return [
@@ -170,6 +170,13 @@ def conversion_problems(hf_config: Any) -> list[str]:
         )
     if getattr(hf_config, "mlp_bias", False):
         problems.append("mlp_bias=True has no Megatron-core conversion here (add_bias_linear)")
+    if family.o_proj_bias(hf_config):
+        # Megatron's only switch for it (add_bias_linear) puts biases on the MLP too; the
+        # weight load would otherwise stop on the missing o_proj bias, after the start.
+        problems.append(
+            "attention_bias=True puts a bias on the attention's output projection, which has"
+            " no Megatron-core conversion here (add_bias_linear)"
+        )
     problems += family.problems(hf_config)
     rope, rope_type = _rope(hf_config)
     if rope_type not in family.rope_types:

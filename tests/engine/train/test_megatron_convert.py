@@ -203,6 +203,12 @@ def test_config_translation():
         gpt_model_kwargs(yarn)
     with pytest.raises(ValueError, match="mlp_bias"):
         transformer_config_kwargs(LlamaConfig(mlp_bias=True))
+    # Llama's attention_bias also biases o_proj: refused up front, not at the weight load
+    with pytest.raises(
+        ValueError, match="attention_bias=True puts a bias on the attention's output"
+    ):
+        transformer_config_kwargs(LlamaConfig(attention_bias=True))
+    assert "add_qkv_bias" in transformer_config_kwargs(_qwen_config("qwen2"))  # q/k/v only: fine
     with pytest.raises(ValueError, match="sliding-window"):
         transformer_config_kwargs(_qwen_config("qwen2").__class__(use_sliding_window=True))
 
