@@ -106,8 +106,3 @@ def default_image(acc: Accelerator | None, rollout: str) -> JobImage:
     if vendor == "amd":
         return _SGLANG_ROCM if rollout == "sglang" else _VLLM_ROCM
     return _SGLANG_CUDA if rollout == "sglang" else _VLLM_CUDA
-
-
-def chosen_image(default: JobImage, recipe_image: str | None, site_image: str | None) -> str:
-    """The recipe's ``image:`` first, then the site profile's, then the plan's default."""
-    return recipe_image or site_image or default.ref

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlctl import __version__
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, get_accelerator
 from rlctl.images import JobImage, default_image
@@ -104,9 +105,20 @@ class JobSpec:
             p.env, p.wheel, "--extras", ",".join(self.extras),
         )  # fmt: skip
 
+    def with_python(self, argv: tuple[str, ...], python: str) -> tuple[str, ...]:
+        """A step's argv with its "python" as ``python``."""
+        return (python, *argv[1:]) if argv[:1] == ("python",) else argv
+
     def on_node(self, argv: tuple[str, ...]) -> tuple[str, ...]:
         """A step's argv with "python" as the job environment's Python."""
-        return (f"{self.paths.env}/bin/python", *argv[1:]) if argv[:1] == ("python",) else argv
+        return self.with_python(argv, f"{self.paths.env}/bin/python")
+
+    def setup_line(self, over: str) -> str:
+        """What ``rlctl plan`` says the nodes' setup installs, over ``over``."""
+        return (
+            f"setup: installs rlctl {__version__} (a wheel of this rlctl) in {self.paths.env}"
+            f" over {over}, and what it lacks of rlctl[{','.join(self.extras)}]"
+        )
 
 
 def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:

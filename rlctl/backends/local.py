@@ -79,8 +79,9 @@ class LocalBackend:
             version=__version__,
             env=spec.env,
             root=spec.paths.root,
-            setup=[_with_python(step) for step in spec.setup],
-            engine_command=_with_python(spec.engine_command),
+            # the job runs with the same Python as this rlctl (where the engine is installed)
+            setup=[spec.with_python(step, sys.executable) for step in spec.setup],
+            engine_command=spec.with_python(spec.engine_command, sys.executable),
         )
         return {"run.sh": script, "engine.yaml": spec.engine_yaml}
 
@@ -132,11 +133,6 @@ class LocalBackend:
         while _session_pids(sid) and time.monotonic() < deadline:
             time.sleep(0.2)
         _signal_session(sid, signal.SIGKILL)
-
-
-def _with_python(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The job runs with the same Python as this rlctl (where the engine is installed)."""
-    return (sys.executable, *argv[1:]) if argv and argv[0] == "python" else argv
 
 
 def follow_file(path: Path, follow: bool, finished) -> Iterator[str]:

@@ -241,11 +241,7 @@ class SkyPilotBackend:
         image = image_id.removeprefix("docker:") if image_id else "none (the nodes' own software)"
         if image_id and image == spec.image.ref:
             image += f": {spec.image.contents}"
-        return [
-            f"image: {image}",
-            f"setup: installs rlctl {__version__} (a wheel of this rlctl) in {spec.paths.env},"
-            f" over the image's Python, and what it lacks of rlctl[{','.join(spec.extras)}]",
-        ]
+        return [f"image: {image}", spec.setup_line("the image's Python")]
 
     def _setup(self, job_id: str, spec: JobSpec) -> str:
         return render(

@@ -247,11 +247,7 @@ class SlurmBackend:
             if image
             else "the nodes' own python3 (after the profile's prelude); no container"
         )
-        return [
-            where,
-            f"setup: installs rlctl {__version__} (a wheel of this rlctl) in {spec.paths.env}"
-            f" over that Python, and what it lacks of rlctl[{','.join(spec.extras)}]",
-        ]
+        return [where, spec.setup_line("that Python")]
 
     # -- submit -------------------------------------------------------------------
 
