@@ -465,7 +465,7 @@ def test_many_launchers_at_once(tmp_path):
 
 def _writer_proc(db_path, n_jobs, started, out):
     store = JobStore(Path(db_path))
-    started.set()
+    started.wait(60)  # the readers are reading before the first write
     ids = []
     for _ in range(n_jobs):
         job = store.create(
@@ -480,17 +480,19 @@ def _writer_proc(db_path, n_jobs, started, out):
 def _reader_proc(db_path, started, stop, out):
     """`rlctl status` in a loop: every read succeeds and no job is ever seen going back."""
     store = JobStore(Path(db_path))
-    started.wait(30)
+    started.wait(60)  # with the writer and the other reader
     seen: dict[str, int] = {}
     order = {P: 0, V: 1, R: 2, S: 3}
     reads = regressions = 0
-    while not stop.is_set():
+    while True:  # at least one read, even when this process started late
         for job in store.list():
             rank = order[job.state]
             regressions += rank < seen.get(job.id, 0)
             seen[job.id] = rank
             assert store.get(job.id).id == job.id
         reads += 1
+        if stop.is_set():
+            break
     out.put((reads, regressions, len(seen)))
 
 
@@ -499,7 +501,8 @@ def test_a_writer_and_readers_at_once(tmp_path):
     db_path = tmp_path / "jobs.db"
     JobStore(db_path)
     ctx = multiprocessing.get_context("spawn")
-    started, stop = ctx.Event(), ctx.Event()
+    # a barrier: a reader spawned slowly (a loaded machine) once missed every write
+    started, stop = ctx.Barrier(3), ctx.Event()
     written, read = ctx.Queue(), ctx.Queue()
     readers = [
         ctx.Process(target=_reader_proc, args=(str(db_path), started, stop, read)) for _ in range(2)
