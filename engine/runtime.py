@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -139,20 +140,38 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
     )
 
 
-def _tool_schemas(cfg: EngineConfig) -> list[dict]:
-    """The tools the prompts show the model, for a multi-turn rollout (else none)."""
+def _agent_tools(cfg: EngineConfig) -> tuple[list[dict], dict[str, Any]]:
+    """The tools of a multi-turn rollout, built here once so that every tool's options
+    are checked before any worker: their schemas (the prompts show them) and the tools
+    (the data's per-sample keywords are checked against them). Empty without tools."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable or not mt.tool_config_path:
-        return []
+        return [], {}
     from engine.agents.tools import build_tools, load_tool_specs, tool_schemas
 
     try:
         specs = load_tool_specs(mt.tool_config_path)
-        build_tools(specs)  # every tool's options checked here, not in a worker
-        return tool_schemas(specs)
+        return tool_schemas(specs), build_tools(specs)
     except ConfigError as exc:  # before any worker starts: the key, the value, the fix
         key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
         raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None
+
+
+def _check_agent_rows(cfg: EngineConfig, tools: dict[str, Any], datasets: list[Any]) -> None:
+    """Each row's agent loop and per-sample tool keywords, before any worker starts."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return
+    from engine.agents.rows import agent_row_problems
+    from engine.config import AGENT_LOOPS
+
+    problems = [
+        p
+        for dataset in datasets
+        for p in agent_row_problems(dataset.agent_rows(), tools, AGENT_LOOPS, mt.default_agent)
+    ]
+    if problems:
+        raise ConfigError(problems)
 
 
 def run_training(cfg: EngineConfig) -> None:
@@ -171,16 +190,17 @@ def run_training(cfg: EngineConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
-    tools = _tool_schemas(cfg)
-    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, tools)
+    schemas, tools = _agent_tools(cfg)
+    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, schemas)
     loader = PromptLoader(
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
     )
     val = (
-        RLDataset(cfg.data.val_file_list, tokenizer, cfg.data, tools)
+        RLDataset(cfg.data.val_file_list, tokenizer, cfg.data, schemas)
         if cfg.data.val_file_list
         else None
     )
+    _check_agent_rows(cfg, tools, [train] + ([val] if val else []))
     total = cfg.trainer.total_training_steps or len(loader) * cfg.trainer.total_epochs
     if total < 1:
         raise EngineError("no training steps: the dataset is smaller than data.train_batch_size")

@@ -343,12 +343,12 @@ class Trainer:
         n = sampling.n
         expanded = [p for p in prompts for _ in range(n)]
         multi_turn = self.cfg.actor_rollout_ref.rollout.multi_turn
-        agents = (
-            [p.agent_name or multi_turn.default_agent for p in expanded]
-            if multi_turn.enable
-            else None
-        )
-        request = GenerationRequest([p.prompt_ids for p in expanded], sampling, agents)
+        request = GenerationRequest([p.prompt_ids for p in expanded], sampling)
+        if multi_turn.enable:
+            from engine.agents.tools.sample import sample_tool_kwargs
+
+            request.agent_names = [p.agent_name or multi_turn.default_agent for p in expanded]
+            request.tools_kwargs = [sample_tool_kwargs(p.extra_info) for p in expanded]
         output = self.workers.call_split("rollout", "generate", request)
         meta = SampleMeta(
             group_ids=[i // n for i in range(len(expanded))],

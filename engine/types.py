@@ -43,6 +43,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Each row's agent loop (engine.agents: single_turn | tool_agent); None: single turn
     agent_names: list[str] | None = None
+    # Each row's own keywords for its tools (extra_info.tools_kwargs, phases merged)
+    tools_kwargs: list[dict[str, dict[str, Any]]] | None = None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from engine.agents.chat import ChatFormat
 from engine.agents.tools import (
@@ -46,19 +47,23 @@ class ToolAgent:
         prompts: Sequence[list[int]],
         sampling: SamplingParams,
         single_turn: Sequence[bool] | None = None,
+        tools_kwargs: Sequence[Mapping[str, Mapping[str, Any]]] | None = None,
     ) -> list[Trajectory]:
         """One trajectory per prompt row (rows already expanded: engines generate one
         response per row, ``sampling.n`` is not read); rows flagged ``single_turn`` end
-        after their first turn, as without tools."""
+        after their first turn, as without tools. ``tools_kwargs``: each row's own
+        keywords for its tools (``engine.agents.tools.sample``)."""
         one = single_turn or [False] * len(prompts)
+        own = tools_kwargs or [{}] * len(prompts)
         trajectories = [
-            Trajectory(list(p), single_turn=o) for p, o in zip(prompts, one, strict=True)
+            Trajectory(list(p), single_turn=o, tools_kwargs=dict(k))
+            for p, o, k in zip(prompts, one, own, strict=True)
         ]
         while running := [t for t in trajectories if t.running]:
             turns = self._generate(engine, running, sampling)
             calling = [(t, turn) for t, turn in zip(running, turns, strict=True) if turn]
             if calling:
-                results = asyncio.run(self._run_tools([turn for _, turn in calling]))
+                results = asyncio.run(self._run_tools(calling))
                 for (t, turn), done in zip(calling, results, strict=True):
                     self._answer(t, turn, done)
         return trajectories
@@ -93,7 +98,9 @@ class ToolAgent:
             turns.append(turn if t.running else None)
         return turns
 
-    async def _run_tools(self, turns: list[ParsedTurn]) -> list[list[ToolResult]]:
+    async def _run_tools(
+        self, calling: list[tuple[Trajectory, ParsedTurn]]
+    ) -> list[list[ToolResult]]:
         return list(
             await asyncio.gather(
                 *(
@@ -102,8 +109,9 @@ class ToolAgent:
                         self.tools,
                         timeout_s=self.limits.tool_timeout_s,
                         max_output_chars=self.limits.max_tool_response_chars,
+                        sample=t.tools_kwargs,
                     )
-                    for turn in turns
+                    for t, turn in calling
                 )
             )
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,10 +145,10 @@ class RLDataset:
         self._extra_info: list[dict[str, Any]] = []
         self._agent_name: list[str | None] = []
         self.tools = list(tools)
-        origins: list[tuple[str, int]] = []  # (file, row) of each sample, for messages
+        self._origins: list[tuple[str, int]] = []  # (file, row) of each sample, for messages
         for path in self.files:
             n = self._load_file(path, cfg.prompt_key)
-            origins.extend((path, row) for row in range(n))
+            self._origins.extend((path, row) for row in range(n))
 
         ids, offsets = _tokenize_chats(tokenizer, self._messages, self.tools)
         lengths = np.diff(offsets)
@@ -169,7 +169,7 @@ class RLDataset:
         elif over.size:
             if cfg.truncation == "error":
                 first = int(over[0])
-                path, row = origins[first]
+                path, row = self._origins[first]
                 raise DataError(
                     f"{over.size} of {len(lengths)} prompts are longer than "
                     f"data.max_prompt_length={cfg.max_prompt_length} tokens; the first is "
@@ -221,6 +221,7 @@ class RLDataset:
             "_ground_truth",
             "_extra_info",
             "_agent_name",
+            "_origins",
         ):
             values = getattr(self, name)
             setattr(self, name, [values[i] for i in keep])
@@ -244,6 +245,14 @@ class RLDataset:
             extra_info=self._extra_info[index],
             agent_name=self._agent_name[index],
         )
+
+    def agent_rows(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+        """("FILE: row N", agent_name, extra_info) of each sample, for the agent checks
+        (engine.agents.rows)."""
+        for (path, row), agent, extra in zip(
+            self._origins, self._agent_name, self._extra_info, strict=True
+        ):
+            yield f"{path}: row {row}", agent, extra
 
     def data_sources(self) -> set[str]:
         """Every ``data_source`` in the dataset (the reward checks it can score each)."""

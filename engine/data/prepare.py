@@ -4,6 +4,7 @@
     python -m engine.data.prepare gsm8k --out data/gsm8k --local-dir DIR  # offline
     python -m engine.data.prepare math --out data/math --local-dir DIR
     python -m engine.data.prepare synthetic --out data/synthetic --train-size 2048
+    python -m engine.data.prepare secret --out data/secret   # the tool task, with its tools
 
 ``--local-dir`` holds the source's own files (parquet, jsonl or json with its original
 columns), e.g. a copy of the hub repository or GSM8K's ``train.jsonl``/``test.jsonl``.
@@ -27,6 +28,7 @@ from engine.errors import EXIT_USER_ERROR, user_errors
 HUB_TIMEOUT_S = 5.0
 SPLITS = ("train", "val")
 _TRUTHY = ("1", "true", "yes", "on")
+GENERATED = ("synthetic", "secret")  # made here, not read from a source
 
 
 def prepare(
@@ -50,9 +52,16 @@ def prepare(
             sizes["n_val"] = val_size
         train, val = write_synthetic_dataset(out, seed=seed, **sizes)
         return {"train": train, "val": val}
+    if name == "secret":  # the tool task: data, tools file and tool (engine.data.secret)
+        from engine.data.secret import write_secret_task
+
+        sizes = {"n_train": train_size, "n_val": val_size}
+        return write_secret_task(out, seed=seed, **{k: v for k, v in sizes.items() if v})
     known = sources()
     if name not in known:
-        raise DataError(f"unknown dataset {name!r}; choose from synthetic, {', '.join(known)}")
+        raise DataError(
+            f"unknown dataset {name!r}; choose from synthetic, secret, {', '.join(known)}"
+        )
     source = known[name]
     limits = {"train": train_size, "val": val_size}
     out.mkdir(parents=True, exist_ok=True)
@@ -194,10 +203,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         epilog="examples:\n"
         "  python -m engine.data.prepare gsm8k --out data/gsm8k\n"
         "  python -m engine.data.prepare math --out data/math --local-dir ~/MATH-lighteval\n"
-        "  python -m engine.data.prepare synthetic --out data/synthetic --train-size 512",
+        "  python -m engine.data.prepare synthetic --out data/synthetic --train-size 512\n"
+        "  python -m engine.data.prepare secret --out data/secret  # the tool task",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dataset", choices=("gsm8k", "math", "synthetic"))
+    parser.add_argument("dataset", choices=("gsm8k", "math", *GENERATED))
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
     parser.add_argument(
         "--local-dir",
@@ -210,7 +220,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--val-size", type=_positive, metavar="N", help="rows in val (default: all)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="synthetic only: generation seed")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic, secret: generation seed")
     return parser.parse_args(argv)
 
 
@@ -223,8 +233,8 @@ def _positive(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.local_dir is not None and args.dataset == "synthetic":
-        print("error: --local-dir does not apply to the synthetic dataset", file=sys.stderr)
+    if args.local_dir is not None and args.dataset in GENERATED:
+        print(f"error: --local-dir does not apply to the {args.dataset} dataset", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)  # a usage error, as argparse's own
     with user_errors():
         prepare(

@@ -110,6 +110,7 @@ class RolloutWorker:
                 request.prompt_ids,
                 request.sampling,
                 single_turn=[name == "single_turn" for name in names],
+                tools_kwargs=request.tools_kwargs,
             )
             return as_generation_output(trajectories, logprobs=self.cfg.calculate_log_probs)
         finally:

@@ -13,7 +13,8 @@ must declare them), the ``CONFIG_KEYS`` it accepts (``None``: any, passed on) an
   ``config`` holds the sandbox's limits (``SandboxLimits``' fields), checked when built.
 
 A function (a custom tool, or a built-in written as one) is called with the arguments as
-keywords. A plain function runs in a daemon thread of its own, so a slow one never blocks
+keywords, and with the sample's own keywords (``extra_info.tools_kwargs``, ``sample.py``)
+as its keyword-only parameters the schema does not declare. A plain function runs in a daemon thread of its own, so a slow one never blocks
 the event loop and a hung one is left behind at the timeout without holding a pool or the
 process's exit; an ``async def`` one is awaited (it must not block: write a plain function
 for blocking work). It returns text; a dict or list is sent as JSON, ``None`` as nothing,
@@ -29,10 +30,11 @@ import importlib.util
 import inspect
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from engine.agents.tools import calculator
+from engine.agents.tools.sample import sample_parameters
 from engine.agents.tools.types import ToolError, ToolResult
 from engine.algo.registry import Registry
 from engine.errors import ConfigError
@@ -103,14 +105,21 @@ class FunctionTool:
         self.schema = schema
         self.fn = fn
         self.threaded = threaded
+        declared = (schema.get("function", {}).get("parameters") or {}).get("properties", {})
+        # What a sample's extra_info.tools_kwargs may give it (engine.agents.tools.sample)
+        self.sample_parameters = sample_parameters(fn, declared)
 
-    async def call(self, arguments: dict[str, Any]) -> ToolResult:
+    async def call(
+        self, arguments: dict[str, Any], sample: Mapping[str, Any] | None = None
+    ) -> ToolResult:
+        """``fn(**arguments, **sample)``: the sample's keywords win over the model's."""
+        kwargs = {**arguments, **(sample or {})}
         if inspect.iscoroutinefunction(self.fn):
-            value = await self.fn(**arguments)
+            value = await self.fn(**kwargs)
         elif self.threaded:
-            value = await run_in_thread(self.fn, **arguments)
+            value = await run_in_thread(self.fn, **kwargs)
         else:
-            value = self.fn(**arguments)
+            value = self.fn(**kwargs)
         if inspect.isawaitable(value):
             value = await value
         return ToolResult.success(as_text(value))

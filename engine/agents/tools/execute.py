@@ -41,10 +41,15 @@ async def execute(
     tools: Mapping[str, Tool],
     timeout_s: float,
     max_output_chars: int,
+    sample: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[ToolResult]:
-    """One ``ToolResult`` per call, in order; the calls run concurrently."""
+    """One ``ToolResult`` per call, in order; the calls run concurrently. ``sample``: the
+    row's own keywords for each tool by name (``extra_info.tools_kwargs``)."""
+    own = sample or {}
     return list(
-        await asyncio.gather(*(_run(call, tools, timeout_s, max_output_chars) for call in calls))
+        await asyncio.gather(
+            *(_run(call, tools, timeout_s, max_output_chars, own.get(call.name)) for call in calls)
+        )
     )
 
 
@@ -56,7 +61,11 @@ def truncate(text: str, max_chars: int) -> tuple[str, bool]:
 
 
 async def _run(
-    call: ToolCall, tools: Mapping[str, Tool], timeout_s: float, max_output_chars: int
+    call: ToolCall,
+    tools: Mapping[str, Tool],
+    timeout_s: float,
+    max_output_chars: int,
+    sample: Mapping[str, Any] | None,
 ) -> ToolResult:
     start = time.perf_counter()
     tool = tools.get(call.name)
@@ -70,7 +79,7 @@ async def _run(
                 BAD_ARGUMENTS, f"{label}: bad arguments: {'; '.join(problems)}"
             )
         else:
-            result = await _call_with_timeout(tool, call.arguments, label, timeout_s)
+            result = await _call_with_timeout(tool, call.arguments, sample, label, timeout_s)
     text, cut = truncate(result.text, max_output_chars)
     return replace(
         result,
@@ -98,10 +107,13 @@ def _unknown_tool_message(name: str, label: str, tools: Mapping[str, Tool]) -> s
     return message + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
-async def _guarded(tool: Tool, arguments: dict[str, Any], label: str) -> ToolResult:
+async def _guarded(
+    tool: Tool, arguments: dict[str, Any], sample: Mapping[str, Any] | None, label: str
+) -> ToolResult:
     """The tool's result, or what it raised as a result (nothing escapes but cancelling)."""
     try:
-        result = await tool.call(arguments)
+        # A tool without per-sample state may not take ``sample`` at all
+        result = await (tool.call(arguments, sample) if sample else tool.call(arguments))  # type: ignore[call-arg]
     except ToolError as exc:
         return ToolResult.failure(RAISED, f"{label} failed: {exc}")
     except Exception as exc:
@@ -116,9 +128,13 @@ async def _guarded(tool: Tool, arguments: dict[str, Any], label: str) -> ToolRes
 
 
 async def _call_with_timeout(
-    tool: Tool, arguments: dict[str, Any], label: str, timeout_s: float
+    tool: Tool,
+    arguments: dict[str, Any],
+    sample: Mapping[str, Any] | None,
+    label: str,
+    timeout_s: float,
 ) -> ToolResult:
-    task = asyncio.ensure_future(_guarded(tool, arguments, label))
+    task = asyncio.ensure_future(_guarded(tool, arguments, sample, label))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
     except asyncio.CancelledError:

@@ -494,11 +494,13 @@ def _signature_problems(
             problems.append(
                 f"{key}: {label} takes no argument {', '.join(map(repr, extra))} that the schema declares; add it to the function or drop it from properties"
             )
+    # A keyword-only parameter the schema does not declare comes from the sample
+    # (extra_info.tools_kwargs, checked against the data at the start): not the model's.
     needed = [
         p.name
         for p in params
         if p.default is p.empty
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and (p.kind is p.POSITIONAL_OR_KEYWORD or (p.kind is p.KEYWORD_ONLY and p.name in declared))
         and p.name not in required
     ]
     if needed:

@@ -88,7 +88,8 @@ class ToolError(Exception):
 class Tool(Protocol):
     """A tool the model can call. ``schema`` is its OpenAI-format declaration,
     ``{"type": "function", "function": {"name", "description", "parameters"}}``; ``call``
-    gets arguments already checked against ``parameters``."""
+    gets arguments already checked against ``parameters``, and the sample's own keywords
+    for this tool (``extra_info.tools_kwargs``) as ``sample`` when the row gives any."""
 
     name: str
     schema: dict[str, Any]
