@@ -158,17 +158,28 @@ def _agent_tools(cfg: EngineConfig) -> tuple[list[dict], dict[str, Any]]:
 
 
 def _check_agent_rows(cfg: EngineConfig, tools: dict[str, Any], datasets: list[Any]) -> None:
-    """Each row's agent loop and per-sample tool keywords, before any worker starts."""
+    """The interactions file, and each row's agent loop, per-sample tool keywords and
+    interaction, before any worker starts."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return
+    from engine.agents.interactions import load_interactions
     from engine.agents.rows import agent_row_problems
     from engine.config import AGENT_LOOPS
 
+    interactions = {}
+    if mt.interaction_config_path:
+        try:
+            interactions = load_interactions(mt.interaction_config_path)
+        except ConfigError as exc:
+            key = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
+            raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None
     problems = [
         p
         for dataset in datasets
-        for p in agent_row_problems(dataset.agent_rows(), tools, AGENT_LOOPS, mt.default_agent)
+        for p in agent_row_problems(
+            dataset.agent_rows(), tools, AGENT_LOOPS, mt.default_agent, interactions
+        )
     ]
     if problems:
         raise ConfigError(problems)

@@ -349,12 +349,21 @@ class Trainer:
 
             request.agent_names = [p.agent_name or multi_turn.default_agent for p in expanded]
             request.tools_kwargs = [sample_tool_kwargs(p.extra_info) for p in expanded]
+            request.interaction_kwargs = [
+                p.extra_info.get("interaction_kwargs") or None for p in expanded
+            ]
         output = self.workers.call_split("rollout", "generate", request)
         meta = SampleMeta(
             group_ids=[i // n for i in range(len(expanded))],
             data_source=[p.data_source for p in expanded],
             ground_truth=[p.ground_truth for p in expanded],
-            extra_info=[p.extra_info for p in expanded],
+            # an interaction's score of each answer reaches the reward function (verl's key)
+            extra_info=[
+                {**p.extra_info, "turn_scores": output.turn_scores[i]}
+                if output.turn_scores is not None
+                else p.extra_info
+                for i, p in enumerate(expanded)
+            ],
         )
         with timer("reward"):
             results = self.score(output.response_ids, meta)

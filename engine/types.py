@@ -45,6 +45,8 @@ class GenerationRequest:
     agent_names: list[str] | None = None
     # Each row's own keywords for its tools (extra_info.tools_kwargs, phases merged)
     tools_kwargs: list[dict[str, dict[str, Any]]] | None = None
+    # Each row's extra_info.interaction_kwargs (engine.agents.interactions), or None
+    interaction_kwargs: list[dict[str, Any] | None] | None = None
 
 
 @dataclass
@@ -58,6 +60,8 @@ class GenerationOutput:
     response_mask: list[list[int]] | None = None
     # Multi-turn rows: turns, tool calls, errors, timeouts, latency (engine.agents)
     agent_stats: list[dict[str, float]] | None = None
+    # Multi-turn rows: the interaction's score of each answer (empty without one)
+    turn_scores: list[list[float]] | None = None
 
 
 @dataclass

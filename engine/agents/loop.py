@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.agents.chat import ChatFormat
+from engine.agents.interactions import (
+    Feedback,
+    Interaction,
+    InteractionError,
+    as_feedback,
+    row_interaction,
+)
 from engine.agents.tools import (
     OK,
     TIMEOUT,
@@ -40,6 +47,7 @@ class ToolAgent:
     parser: ToolCallParser
     tools: Mapping[str, Tool]
     limits: AgentLimits
+    interactions: Mapping[str, Interaction] = field(default_factory=dict)
 
     def run(
         self,
@@ -48,38 +56,76 @@ class ToolAgent:
         sampling: SamplingParams,
         single_turn: Sequence[bool] | None = None,
         tools_kwargs: Sequence[Mapping[str, Mapping[str, Any]]] | None = None,
+        interaction_kwargs: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> list[Trajectory]:
         """One trajectory per prompt row (rows already expanded: engines generate one
         response per row, ``sampling.n`` is not read); rows flagged ``single_turn`` end
         after their first turn, as without tools. ``tools_kwargs``: each row's own
-        keywords for its tools (``engine.agents.tools.sample``)."""
+        keywords for its tools (``engine.agents.tools.sample``); ``interaction_kwargs``:
+        each row's ``extra_info.interaction_kwargs`` (``engine.agents.interactions``)."""
         one = single_turn or [False] * len(prompts)
         own = tools_kwargs or [{}] * len(prompts)
+        envs = interaction_kwargs or [None] * len(prompts)
         trajectories = [
-            Trajectory(list(p), single_turn=o, tools_kwargs=dict(k))
-            for p, o, k in zip(prompts, one, own, strict=True)
+            self._start(Trajectory(list(p), single_turn=o, tools_kwargs=dict(k)), e)
+            for p, o, k, e in zip(prompts, one, own, envs, strict=True)
         ]
         while running := [t for t in trajectories if t.running]:
             turns = self._generate(engine, running, sampling)
-            calling = [(t, turn) for t, turn in zip(running, turns, strict=True) if turn]
+            calling = []
+            for t, turn in zip(running, turns, strict=True):
+                if isinstance(turn, Feedback):  # the interaction answers: the user's turn
+                    t.add_environment(
+                        self.chat.continuation_ids([{"role": "user", "content": turn.message}]),
+                        self.limits,
+                    )
+                elif turn is not None:
+                    calling.append((t, turn))
             if calling:
                 results = asyncio.run(self._run_tools(calling))
                 for (t, turn), done in zip(calling, results, strict=True):
                     self._answer(t, turn, done)
         return trajectories
 
+    def _start(self, t: Trajectory, kwargs: Mapping[str, Any] | None) -> Trajectory:
+        """The row's interaction, started (a row without one has none)."""
+        picked = row_interaction({"interaction_kwargs": kwargs}, list(self.interactions))
+        if picked is not None and not t.single_turn:
+            name, start_kwargs = picked
+            t.interaction = name
+            try:
+                t.interaction_state = self.interactions[name].start(**start_kwargs)
+            except Exception as exc:
+                raise InteractionError(
+                    f"interaction {name!r}: start() failed: {type(exc).__name__}: {exc}"
+                ) from exc
+        return t
+
+    def _respond(self, t: Trajectory, reply: str) -> Feedback:
+        name = t.interaction or ""
+        try:
+            answer = self.interactions[name].respond(t.interaction_state, reply)
+        except Exception as exc:
+            raise InteractionError(
+                f"interaction {name!r}: respond() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        feedback = as_feedback(answer, name)
+        t.turn_scores.append(feedback.score)
+        return feedback
+
     def _generate(
         self, engine: RolloutEngine, running: list[Trajectory], sampling: SamplingParams
-    ) -> list[ParsedTurn | None]:
+    ) -> list[ParsedTurn | Feedback | None]:
         """Each running trajectory's next model turn; the parsed turn of those that called
-        a tool (or wrote a call the parser could not read), None for the others."""
+        a tool (or wrote a call the parser could not read), the interaction's feedback for
+        those it sends back to the model, None for the others."""
         budget = max(t.room(self.limits) for t in running)
         request = GenerationRequest(
             prompt_ids=[t.prompt_ids + t.response_ids for t in running],
             sampling=replace(sampling, max_new_tokens=min(sampling.max_new_tokens, budget)),
         )
         out = engine.generate(request)
-        turns: list[ParsedTurn | None] = []
+        turns: list[ParsedTurn | Feedback | None] = []
         for i, t in enumerate(running):
             logprobs = out.logprobs[i] if out.logprobs is not None else None
             kept = t.add_model_turn(list(out.response_ids[i]), logprobs, self.limits)
@@ -88,11 +134,24 @@ class ToolAgent:
                 t.ended = ANSWERED if complete else LENGTH
                 turns.append(None)
                 continue
-            turn = self.parser.parse(self.chat.tokenizer.decode(kept, skip_special_tokens=True))
+            text = self.chat.tokenizer.decode(kept, skip_special_tokens=True)
+            turn = self.parser.parse(text)
             if not complete:
                 t.ended = LENGTH
             elif not turn.calls and not turn.errors:
-                t.ended = ANSWERED
+                if t.interaction is None:
+                    t.ended = ANSWERED
+                    turns.append(None)
+                    continue
+                feedback = self._respond(t, text)
+                if feedback.done:
+                    t.ended = ANSWERED
+                elif t.turns >= self.limits.max_turns:
+                    t.ended = MAX_TURNS
+                else:
+                    t.feedback_turns += 1
+                turns.append(feedback if t.running else None)
+                continue
             elif t.turns >= self.limits.max_turns:
                 t.ended = MAX_TURNS
             turns.append(turn if t.running else None)
@@ -137,9 +196,11 @@ def as_generation_output(trajectories: list[Trajectory], logprobs: bool) -> Gene
         finished=[t.finished for t in trajectories],
         logprobs=[t.logprobs for t in trajectories] if logprobs else None,
         response_mask=[t.response_mask for t in trajectories],
+        turn_scores=[list(t.turn_scores) for t in trajectories],
         agent_stats=[
             {
                 "turns": float(t.turns),
+                "feedback_turns": float(t.feedback_turns),
                 "tool_calls": float(t.tool_calls),
                 "tool_errors": float(t.tool_errors),
                 "tool_timeouts": float(t.tool_timeouts),

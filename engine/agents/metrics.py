@@ -27,4 +27,6 @@ def agent_metrics(
         if calls
         else 0.0,
         "agent/response_tokens_per_turn": model_tokens / turns if turns else 0.0,
+        # answers an interaction sent back for another try, per trajectory
+        "agent/feedback_turns_mean": sum(s.get("feedback_turns", 0.0) for s in stats) / n,
     }

@@ -1,6 +1,7 @@
 """The dataset's agent columns, checked at the engine's start, before any worker: each
-row's ``agent_name`` names an agent loop, and its ``extra_info.tools_kwargs`` fit the
-tools it may call (``engine.agents.tools.sample``). Every problem is reported with the
+row's ``agent_name`` names an agent loop, its ``extra_info.tools_kwargs`` fit the tools
+it may call (``engine.agents.tools.sample``) and its ``extra_info.interaction_kwargs``
+name a declared interaction (``engine.agents.interactions``). Every problem is reported with the
 file's row, up to a few, with how many more there are."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from engine.agents.interactions import interaction_kwargs_problems
 from engine.agents.tools.sample import tool_kwargs_problems
 from engine.agents.tools.schemas import short
 
@@ -19,6 +21,7 @@ def agent_row_problems(
     tools: Mapping[str, Any],
     agent_loops: tuple[str, ...],
     default_agent: str,
+    interactions: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """``rows``: (where, agent_name, extra_info) of each row."""
     problems: list[str] = []
@@ -33,6 +36,7 @@ def agent_row_problems(
             )
         elif (agent or default_agent) != "single_turn":
             found += tool_kwargs_problems(extra, tools, where)
+            found += interaction_kwargs_problems(extra, interactions or {}, where)
         total += len(found)
         problems += found[: max(0, SHOWN - len(problems))]
     if total > len(problems):

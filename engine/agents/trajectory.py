@@ -47,6 +47,10 @@ class Trajectory:
     # malformed calls the parser could not read
     tool_timeouts: int = 0
     tool_latency_s: float = 0.0  # summed over calls
+    interaction: str | None = None  # the row's interaction (engine.agents.interactions)
+    interaction_state: Any = None  # what its start() returned
+    turn_scores: list[float] = field(default_factory=list)  # its score of each answer
+    feedback_turns: int = 0  # answers it sent back to the model
 
     @property
     def running(self) -> bool:

@@ -27,6 +27,11 @@ class MultiTurnConfig:
     tool_config_path: str | None = setting(
         None, "The tools file (docs/tools.md): verl's tool_config form or rlctl's short one."
     )
+    interaction_config_path: str | None = setting(
+        None,
+        "The interactions file (docs/agents.md): environments that answer the model's turns,"
+        " picked per row by extra_info.interaction_kwargs.name.",
+    )
     format: str = setting(
         "hermes", "How the model writes a tool call: hermes (<tool_call> JSON, Qwen2.5/Qwen3)."
     )
@@ -77,10 +82,11 @@ def _tool_problems(mt: MultiTurnConfig, key: str) -> list[str]:
     from engine.errors import ConfigError
 
     problems: list[str] = []
-    if not mt.tool_config_path:
+    if not mt.tool_config_path and not mt.interaction_config_path:
         problems.append(
-            f"{key}.tool_config_path: a multi-turn rollout needs its tools file; set it"
-            " (docs/tools.md), or multi_turn.enable=false"
+            f"{key}.tool_config_path: a multi-turn rollout needs its tools file (or an"
+            " interactions file, interaction_config_path); set it (docs/tools.md), or"
+            " multi_turn.enable=false"
         )
     try:
         get_tool_call_parser(mt.format, mt.max_parallel_calls, key=f"{key}.format")

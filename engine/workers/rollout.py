@@ -111,6 +111,7 @@ class RolloutWorker:
                 request.sampling,
                 single_turn=[name == "single_turn" for name in names],
                 tools_kwargs=request.tools_kwargs,
+                interaction_kwargs=request.interaction_kwargs,
             )
             return as_generation_output(trajectories, logprobs=self.cfg.calculate_log_probs)
         finally:
@@ -183,7 +184,12 @@ def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
     from engine.agents.tools import build_tools, get_tool_call_parser, load_tool_specs, tool_schemas
     from engine.agents.trajectory import AgentLimits
 
-    specs = load_tool_specs(mt.tool_config_path)
+    specs = load_tool_specs(mt.tool_config_path) if mt.tool_config_path else []
+    interactions = {}
+    if mt.interaction_config_path:
+        from engine.agents.interactions import load_interactions
+
+        interactions = load_interactions(mt.interaction_config_path)
     return ToolAgent(
         ChatFormat(tokenizer, tool_schemas(specs)),
         get_tool_call_parser(mt.format, mt.max_parallel_calls),
@@ -194,4 +200,5 @@ def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
             max_tool_response_chars=mt.max_tool_response_length,
             tool_timeout_s=mt.tool_timeout_s,
         ),
+        interactions,
     )

@@ -1,11 +1,13 @@
 """The shipped tool task (engine.data.secret), learned on CPU through the whole engine:
 the tiny model, warm-started to call the tool one time in five, is trained with GRPO and
 multi-turn rollouts; it comes to call the tool and answer with what it said, on the HF
-rollout and on a real vLLM. The same run with a tool that answers wrong learns nothing:
-the answer needs the tool's result.
+rollout and on a real vLLM. Two broken variants fail the same margin: a tool that answers
+wrong (the answer needs the tool's result), and a mask that lets the losses train on the
+tool's tokens (the model is pushed to write text it never sampled, and falls apart).
 
 Measured on the 2-core machine (docs/agents.md has the figures): the score of a step goes
-from about 0.3 to 0.6 or more in 16 steps; with the wrong tool it stays near chance."""
+from about 0.3 to 0.6 or more in 16 steps; with the wrong tool it stays near chance; with
+the mask dropped it falls to 0 within 7 steps."""
 
 import os
 import subprocess
@@ -39,7 +41,9 @@ def secret_task(tmp_path_factory):
     return root / "warm", write_secret_task(root / "data", n_train=512, n_val=32)
 
 
-def train(secret_task, run_dir, base_overrides, read_metrics, *extra, tools=None):
+def train(
+    secret_task, run_dir, base_overrides, read_metrics, *extra, tools=None, main=None, steps=STEPS
+):
     model, paths = secret_task
     overrides = [
         *base_overrides,
@@ -55,7 +59,7 @@ def train(secret_task, run_dir, base_overrides, read_metrics, *extra, tools=None
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.optim.lr=2e-4",  # the model is warm: no random start
-        f"trainer.total_training_steps={STEPS}",
+        f"trainer.total_training_steps={steps}",
         "trainer.test_freq=-1",
         f"trainer.default_local_dir={run_dir}",
         "trainer.logger=[console]",
@@ -67,12 +71,12 @@ def train(secret_task, run_dir, base_overrides, read_metrics, *extra, tools=None
     repo = str(Path(__file__).parents[2])
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     result = subprocess.run(
-        [sys.executable, "-m", "engine.main", *overrides],
+        [sys.executable, *(main or ["-m", "engine.main"]), *overrides],
         capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
     return records
 
 
@@ -129,3 +133,90 @@ def test_a_tool_that_answers_wrong_teaches_nothing(
     _, calls_after = ends(records, "agent/tool_call_rate")
     assert score_after < 0.25, score_after
     assert calls_after < 0.45, calls_after
+
+
+# engine.main with the multi-turn mask dropped where the trainer builds its batch (the
+# driver): every response token, the tool's included, counts in the losses.
+MASK_DROPPED = """\
+import runpy
+import sys
+
+import engine.trainer
+
+
+def generate(self, *args, _original=engine.trainer.Trainer.generate, **kwargs):
+    rollout = _original(self, *args, **kwargs)
+    rollout.response_masks = None
+    return rollout
+
+
+engine.trainer.Trainer.generate = generate
+if __name__ == "__main__":  # the reward workers spawn and import this file again
+    sys.argv = ["engine.main", *sys.argv[1:]]
+    runpy.run_module("engine.main", run_name="__main__")
+"""
+
+
+def test_training_on_the_tools_tokens_breaks_it(
+    secret_task, tmp_path, base_overrides, read_metrics
+):
+    """The mask is what makes it work: with the tool's tokens in the losses the model is
+    trained to write the tool's random answers itself, and the score falls instead of
+    rising."""
+    script = tmp_path / "mask_dropped.py"
+    script.write_text(MASK_DROPPED)
+    records = train(secret_task, tmp_path / "run", base_overrides, read_metrics, main=[str(script)])
+    score_before, score_after = ends(records, "critic/score/mean")
+    assert score_after < 0.25, score_after
+    assert score_after < score_before, (score_before, score_after)
+
+
+REWARD_FROM_ANSWERS = """\
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    scores = extra_info["turn_scores"]  # the interaction's score of each answer, in order
+    return {"score": float(len(scores)), "acc": float(bool(scores) and scores[-1] == 1.0)}
+"""
+
+
+def test_an_interaction_sends_wrong_answers_back_and_its_scores_reach_the_reward(
+    secret_task, tmp_path, base_overrides, read_metrics
+):
+    """The built-in retry interaction checks each answer (the secret task's scorer) and
+    sends a wrong one back; the reward function reads its scores (extra_info.turn_scores):
+    here the reward is the number of answers, so it must match the turns taken."""
+    import pyarrow.parquet as pq
+
+    from engine.data.secret import DATA_SOURCE
+
+    _, paths = secret_task
+    rows = pq.read_table(paths["train"]).to_pylist()
+    for row in rows:
+        secret = row["reward_model"]["ground_truth"]
+        row["extra_info"]["interaction_kwargs"] = {"name": "retry", "ground_truth": secret}
+    train_file = tmp_path / "train.parquet"
+    pq.write_table(pq.read_table(paths["train"]).from_pylist(rows), train_file)
+    env = tmp_path / "env.yaml"
+    env.write_text(
+        f"interaction:\n  - name: retry\n    class_name: retry\n"
+        f"    config: {{data_source: {DATA_SOURCE}}}\n"
+    )
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD_FROM_ANSWERS)
+    key = "actor_rollout_ref.rollout.multi_turn"
+    records = train(
+        secret_task,
+        tmp_path / "run",
+        base_overrides,
+        read_metrics,
+        f"data.train_files={train_file}",
+        f"custom_reward_function.path={reward}",
+        f"{key}.interaction_config_path={env}",
+        f"{key}.max_assistant_turns=3",
+        steps=2,
+    )
+    for r in records:
+        # the warm model guesses 4 times in 5: most first answers are wrong, sent back
+        assert r["agent/feedback_turns_mean"] > 0.3, r["agent/feedback_turns_mean"]
+        # the answers were scored, at most one per turn; about one or more each (a
+        # trajectory that calls the tool twice can run out of tokens before answering)
+        assert 0.8 <= r["critic/score/mean"] <= r["agent/turns_mean"] <= 3.0

@@ -1,0 +1,269 @@
+"""Interactions: environments that answer the model's turns (feedback, retries, a game),
+decide when the episode ends, and score each turn (verl's ``interaction_config_path``).
+
+When a model's turn calls no tool, the sample's interaction reads it and gives
+``Feedback(done, message, score)``: when not done, ``message`` goes back to the model as
+the user's next turn (masked out of the losses, like tool results) and the model goes on,
+up to ``multi_turn.max_assistant_turns``. Each turn's ``score`` is kept, in order, and the
+reward function receives them as ``extra_info["turn_scores"]``.
+
+The interactions file (verl's form)::
+
+    interaction:
+      - name: retry                      # what rows name in interaction_kwargs.name
+        class_name: retry                # a built-in, or "my_env.py:Game" (beside the file)
+        config: {data_source: openai/gsm8k}
+
+A row picks its interaction with ``extra_info.interaction_kwargs``::
+
+    interaction_kwargs: {name: retry, ground_truth: "72"}   # the rest goes to start()
+
+An interaction is a class built once as ``cls(config)``, with ``start(**kwargs)``, which
+returns the episode's state (anything), and ``respond(state, reply)``, given the model's
+turn as text, which returns a ``Feedback`` (or verl's ``(done, message, score)``). It runs
+in the rollout worker, between turns; an exception in it stops the run with its name (an
+environment's bug is not the model's fault, and hiding it would train on wrong rewards).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import yaml
+
+from engine.agents.tools.schemas import short
+from engine.algo.registry import Registry, unknown_name_message
+from engine.errors import ConfigError, EngineError
+
+KEY = "extra_info.interaction_kwargs"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_ENTRY_KEYS = ("name", "class_name", "config")
+
+INTERACTIONS: Registry[Any] = Registry("built-in interaction")
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What an interaction says after a model's turn."""
+
+    done: bool  # the episode ends here
+    message: str = ""  # the user's next turn when not done
+    score: float = 0.0  # this turn's score (the reward function gets every turn's)
+
+
+class Interaction(Protocol):
+    def start(self, **kwargs: Any) -> Any: ...
+
+    def respond(self, state: Any, reply: str) -> Feedback | tuple[bool, str, float]: ...
+
+
+class InteractionError(EngineError):
+    """An interaction failed while the rollout ran (its name and what it raised)."""
+
+
+def as_feedback(value: Any, name: str) -> Feedback:
+    """An interaction's answer as a ``Feedback`` (verl's tuple accepted; its 4th item, the
+    metadata, dropped)."""
+    if isinstance(value, Feedback):
+        return value
+    if isinstance(value, tuple) and len(value) in (3, 4):
+        done, message, score = value[:3]
+        return Feedback(bool(done), str(message), float(score))
+    raise InteractionError(
+        f"interaction {name!r}: respond() returned {short(value)}; return a Feedback(done,"
+        " message, score) or a (done, message, score) tuple"
+    )
+
+
+# ---------------------------------------------------------------------------
+# the built-in
+
+
+@INTERACTIONS.register("retry")
+class RetryInteraction:
+    """Scores each answer with a built-in scorer (``data_source``: the config's, or the
+    row's ``interaction_kwargs.data_source``) against the row's ``ground_truth``; a right
+    answer (score ``>= pass_score``) ends the episode, a wrong one is sent back with
+    ``message`` for another try."""
+
+    CONFIG_KEYS: ClassVar[tuple[str, ...]] = ("data_source", "message", "pass_score")
+    MESSAGE = "That is not right. Check your work and give your final answer again."
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.data_source = config.get("data_source")
+        self.message = str(config.get("message", self.MESSAGE))
+        self.pass_score = float(config.get("pass_score", 1.0))
+        if self.data_source is not None:
+            _scorer(self.data_source)  # an unknown source is refused when built
+
+    def start(self, *, ground_truth: Any, data_source: str | None = None, **_: Any) -> Any:
+        source = data_source or self.data_source
+        if source is None:
+            raise InteractionError(
+                "interaction retry: no data_source: give it in the interaction's config or"
+                " in the row's interaction_kwargs"
+            )
+        return (_scorer(source), ground_truth)
+
+    def respond(self, state: Any, reply: str) -> Feedback:
+        scorer, ground_truth = state
+        result = scorer(reply, ground_truth, None)
+        score = float(result["score"] if isinstance(result, Mapping) else result)
+        if score >= self.pass_score:
+            return Feedback(done=True, score=score)
+        return Feedback(done=False, message=self.message, score=score)
+
+
+def _scorer(data_source: str) -> Any:
+    from engine.reward.registry import get_scorer
+    from engine.reward.types import RewardError
+
+    try:
+        return get_scorer(str(data_source))
+    except RewardError as exc:
+        raise ConfigError([f"interaction retry: data_source: {exc}"]) from None
+
+
+# ---------------------------------------------------------------------------
+# the file
+
+
+def load_interactions(path: str | Path) -> dict[str, Any]:
+    """The interactions a file declares, built, by name; one ``ConfigError`` with every
+    problem (the file, the entry's key, the value, the fix)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError([f"{path}: no such file; give the interactions file's path"])
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    return parse_interactions(data, source=str(path), base_dir=file.parent)
+
+
+def parse_interactions(
+    data: Any, *, source: str = "interactions", base_dir: str | Path = "."
+) -> dict[str, Any]:
+    entries = data.get("interaction") if isinstance(data, Mapping) else None
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(
+            [f"{source}: expected a non-empty 'interaction:' list of {{name, class_name, config}}"]
+        )
+    problems: list[str] = []
+    built: dict[str, Any] = {}
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"{source}: interaction[{i}]"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where}: expected a mapping with name, class_name, config")
+            continue
+        unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+        if unknown:
+            problems.append(f"{where}: unknown keys {unknown}; use {', '.join(_ENTRY_KEYS)}")
+        class_name = entry.get("class_name")
+        name = entry.get("name", class_name)
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            problems.append(f"{where}.name: {short(name)} is not a name (letters, digits, _.-)")
+            continue
+        if name in seen:
+            problems.append(f"{where}.name: {name!r} is declared twice; names must be unique")
+            continue
+        seen.add(name)
+        config = entry.get("config") or {}
+        if not isinstance(config, Mapping):
+            problems.append(f"{where}.config: expected a mapping, got {short(config)}")
+            continue
+        cls = _class(class_name, f"{where}.class_name", Path(base_dir), problems)
+        if cls is None:
+            continue
+        known = getattr(cls, "CONFIG_KEYS", None)
+        extra = sorted(set(config) - set(known)) if known is not None else []
+        if extra:
+            problems.append(f"{where}.config: {extra} not taken; {name!r} takes {', '.join(known)}")
+            continue
+        try:
+            built[name] = cls(dict(config))
+        except ConfigError as exc:
+            problems += [f"{where}: {p}" for p in exc.problems]
+        except Exception as exc:
+            problems.append(
+                f"{where}: building {short(class_name)} failed: {type(exc).__name__}: {exc}"
+            )
+    if problems:
+        raise ConfigError(problems)
+    return built
+
+
+def _class(value: Any, key: str, base: Path, problems: list[str]) -> Any:
+    """A built-in's class, or ``file.py:Class`` loaded from beside the file."""
+    if isinstance(value, str) and ":" in value and value.split(":")[0].endswith(".py"):
+        from engine.reward.custom import load_custom_function
+        from engine.reward.types import RewardError
+
+        path, _, attr = value.partition(":")
+        full = Path(path) if Path(path).is_absolute() else base / path
+        try:
+            return load_custom_function(full, attr, path_key=key, name_key=key)
+        except RewardError as exc:
+            problems.append(str(exc))
+            return None
+    if isinstance(value, str) and value in INTERACTIONS:
+        return INTERACTIONS.get(value)
+    hint = ""
+    if isinstance(value, str) and "." in value and "interactions" in value:
+        hint = " (verl's classes do not run here: write one as file.py:Class, docs/agents.md)"
+    problems.append(
+        f"{key}: {short(value)}: "
+        + unknown_name_message("built-in interaction", str(value), list(INTERACTIONS.names()))
+        + f"; or give a class as file.py:Class{hint}"
+    )
+    return None
+
+
+# ---------------------------------------------------------------------------
+# the rows
+
+
+def row_interaction(
+    extra_info: Mapping[str, Any] | None, names: Sequence[str]
+) -> tuple[str, dict[str, Any]] | None:
+    """(name, start kwargs) of a row's interaction; None when it has none. The name may
+    be left out when one interaction is declared."""
+    kwargs = (extra_info or {}).get("interaction_kwargs")
+    if not isinstance(kwargs, Mapping) or not kwargs:
+        return None
+    rest = {k: v for k, v in kwargs.items() if k != "name"}
+    name = kwargs.get("name", names[0] if len(names) == 1 else None)
+    return (str(name) if name is not None else "", rest)
+
+
+def interaction_kwargs_problems(
+    extra_info: Mapping[str, Any] | None, interactions: Mapping[str, Any], where: str
+) -> list[str]:
+    given = (extra_info or {}).get("interaction_kwargs")
+    if given is None:
+        return []
+    if not isinstance(given, Mapping):
+        return [f"{where}: {KEY} must be a mapping with a name, got {short(given)}"]
+    if not given:
+        return []
+    if not interactions:
+        return [
+            f"{where}: {KEY} is given but no interactions file is: set"
+            " actor_rollout_ref.rollout.multi_turn.interaction_config_path (docs/agents.md)"
+        ]
+    name = given.get("name")
+    names = sorted(interactions)
+    if name is None and len(names) > 1:
+        return [f"{where}: {KEY}.name is missing; name one of {', '.join(names)}"]
+    if name is not None and name not in interactions:
+        return [
+            f"{where}: {KEY}.name: "
+            + unknown_name_message("interaction", str(name), names)
+            + " (the interactions file declares them)"
+        ]
+    return []
