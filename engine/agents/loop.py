@@ -14,6 +14,7 @@ without a tool call, at the turn limit, or at the response token budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -70,22 +71,37 @@ class ToolAgent:
             self._start(Trajectory(list(p), single_turn=o, tools_kwargs=dict(k)), e)
             for p, o, k, e in zip(prompts, one, own, envs, strict=True)
         ]
+        # An engine with a session (the HF rollout on FSDP) holds its weights gathered
+        # for the whole run: ranks whose trajectories take different numbers of turns
+        # make different numbers of calls, which must run no collective.
+        # An engine that serves turns as they come (vLLM) lets each trajectory advance
+        # on its own (engine.agents.streaming); the others take turns batched.
+        stream = getattr(engine, "turn_stream", None)
+        if stream is not None:
+            from engine.agents.streaming import run_streaming
+
+            with stream() as turns:
+                run_streaming(self, turns, trajectories, sampling)
+            return trajectories
+        with getattr(engine, "session", contextlib.nullcontext)():
+            self._run_turns(engine, trajectories, sampling)
+        return trajectories
+
+    def _run_turns(
+        self, engine: RolloutEngine, trajectories: list[Trajectory], sampling: SamplingParams
+    ) -> None:
         while running := [t for t in trajectories if t.running]:
             turns = self._generate(engine, running, sampling)
             calling = []
             for t, turn in zip(running, turns, strict=True):
-                if isinstance(turn, Feedback):  # the interaction answers: the user's turn
-                    t.add_environment(
-                        self.chat.continuation_ids([{"role": "user", "content": turn.message}]),
-                        self.limits,
-                    )
+                if isinstance(turn, Feedback):
+                    self.give_feedback(t, turn)
                 elif turn is not None:
                     calling.append((t, turn))
             if calling:
                 results = asyncio.run(self._run_tools(calling))
                 for (t, turn), done in zip(calling, results, strict=True):
-                    self._answer(t, turn, done)
-        return trajectories
+                    self.answer(t, turn, done)
 
     def _start(self, t: Trajectory, kwargs: Mapping[str, Any] | None) -> Trajectory:
         """The row's interaction, started (a row without one has none)."""
@@ -125,57 +141,70 @@ class ToolAgent:
             sampling=replace(sampling, max_new_tokens=min(sampling.max_new_tokens, budget)),
         )
         out = engine.generate(request)
-        turns: list[ParsedTurn | Feedback | None] = []
-        for i, t in enumerate(running):
-            logprobs = out.logprobs[i] if out.logprobs is not None else None
-            kept = t.add_model_turn(list(out.response_ids[i]), logprobs, self.limits)
-            complete = out.finished[i] and len(kept) == len(out.response_ids[i])
-            if t.single_turn:
-                t.ended = ANSWERED if complete else LENGTH
-                turns.append(None)
-                continue
-            text = self.chat.tokenizer.decode(kept, skip_special_tokens=True)
-            turn = self.parser.parse(text)
-            if not complete:
-                t.ended = LENGTH
-            elif not turn.calls and not turn.errors:
-                if t.interaction is None:
-                    t.ended = ANSWERED
-                    turns.append(None)
-                    continue
-                feedback = self._respond(t, text)
-                if feedback.done:
-                    t.ended = ANSWERED
-                elif t.turns >= self.limits.max_turns:
-                    t.ended = MAX_TURNS
-                else:
-                    t.feedback_turns += 1
-                turns.append(feedback if t.running else None)
-                continue
+        return [
+            self.after_turn(
+                t,
+                list(out.response_ids[i]),
+                out.logprobs[i] if out.logprobs is not None else None,
+                out.finished[i],
+            )
+            for i, t in enumerate(running)
+        ]
+
+    def after_turn(
+        self, t: Trajectory, ids: list[int], logprobs: list[float] | None, finished: bool
+    ) -> ParsedTurn | Feedback | None:
+        """Take a model turn into its trajectory and say what comes next: the parsed turn
+        when it called a tool (or wrote a call the parser could not read), the
+        interaction's feedback when it sends the answer back, None when it ended."""
+        kept = t.add_model_turn(ids, logprobs, self.limits)
+        complete = finished and len(kept) == len(ids)
+        if t.single_turn:
+            t.ended = ANSWERED if complete else LENGTH
+            return None
+        text = self.chat.tokenizer.decode(kept, skip_special_tokens=True)
+        turn = self.parser.parse(text)
+        if not complete:
+            t.ended = LENGTH
+        elif not turn.calls and not turn.errors:
+            if t.interaction is None:
+                t.ended = ANSWERED
+                return None
+            feedback = self._respond(t, text)
+            if feedback.done:
+                t.ended = ANSWERED
             elif t.turns >= self.limits.max_turns:
                 t.ended = MAX_TURNS
-            turns.append(turn if t.running else None)
-        return turns
+            else:
+                t.feedback_turns += 1
+            return feedback if t.running else None
+        elif t.turns >= self.limits.max_turns:
+            t.ended = MAX_TURNS
+        return turn if t.running else None
+
+    def give_feedback(self, t: Trajectory, feedback: Feedback) -> None:
+        """The interaction's message as the user's next turn."""
+        t.add_environment(
+            self.chat.continuation_ids([{"role": "user", "content": feedback.message}]),
+            self.limits,
+        )
 
     async def _run_tools(
         self, calling: list[tuple[Trajectory, ParsedTurn]]
     ) -> list[list[ToolResult]]:
-        return list(
-            await asyncio.gather(
-                *(
-                    execute(
-                        turn.calls,
-                        self.tools,
-                        timeout_s=self.limits.tool_timeout_s,
-                        max_output_chars=self.limits.max_tool_response_chars,
-                        sample=t.tools_kwargs,
-                    )
-                    for t, turn in calling
-                )
-            )
+        return list(await asyncio.gather(*(self.call_tools(t, turn) for t, turn in calling)))
+
+    async def call_tools(self, t: Trajectory, turn: ParsedTurn) -> list[ToolResult]:
+        """One turn's calls, run at once, with the trajectory's own tool keywords."""
+        return await execute(
+            turn.calls,
+            self.tools,
+            timeout_s=self.limits.tool_timeout_s,
+            max_output_chars=self.limits.max_tool_response_chars,
+            sample=t.tools_kwargs,
         )
 
-    def _answer(self, t: Trajectory, turn: ParsedTurn, results: list[ToolResult]) -> None:
+    def answer(self, t: Trajectory, turn: ParsedTurn, results: list[ToolResult]) -> None:
         """The tools' results (and what the parser could not read) as the next messages."""
         t.tool_calls += len(results)
         t.tool_errors += len(turn.errors) + sum(

@@ -14,8 +14,9 @@ time on the CPU benchmark, docs/performance.md).
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -146,6 +147,22 @@ class HFRollout:
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids)
         self.twin = meta_twin(module)
+        self._held = False  # inside session(): the weights are gathered already
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Keep the weights gathered across several ``generate`` calls (a multi-turn
+        rollout): each call then runs no collective, so the ranks may make different
+        numbers of calls (one rank's trajectories take more turns than another's)."""
+        if self._held:
+            yield
+            return
+        with full_parameters(self.module):
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
 
     @torch.no_grad()
     def generate(self, request: GenerationRequest) -> GenerationOutput:
@@ -155,7 +172,7 @@ class HFRollout:
         was_training = self.module.training
         self.module.eval()
         try:
-            with full_parameters(self.module):
+            with self.session():
                 model = self.model_for_generation()
                 prompts = request.prompt_ids
                 step = self.micro_batch_size or max(1, len(prompts))

@@ -31,6 +31,7 @@ import importlib.util
 import os
 import warnings
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -185,6 +186,29 @@ class VLLMRollout:
             finished=finished,
             logprobs=logprobs if want_logprobs else None,
         )
+
+    @contextlib.contextmanager
+    def turn_stream(self) -> Iterator[Any]:
+        """The engine serving multi-turn trajectories' turns one request at a time, as
+        they come (engine.agents.streaming); seeded like ``generate``."""
+        self._check_usable()
+        if self.layout.tp > 1:  # the config refuses multi-turn with TP (config/multi_turn.py)
+            raise EngineError("multi-turn rollouts on vLLM run with tensor_model_parallel_size=1")
+        from vllm import SamplingParams
+
+        from engine.rollout.vllm_stream import VLLMTurnStream
+
+        want_logprobs = self.cfg.calculate_log_probs
+
+        def params_for(sampling: Any) -> Any:
+            return SamplingParams(
+                **sampling_params_for(
+                    sampling, "vllm", eos_token_ids=self.eos_token_ids, logprobs=want_logprobs
+                )
+            )
+
+        with seeded(group_seed(self.layout, self.group)):
+            yield VLLMTurnStream(self.llm.llm_engine, params_for, self.eos_token_ids, want_logprobs)
 
     # -- weights and memory ---------------------------------------------------------
 

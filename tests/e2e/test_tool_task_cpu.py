@@ -183,16 +183,22 @@ def test_an_interaction_sends_wrong_answers_back_and_its_scores_reach_the_reward
 ):
     """The built-in retry interaction checks each answer (the secret task's scorer) and
     sends a wrong one back; the reward function reads its scores (extra_info.turn_scores):
-    here the reward is the number of answers, so it must match the turns taken."""
+    here the reward is the number of answers scored.
+
+    Only the first half of each batch has the interaction, and the data is not shuffled:
+    the first worker's trajectories take up to 3 turns, the second's at most 2. The HF
+    rollout on FSDP once hung there (a rank waiting in a collective for a turn its peer
+    never took)."""
     import pyarrow.parquet as pq
 
     from engine.data.secret import DATA_SOURCE
 
     _, paths = secret_task
     rows = pq.read_table(paths["train"]).to_pylist()
-    for row in rows:
-        secret = row["reward_model"]["ground_truth"]
-        row["extra_info"]["interaction_kwargs"] = {"name": "retry", "ground_truth": secret}
+    for i, row in enumerate(rows):
+        if i % 16 < 8:  # the first worker's half of each batch of 16 prompts
+            secret = row["reward_model"]["ground_truth"]
+            row["extra_info"]["interaction_kwargs"] = {"name": "retry", "ground_truth": secret}
     train_file = tmp_path / "train.parquet"
     pq.write_table(pq.read_table(paths["train"]).from_pylist(rows), train_file)
     env = tmp_path / "env.yaml"
@@ -212,11 +218,12 @@ def test_an_interaction_sends_wrong_answers_back_and_its_scores_reach_the_reward
         f"custom_reward_function.path={reward}",
         f"{key}.interaction_config_path={env}",
         f"{key}.max_assistant_turns=3",
+        "data.shuffle=false",
         steps=2,
     )
     for r in records:
         # the warm model guesses 4 times in 5: most first answers are wrong, sent back
-        assert r["agent/feedback_turns_mean"] > 0.3, r["agent/feedback_turns_mean"]
-        # the answers were scored, at most one per turn; about one or more each (a
-        # trajectory that calls the tool twice can run out of tokens before answering)
-        assert 0.8 <= r["critic/score/mean"] <= r["agent/turns_mean"] <= 3.0
+        assert r["agent/feedback_turns_mean"] > 0.1, r["agent/feedback_turns_mean"]
+        assert r["agent/turns_max"] == 3.0
+        # half the trajectories' answers were scored, at most one per turn
+        assert 0.4 <= r["critic/score/mean"] <= r["agent/turns_mean"] <= 3.0

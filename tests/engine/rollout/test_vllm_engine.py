@@ -92,6 +92,15 @@ def test_greedy_tokens_and_finish_flags_match_hf(checks):
     assert all(len(r) == 10 for r in vllm["response_ids"][1:])
 
 
+def test_the_turn_stream_generates_what_generate_does(checks):
+    """Multi-turn's path (requests added to the running engine one by one, completions
+    taken as they finish) samples exactly what the batched call does."""
+    streamed, batched = checks["stream_greedy"], checks["vllm_greedy"]
+    assert streamed["response_ids"] == batched["response_ids"]
+    assert streamed["finished"] == batched["finished"]
+    assert _max_abs_diff(streamed["logprobs"], batched["logprobs"]) < 1e-4
+
+
 def test_greedy_logprobs_match_the_training_forward(checks):
     got, ref = checks["vllm_greedy"]["logprobs"], checks["train_logprobs_greedy"]
     assert _max_abs_diff(got, ref) < LOGPROB_ATOL

@@ -52,6 +52,29 @@ def _training_logprobs(model, prompts, responses, temperature=1.0, top_k=0):
     return [logp[i, : len(row), 0].tolist() for i, row in enumerate(responses)]
 
 
+def _streamed(rollout, prompts, sampling):
+    """The prompts through the turn stream (multi-turn's path): the first half submitted
+    at once, each of the rest only when a turn has finished (requests join a running
+    engine); the completions by prompt."""
+    done = {}
+    with rollout.turn_stream() as stream:
+        half = len(prompts) // 2
+        handles = {stream.submit(p, sampling): i for i, p in enumerate(prompts[:half])}
+        waiting = list(range(half, len(prompts)))
+        while len(done) < len(prompts):
+            for completion in stream.step():
+                done[handles[completion.handle]] = completion
+                if waiting:
+                    i = waiting.pop(0)
+                    handles[stream.submit(prompts[i], sampling)] = i
+    rows = [done[i] for i in range(len(prompts))]
+    return {
+        "response_ids": [c.token_ids for c in rows],
+        "finished": [c.finished for c in rows],
+        "logprobs": [c.logprobs for c in rows],
+    }
+
+
 def _rows(output):
     return {
         "response_ids": output.response_ids,
@@ -132,6 +155,7 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
     results["hf_greedy"] = _rows(hf.generate(GenerationRequest(prompts, greedy)))
     got = rollout.generate(GenerationRequest(prompts, greedy))
     results["vllm_greedy"] = _rows(got)
+    results["stream_greedy"] = _streamed(rollout, prompts, greedy)
     results["train_logprobs_greedy"] = _training_logprobs(model, prompts, got.response_ids)
 
     for name, sampling, top_k in [
