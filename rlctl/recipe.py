@@ -35,6 +35,7 @@ import yaml
 
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.images import check_image
+from rlctl.jobfiles import rebase
 from rlctl.presets import PRESETS
 from rlctl.yamlfile import load_yaml_file
 
@@ -91,7 +92,7 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
     "engine": (
         "mapping",
-        "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan",
+        "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan. A relative `actor_rollout_ref.rollout.multi_turn.tool_config_path` is read from the recipe's folder and shipped with the job, with the .py files of its custom tools (rlctl/jobfiles.py); other paths are the job's",
     ),
 }
 _FIELDS = tuple(FIELD_DOCS)
@@ -242,6 +243,8 @@ def _load_with_extends(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise RecipeError(f"{path}: extends: expected a file path, got {parent!r}")
     try:
         base = _load_with_extends(path.parent / parent, (*seen, resolved))
+        # the parent's recipe-relative paths (a tools file) keep naming the same file
+        base = rebase(base, (path.parent / parent).parent, path.parent)
     except RecipeError as exc:  # a problem in (or with) the parent: say it came from extends
         if exc.message.startswith("extends: "):
             raise

@@ -4,6 +4,7 @@ recipe + plan + where the job runs  ──►  JobSpec
     setup steps (build the tiny model, prepare data) as argv lists
     the engine's full config, validated against the engine's own schema
     the environment (plain values) and the names of the secrets to pass
+    the files the recipe names on this machine that ship with the job (rlctl/jobfiles.py)
 
 The engine config travels as a YAML file (``python -m engine.main --config``):
 recipe values never become words of a shell command line.
@@ -18,6 +19,7 @@ from rlctl import __version__
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, get_accelerator
 from rlctl.images import JobImage, default_image
+from rlctl.jobfiles import JobFile, ship_files
 from rlctl.recipe import TINY_MODEL, Recipe, RecipeError
 from rlctl.wheel import WHEEL_NAME
 
@@ -90,6 +92,12 @@ class JobSpec:
     extras: tuple[str, ...]  # rlctl's extras the job needs (what the image lacks is installed)
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
+    files: tuple[JobFile, ...] = ()  # shipped into paths.root, by their relative names
+
+    @property
+    def file_texts(self) -> dict[str, str]:
+        """The shipped files, name -> text, as a backend's render lists them."""
+        return {f.name: f.text for f in self.files}
 
     @property
     def engine_command(self) -> tuple[str, ...]:
@@ -146,6 +154,8 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
     # Order: what the recipe's fields mean, then the plan's sizing, then the recipe's
     # own engine keys (a person's explicit choice wins; the planner checked them).
     merged = {**keys, **recipe.engine_overrides(), **plan.engine_overrides(), **recipe.engine}
+    files, shipped = ship_files(merged, recipe.source, paths.root)
+    merged.update(shipped)  # the engine reads the shipped copies
     model = None if recipe.model == TINY_MODEL else recipe.model
     cfg = engine_config(merged, recipe.source, model)
     trainer = cfg.trainer
@@ -167,6 +177,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         extras=extras_needed(cfg),
         env=dict(recipe.env),
         secrets=recipe.secrets,
+        files=files,
     )
 
 

@@ -83,12 +83,13 @@ class LocalBackend:
             setup=[spec.with_python(step, sys.executable) for step in spec.setup],
             engine_command=spec.with_python(spec.engine_command, sys.executable),
         )
-        return {"run.sh": script, "engine.yaml": spec.engine_yaml}
+        return {"run.sh": script, "engine.yaml": spec.engine_yaml, **spec.file_texts}
 
     def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
         root = Path(spec.paths.root)
         root.mkdir(parents=True, exist_ok=True)
         for name, content in self.render(job.id, spec).items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)  # shipped tools/
             (root / name).write_text(content)
         log = (root / LOG).open("ab")
         env = {**os.environ, **secrets}

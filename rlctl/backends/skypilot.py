@@ -8,7 +8,9 @@ which cloud offers which accelerator); SkyPilot provisions, runs and recovers it
                     ports, image_id docker:<the accelerator's image>, job_recovery;
                     cpus N+ for a cpu:N recipe
         num_nodes, envs (plain), secrets (names only: values go in secrets_overrides)
-        file_mounts the checkpoint bucket at /checkpoints (the engine resumes from it)
+        file_mounts the rlctl wheel and the recipe's shipped files (a tools file) from the
+                    job's local directory, the checkpoint bucket at /checkpoints (the
+                    engine resumes from it)
         setup       templates/skypilot/setup.sh.j2: the recipe's setup steps, every node
         run         templates/skypilot/run.sh.j2: Ray on port 6379 across the nodes
                     (templates/ray/ray_cluster.sh inlined), the engine on rank 0
@@ -130,6 +132,12 @@ def engine_yaml_for(spec: JobSpec, checkpoint_dir: str | None) -> str:
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
+def _local_file(job_id: str, name: str) -> Path:
+    """Where a shipped file is written on this machine for SkyPilot to mount: beside
+    the job's wheel, in its local job directory."""
+    return local_wheel(job_id).parent / name
+
+
 def safe_name(job_id: str) -> str:
     """A SkyPilot cluster/job name for a job id (lower case, letters, digits, '-')."""
     name = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
@@ -168,6 +176,7 @@ class SkyPilotBackend:
             "task.yaml": header + dump_task(config),
             "setup.sh": config["setup"],
             "run.sh": config["run"],
+            **spec.file_texts,  # mounted from the job's local directory (task_config)
         }
 
     def task_config(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
@@ -218,6 +227,9 @@ class SkyPilotBackend:
         config["secrets"] = {name: None for name in (*spec.secrets, RAY_TOKEN)}
         # the wheel of this rlctl, which the setup installs on every node
         config["file_mounts"] = {spec.paths.wheel: str(local_wheel(job_id))}
+        # the recipe's shipped files (written there by ``task``), on every node
+        for f in spec.files:
+            config["file_mounts"][f"{spec.paths.root}/{f.name}"] = str(_local_file(job_id, f.name))
         if mount:
             config["file_mounts"][CHECKPOINT_MOUNT] = mount[0]
         config["setup"] = self._setup(job_id, spec)
@@ -324,6 +336,10 @@ class SkyPilotBackend:
         sky = import_sky()
         config = self.task_config(job_id, spec)
         build_wheel(local_wheel(job_id, create=True).parent)  # the file mount's source
+        for f in spec.files:  # and theirs
+            local = _local_file(job_id, f.name)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(f.text)
         missing = [name for name in spec.secrets if name not in secrets]
         if missing:
             raise RlctlError(f"no values for the secrets {', '.join(missing)}")

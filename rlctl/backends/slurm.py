@@ -227,7 +227,12 @@ class SlurmBackend:
             engine_command=spec.on_node(spec.engine_command),
         )
         library = (TEMPLATES / "ray" / "ray_cluster.sh").read_text()
-        return {"job.sbatch": script, "ray_cluster.sh": library, "engine.yaml": spec.engine_yaml}
+        return {
+            "job.sbatch": script,
+            "ray_cluster.sh": library,
+            "engine.yaml": spec.engine_yaml,
+            **spec.file_texts,  # on the shared filesystem: every node reads them
+        }
 
     def image(self, spec: JobSpec) -> str | None:
         """The container image the steps run in (None: no container runtime): the
@@ -285,6 +290,7 @@ class SlurmBackend:
             path = Path(root)
             path.mkdir(parents=True, exist_ok=True)
             for name, content in files.items():
+                (path / name).parent.mkdir(parents=True, exist_ok=True)  # shipped tools/
                 (path / name).write_bytes(
                     content if isinstance(content, bytes) else content.encode()
                 )

@@ -29,6 +29,7 @@ from rlctl.planner.model import (
     Plan,
     PlanRequest,
 )
+from rlctl.planner.multi_turn import multi_turn_lines
 from rlctl.planner.settings import (
     _ARR,
     _check_device_count,
@@ -118,6 +119,8 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         f"batch: mini-batch {mini} prompts × {s.n} = {mini * s.n} samples → {per_device}"
         f" per worker; micro-batch {micro}"
     )
+    if s.multi_turn is not None:
+        lines += multi_turn_lines(s.multi_turn, s.prompt_len, s.response_len)
     if m.num_params > CPU_PARAMS_WARNING:
         lines.append(
             f"warning: {_fmt_params(m.num_params)} parameters on CPU is impractically slow;"

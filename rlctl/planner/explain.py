@@ -36,6 +36,7 @@ from rlctl.planner.model import (
     MemoryEstimate,
     Plan,
 )
+from rlctl.planner.multi_turn import multi_turn_lines
 from rlctl.planner.search import _flops_per_param_token
 from rlctl.planner.settings import (
     _made_for,
@@ -176,6 +177,8 @@ def _reasoning(
             f" are packed up to {t.token_len} tokens{split}"
         )
     lines += list(fit.rollout.lines)
+    if s.multi_turn is not None:
+        lines += multi_turn_lines(s.multi_turn, s.prompt_len, s.response_len)
     if t.state.host:
         lines.append(
             f"host RAM: the offloaded state takes {_fmt(t.state.host)} per device,"

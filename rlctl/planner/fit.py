@@ -316,6 +316,15 @@ def _fit_rollout(
                 f" {need(tp)[1]} sequences do not fit in the {_fmt(pool)} pool"
             )
         why = "pinned by the recipe"
+    elif s.multi_turn is not None:
+        tp = 1
+        if not fits(tp):
+            return None, (
+                f"rollout: multi-turn rollouts run at TP 1, where bf16 weights"
+                f" ({_fmt(weights_total)}) and KV for {need(tp)[1]} sequences of {seq} tokens"
+                f" do not fit in a {_fmt(pool)} pool (gpu_memory_utilization {fraction:.2f})"
+            )
+        why = "multi-turn rollouts run at TP 1 (each TP member would run the tools)"
     else:
         valid = [tp for tp in replicas_of if _tp_ok(m, tp)]
         in_node = [

@@ -35,6 +35,10 @@ MAX_NODES = 64  # the largest layout the search considers
 MAX_THROUGHPUT_NODES = 32  # the step-time floor never asks for more than this
 HOST_RAM_GIB = 1024  # host RAM assumed per node (8-GPU servers carry 1–2 TiB)
 HOST_RAM_USABLE = 0.8  # offload may take this share of it (the rest: OS, data, checkpoint)
+# Multi-turn rollouts (planner/multi_turn.py): the response budget's rule of thumb.
+MIN_TURN_TOKENS = 256  # a model turn that reasons a little and writes a call or an answer
+CHARS_PER_TOKEN = 4  # a tool result's characters per token (English text and code)
+TOOL_MESSAGE_TOKENS = 24  # the chat template around a result and the next turn's opening
 CPU_WORKERS = 2  # the engine's CPU quickstart: two FSDP workers (gloo)
 CPU_PARAMS_WARNING = 1.0e9
 _NODE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

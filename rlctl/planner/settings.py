@@ -14,6 +14,7 @@ from rlctl.planner.model import (
     InfeasiblePlanError,
     PlanRequest,
 )
+from rlctl.planner.multi_turn import MultiTurn, check_multi_turn, multi_turn_of
 
 # ---------------------------------------------------------------------------
 # settings: the request with the recipe's pinned engine keys applied
@@ -84,6 +85,9 @@ class _Settings:
     target_s: float
     cp: int | None = None  # megatron context_parallel_size pinned by the recipe
     notes: tuple[str, ...] = ()
+    # on when the config turns multi_turn on (read whether pinned or default): the
+    # response budget spans every turn and tool result (planner/multi_turn.py)
+    multi_turn: MultiTurn | None = None
 
     @property
     def seq_len(self) -> int:
@@ -139,8 +143,11 @@ def _settings(req: PlanRequest) -> _Settings:
         target_s=req.target_step_minutes * 60.0,
         cp=_pinned_cp(pinned),
         notes=tuple(notes),
+        multi_turn=multi_turn_of(req.config),
     )
     _check_settings(s, req)
+    if s.multi_turn is not None:
+        check_multi_turn(s.multi_turn, s.rollout_tp)
     if s.cp is not None and s.train_backend != "megatron":
         s = replace(
             s,

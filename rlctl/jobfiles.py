@@ -1,0 +1,166 @@
+"""Files a recipe names on the launching machine that travel with the job.
+
+Paths in the engine config are the job's: data files, a checkpoint folder, a custom
+reward are read where the job runs. One file is the launcher's instead, because a person
+writes it beside the recipe and the job cannot reach it there: a multi-turn rollout's
+tools file (``actor_rollout_ref.rollout.multi_turn.tool_config_path``, docs/tools.md)
+given as a relative path. It is read relative to the recipe's folder when the job is
+prepared, with the ``.py`` files its custom tools name, and shipped in the job's
+directory under ``tools/`` (the layout kept, so the tools' relative paths still hold);
+the engine config then names the shipped copy. Every backend puts the job's files on
+every node (local: this machine; Slurm: the shared job directory; SkyPilot: file mounts).
+
+An absolute path (or ``~/...``) stays the job machine's, as data paths are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from rlctl.errors import RlctlError
+from rlctl.yamlfile import parse_yaml, read_text
+
+TOOLS_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+TOOLS_DIR = "tools"  # in the job's directory
+MAX_FILE_BYTES = 1024 * 1024  # a tools file or a tool's source, not data
+# Names that go into the engine config, a tar stream and SkyPilot's file mounts as they are.
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """One file shipped with the job: its path under the job's directory and its text."""
+
+    name: str  # "/"-separated, relative: "tools/code_interpreter.yaml"
+    text: str
+    source: str  # where it was read, for messages
+
+
+def is_launcher_path(value: Any) -> bool:
+    """A relative path: the recipe's folder's, shipped; absolute or ``~``: the job's."""
+    return (
+        isinstance(value, str)
+        and bool(value.strip())
+        and not value.startswith(("/", "~"))
+        and "://" not in value
+    )
+
+
+def rebase(raw: dict[str, Any], from_dir: Path, to_dir: Path) -> dict[str, Any]:
+    """A recipe's fields as read from a file in ``from_dir`` (an ``extends`` parent),
+    with its launcher paths made relative to ``to_dir`` (the recipe that extends it), so
+    that they keep naming the same file. The engine block may be nested or dotted."""
+    if from_dir.resolve() == to_dir.resolve() or not isinstance(raw.get("engine"), dict):
+        return raw
+
+    def walk(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict):
+                out[key] = walk(value, f"{dotted}.")
+            elif dotted == TOOLS_KEY and is_launcher_path(value):
+                out[key] = os.path.relpath((from_dir / value).resolve(), to_dir.resolve())
+            else:
+                out[key] = value
+        return out
+
+    return {**raw, "engine": walk(raw["engine"], "")}
+
+
+def ship_files(
+    keys: dict[str, Any], recipe_source: str, job_root: str
+) -> tuple[tuple[JobFile, ...], dict[str, Any]]:
+    """The files to ship for these engine keys, and the keys that then name the shipped
+    copies. Nothing to ship: ``((), {})``."""
+    value = keys.get(TOOLS_KEY)
+    if not is_launcher_path(value):
+        return (), {}
+    base = Path(recipe_source).parent
+    tools_file = (base / value).resolve()
+    field = f"engine.{TOOLS_KEY}"
+    if not tools_file.is_file():
+        raise RlctlError(
+            f"recipe {recipe_source}: {field}: {value!r} is not a file (looked for"
+            f" {str(tools_file)!r})",
+            hint="a relative tools path is read from the recipe's folder and shipped with"
+            " the job; fix the path, or give an absolute path that exists where the job runs",
+        )
+    text = _read(tools_file, f"{field} ({value})")
+    name = _shipped_name(tools_file.name, f"{field}: {value!r}")
+    files = [JobFile(name, text, str(tools_file))]
+    for path, where in _custom_tool_paths(text, str(tools_file)):
+        files.append(_tool_source(tools_file.parent, path, where))
+    unique = {f.name: f for f in files}
+    return tuple(unique.values()), {TOOLS_KEY: f"{job_root}/{name}"}
+
+
+def _read(path: Path, what: str) -> str:
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise RlctlError(
+            f"{what}: {path} is larger than {MAX_FILE_BYTES // 1024} KiB",
+            hint="a tools file and its tools' code are shipped with the job; keep data"
+            " elsewhere and read it from where the job runs",
+        )
+    return read_text(path)
+
+
+def _shipped_name(relative: str, what: str) -> str:
+    name = f"{TOOLS_DIR}/{PurePosixPath(relative).as_posix()}"
+    if not _PLAIN_NAME.match(name):
+        raise RlctlError(
+            f"{what}: the name {relative!r} has characters a shipped file cannot have",
+            hint="name the file and its folders with letters, digits, '.', '_' and '-'",
+        )
+    return name
+
+
+def _custom_tool_paths(text: str, source: str) -> list[tuple[str, str]]:
+    """(path, where) of each custom tool's ``.py`` file the tools file names with a
+    relative path: ``path:`` in rlctl's form, ``class_name: file.py:function`` in
+    verl's. Everything else in the file is checked by the engine when it starts."""
+    data = parse_yaml(text, source)
+    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+        raise RlctlError(
+            f"{source}: a tools file is a mapping with a list under tools:",
+            hint="write e.g. tools: [{name: code_interpreter}] (docs/tools.md)",
+        )
+    found = []
+    for i, entry in enumerate(data["tools"]):
+        if not isinstance(entry, dict):
+            continue
+        path = entry.get("path")
+        if isinstance(path, str):
+            found.append((path, f"{source}: tools[{i}].path"))
+        spec = entry.get("class_name")
+        if isinstance(spec, str) and ":" in spec:
+            file = spec.rpartition(":")[0]
+            if file.endswith(".py"):
+                found.append((file, f"{source}: tools[{i}].class_name"))
+    return [(p, where) for p, where in found if is_launcher_path(p)]
+
+
+def _tool_source(folder: Path, path: str, where: str) -> JobFile:
+    """A custom tool's file, from the tools file's folder or below (its place there is
+    its place in the job's ``tools/``)."""
+    file = (folder / path).resolve()
+    try:
+        relative = file.relative_to(folder.resolve())
+    except ValueError:
+        raise RlctlError(
+            f"{where}: {path!r} is outside the tools file's folder, so it cannot be shipped"
+            " beside it",
+            hint="move the .py file into the tools file's folder (or below), or give its"
+            " absolute path where the job runs",
+        ) from None
+    if not file.is_file():
+        raise RlctlError(
+            f"{where}: {path!r} is not a file (looked for {str(file)!r})",
+            hint="a custom tool's relative path is read from the tools file's folder",
+        )
+    name = _shipped_name(relative.as_posix(), f"{where}: {path!r}")
+    return JobFile(name, _read(file, where), str(file))

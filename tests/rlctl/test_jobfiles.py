@@ -1,0 +1,240 @@
+"""A recipe's tools file (a relative multi_turn.tool_config_path) reaches the job: read
+from the recipe's folder with its custom tools' code, shipped in the job's directory by
+every backend, and loaded there by the engine; and what is refused, before anything
+runs."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlctl import api
+from rlctl.backends.local import EXIT_CODE, LocalBackend
+from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
+from rlctl.backends.slurm import Shell, SlurmBackend
+from rlctl.errors import RlctlError
+from rlctl.jobfiles import TOOLS_KEY
+from rlctl.recipe import load_recipe
+from rlctl.spec import build_spec
+
+RECIPE = """\
+name: tools-demo
+algorithm: grpo
+model: rlctl:tiny
+data: {{prepare: synthetic}}
+hardware: {{accelerators: "cpu:2"}}
+engine:
+  data.max_prompt_length: 64
+  data.max_response_length: 96
+  data.train_batch_size: 8
+  actor_rollout_ref.rollout.multi_turn.enable: true
+  actor_rollout_ref.rollout.multi_turn.tool_config_path: {tools}
+"""
+TOOLS = """\
+tools:
+  - name: calculator
+  - name: lookup
+    path: lib/notes.py
+    description: Look up the notes on a topic.
+    parameters: {type: object, properties: {topic: {type: string}}, required: [topic]}
+  - class_name: lib/notes.py:shout
+    tool_schema:
+      type: function
+      function:
+        name: shout
+        description: Say it louder.
+        parameters: {type: object, properties: {text: {type: string}}, required: [text]}
+"""
+NOTES = """\
+def lookup(topic: str) -> str:
+    return f"notes on {topic}"
+
+
+def shout(text: str) -> str:
+    return text.upper()
+"""
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def write_recipe(folder: Path, tools: str = "tools/demo.yaml") -> Path:
+    """A recipe in ``folder`` with a tools file beside it and a custom tool below that."""
+    (folder / "tools" / "lib").mkdir(parents=True)
+    (folder / "tools" / "demo.yaml").write_text(TOOLS)
+    (folder / "tools" / "lib" / "notes.py").write_text(NOTES)
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(RECIPE.format(tools=tools))
+    return recipe
+
+
+def tools_path(engine_yaml: str) -> str:
+    return yaml.safe_load(engine_yaml)["actor_rollout_ref"]["rollout"]["multi_turn"][
+        "tool_config_path"
+    ]
+
+
+def call(tools: dict, name: str, **arguments) -> str:
+    return asyncio.run(tools[name].call(arguments)).text
+
+
+def test_the_tools_file_ships_with_a_local_job_and_loads_there(home, tmp_path, monkeypatch):
+    """Rendered, submitted (the real runner, with a run.sh that only ends), then the
+    launcher's copies deleted: the engine loads the tools from the job's directory,
+    custom code included."""
+    from engine.agents.tools import build_tools, load_tool_specs
+
+    recipe = load_recipe(write_recipe(tmp_path / "mine"))
+    prepared = api.prepare(recipe, "local", job_id="t-1")
+    root = Path(prepared.spec.paths.root)
+    assert sorted(f.name for f in prepared.spec.files) == ["tools/demo.yaml", "tools/lib/notes.py"]
+    assert prepared.files["tools/demo.yaml"] == TOOLS  # rlctl plan shows them
+    assert tools_path(prepared.files["engine.yaml"]) == f"{root}/tools/demo.yaml"
+
+    real = LocalBackend.render
+    monkeypatch.setattr(
+        LocalBackend,
+        "render",
+        lambda self, job_id, spec: {**real(self, job_id, spec), "run.sh": ""},
+    )
+    handle = LocalBackend().submit(type("Job", (), {"id": "t-1"})(), prepared.spec, {})
+    deadline = time.monotonic() + 30
+    while not (root / EXIT_CODE).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert handle["root"] == str(root)
+    shutil.rmtree(tmp_path / "mine")  # nothing is read from the launcher's copy any more
+
+    specs = load_tool_specs(tools_path((root / "engine.yaml").read_text()))
+    assert [s.name for s in specs] == ["calculator", "lookup", "shout"]
+    assert {s.path for s in specs} == {None, str(root / "tools" / "lib" / "notes.py")}
+    tools = build_tools(specs)
+    assert call(tools, "lookup", topic="tools") == "notes on tools"
+    assert call(tools, "shout", text="hi") == "HI"
+    assert call(tools, "calculator", expression="6 * 7") == "42"
+
+
+def test_slurm_stages_the_files_in_the_shared_job_directory(home, tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path / "mine"))
+    backend = SlurmBackend(job_root=str(tmp_path / "shared"))
+    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths("t-1"))
+    files = backend.render("t-1", spec)
+    root = Path(spec.paths.root)
+    assert tools_path(files["engine.yaml"]) == f"{root}/tools/demo.yaml"
+    backend._stage(Shell(None), str(root), files)  # the submit's staging, on this host
+    assert (root / "tools" / "demo.yaml").read_text() == TOOLS
+    assert (root / "tools" / "lib" / "notes.py").read_text() == NOTES
+
+
+def test_skypilot_mounts_the_files_on_every_node(home, tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path / "mine"))
+    backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
+    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths("t-1"))
+    config = backend.task_config("t-1", spec)
+    local = home / "jobs" / "t-1" / "tools"
+    assert config["file_mounts"][f"{spec.paths.root}/tools/demo.yaml"] == str(local / "demo.yaml")
+    assert config["file_mounts"][f"{spec.paths.root}/tools/lib/notes.py"] == str(
+        local / "lib" / "notes.py"
+    )
+    assert f"tool_config_path: {spec.paths.root}/tools/demo.yaml\n" in config["run"]
+    pytest.importorskip("sky", reason="skypilot is not installed")
+    backend.task("t-1", spec, {})  # writes the mounts' sources, then SkyPilot parses the task
+    assert (local / "demo.yaml").read_text() == TOOLS
+    assert (local / "lib" / "notes.py").read_text() == NOTES
+
+
+def test_an_absolute_path_is_the_jobs_and_ships_nothing(home, tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path / "mine", tools="/cluster/tools/demo.yaml"))
+    prepared = api.prepare(recipe, "local", job_id="t-1")
+    assert prepared.spec.files == ()
+    assert tools_path(prepared.files["engine.yaml"]) == "/cluster/tools/demo.yaml"
+
+
+def test_a_parent_recipe_in_another_folder_keeps_its_tools_file(home, tmp_path):
+    write_recipe(tmp_path / "shared")
+    child = tmp_path / "mine" / "child.yaml"
+    child.parent.mkdir()
+    child.write_text("extends: ../shared/recipe.yaml\nname: child\n")
+    recipe = load_recipe(child)
+    assert recipe.engine[TOOLS_KEY] == "../shared/tools/demo.yaml"  # from the child's folder
+    prepared = api.prepare(recipe, "local", job_id="t-1")
+    assert prepared.files["tools/demo.yaml"] == TOOLS
+    assert prepared.files["tools/lib/notes.py"] == NOTES
+
+
+def test_the_bundled_tool_recipe_ships_its_code_interpreter(home, tmp_path):
+    """recipes/grpo_qwen25_3b_gsm8k_tools.yaml: its tools file, shipped, loads in the
+    engine with the sandbox limits it sets."""
+    from engine.agents.tools import build_tools, load_tool_specs
+
+    recipe = load_recipe(api.find_recipe("grpo_qwen25_3b_gsm8k_tools"))
+    prepared = api.prepare(recipe, "slurm", job_id="t-1", job_root=str(tmp_path / "shared"))
+    (shipped,) = prepared.spec.files
+    assert shipped.name == "tools/code_interpreter.yaml"
+    node = tmp_path / "node.yaml"
+    node.write_text(shipped.text)
+    (spec,) = load_tool_specs(node)
+    assert (spec.name, spec.builtin) == ("code_interpreter", "code_interpreter")
+    limits = build_tools([spec])["code_interpreter"].limits
+    assert (limits.wall_seconds, limits.cpu_seconds, limits.memory_bytes) == (10, 5, 512 << 20)
+    cfg = yaml.safe_load(prepared.files["engine.yaml"])
+    assert cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 1
+    mt = cfg["actor_rollout_ref"]["rollout"]["multi_turn"]
+    assert mt["enable"] and mt["tool_timeout_s"] > limits.wall_seconds  # the sandbox ends first
+
+
+# ---------------------------------------------------------------------------
+# refused at prepare time, naming the key, the value and the fix
+
+
+def test_a_missing_tools_file_is_refused(home, tmp_path):
+    recipe = load_recipe(write_recipe(tmp_path / "mine", tools="tools/nope.yaml"))
+    with pytest.raises(RlctlError) as info:
+        api.validate(recipe.source)
+    message = str(info.value)
+    assert f"engine.{TOOLS_KEY}: 'tools/nope.yaml' is not a file" in message
+    assert str(tmp_path / "mine" / "tools" / "nope.yaml") in message
+    assert "recipe's folder" in info.value.hint
+
+
+def test_custom_code_outside_the_tools_folder_is_refused(home, tmp_path):
+    recipe_path = write_recipe(tmp_path / "mine")
+    (tmp_path / "mine" / "tools" / "demo.yaml").write_text(
+        TOOLS.replace("path: lib/notes.py", "path: ../elsewhere.py")
+    )
+    with pytest.raises(RlctlError) as info:
+        api.prepare(load_recipe(recipe_path), "local", job_id="t-1")
+    assert "tools[1].path: '../elsewhere.py' is outside the tools file's folder" in str(info.value)
+    assert "absolute path" in info.value.hint
+
+
+def test_missing_custom_code_is_refused(home, tmp_path):
+    recipe_path = write_recipe(tmp_path / "mine")
+    (tmp_path / "mine" / "tools" / "lib" / "notes.py").unlink()
+    with pytest.raises(RlctlError, match=r"tools\[1\]\.path: 'lib/notes\.py' is not a file"):
+        api.prepare(load_recipe(recipe_path), "local", job_id="t-1")
+
+
+def test_a_tools_file_that_is_not_one_is_refused(home, tmp_path):
+    recipe_path = write_recipe(tmp_path / "mine")
+    (tmp_path / "mine" / "tools" / "demo.yaml").write_text("- name: calculator\n")
+    with pytest.raises(RlctlError, match="a tools file is a mapping with a list under tools:"):
+        api.prepare(load_recipe(recipe_path), "local", job_id="t-1")
+
+
+def test_a_name_a_shipped_file_cannot_have_is_refused(home, tmp_path):
+    recipe_path = write_recipe(tmp_path / "mine", tools="'tools/my demo.yaml'")
+    shutil.copy(
+        tmp_path / "mine" / "tools" / "demo.yaml", tmp_path / "mine" / "tools" / "my demo.yaml"
+    )
+    with pytest.raises(RlctlError) as info:
+        api.prepare(load_recipe(recipe_path), "local", job_id="t-1")
+    assert "'my demo.yaml' has characters a shipped file cannot have" in str(info.value)
