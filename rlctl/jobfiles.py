@@ -1,13 +1,14 @@
 """Files a recipe names on the launching machine that travel with the job.
 
 Paths in the engine config are the job's: data files, a checkpoint folder, a custom
-reward are read where the job runs. One file is the launcher's instead, because a person
-writes it beside the recipe and the job cannot reach it there: a multi-turn rollout's
-tools file (``actor_rollout_ref.rollout.multi_turn.tool_config_path``, docs/tools.md)
-given as a relative path. It is read relative to the recipe's folder when the job is
-prepared, with the ``.py`` files its custom tools name, and shipped in the job's
-directory under ``tools/`` (the layout kept, so the tools' relative paths still hold);
-the engine config then names the shipped copy. Every backend puts the job's files on
+reward are read where the job runs. Two files are the launcher's instead, because a
+person writes them beside the recipe and the job cannot reach them there: a multi-turn
+rollout's tools file (``actor_rollout_ref.rollout.multi_turn.tool_config_path``,
+docs/tools.md) and its interactions file (``...multi_turn.interaction_config_path``,
+docs/agents.md), given as relative paths. Each is read relative to the recipe's folder
+when the job is prepared, with the ``.py`` files its entries name, and shipped in the
+job's directory under ``tools/`` or ``interactions/`` (the layout kept, so the entries'
+relative paths still hold); the engine config then names the shipped copy. Every backend puts the job's files on
 every node (local: this machine; Slurm: the shared job directory; SkyPilot: file mounts).
 
 An absolute path (or ``~/...``) stays the job machine's, as data paths are.
@@ -25,7 +26,24 @@ from rlctl.errors import RlctlError
 from rlctl.yamlfile import parse_yaml, read_text
 
 TOOLS_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+INTERACTIONS_KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 TOOLS_DIR = "tools"  # in the job's directory
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A key whose relative file is shipped: its folder in the job's directory, the list
+    its file holds its entries under, and what to call it in messages."""
+
+    folder: str
+    entries: str
+    what: str
+
+
+SHIPPED = {
+    TOOLS_KEY: Shipped(TOOLS_DIR, "tools", "tools file"),
+    INTERACTIONS_KEY: Shipped("interactions", "interaction", "interactions file"),
+}
 MAX_FILE_BYTES = 1024 * 1024  # a tools file or a tool's source, not data
 # Names that go into the engine config, a tar stream and SkyPilot's file mounts as they are.
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
@@ -63,7 +81,7 @@ def rebase(raw: dict[str, Any], from_dir: Path, to_dir: Path) -> dict[str, Any]:
             dotted = f"{prefix}{key}"
             if isinstance(value, dict):
                 out[key] = walk(value, f"{dotted}.")
-            elif dotted == TOOLS_KEY and is_launcher_path(value):
+            elif dotted in SHIPPED and is_launcher_path(value):
                 out[key] = os.path.relpath((from_dir / value).resolve(), to_dir.resolve())
             else:
                 out[key] = value
@@ -77,26 +95,35 @@ def ship_files(
 ) -> tuple[tuple[JobFile, ...], dict[str, Any]]:
     """The files to ship for these engine keys, and the keys that then name the shipped
     copies. Nothing to ship: ``((), {})``."""
-    value = keys.get(TOOLS_KEY)
-    if not is_launcher_path(value):
-        return (), {}
-    base = Path(recipe_source).parent
-    tools_file = (base / value).resolve()
-    field = f"engine.{TOOLS_KEY}"
-    if not tools_file.is_file():
-        raise RlctlError(
-            f"recipe {recipe_source}: {field}: {value!r} is not a file (looked for"
-            f" {str(tools_file)!r})",
-            hint="a relative tools path is read from the recipe's folder and shipped with"
-            " the job; fix the path, or give an absolute path that exists where the job runs",
-        )
-    text = _read(tools_file, f"{field} ({value})")
-    name = _shipped_name(tools_file.name, f"{field}: {value!r}")
-    files = [JobFile(name, text, str(tools_file))]
-    for path, where in _custom_tool_paths(text, str(tools_file)):
-        files.append(_tool_source(tools_file.parent, path, where))
+    files: list[JobFile] = []
+    named: dict[str, Any] = {}
+    for key, shipped in SHIPPED.items():
+        value = keys.get(key)
+        if is_launcher_path(value):
+            mine, name = _ship(key, shipped, value, recipe_source)
+            files += mine
+            named[key] = f"{job_root}/{name}"
     unique = {f.name: f for f in files}
-    return tuple(unique.values()), {TOOLS_KEY: f"{job_root}/{name}"}
+    return tuple(unique.values()), named
+
+
+def _ship(key: str, shipped: Shipped, value: str, recipe_source: str) -> tuple[list[JobFile], str]:
+    base = Path(recipe_source).parent
+    file = (base / value).resolve()
+    field = f"engine.{key}"
+    if not file.is_file():
+        raise RlctlError(
+            f"recipe {recipe_source}: {field}: {value!r} is not a file (looked for {str(file)!r})",
+            hint=f"a relative {shipped.what} path is read from the recipe's folder and shipped"
+            " with the job; fix the path, or give an absolute path that exists where the job"
+            " runs",
+        )
+    text = _read(file, f"{field} ({value})")
+    name = _shipped_name(shipped.folder, file.name, f"{field}: {value!r}")
+    files = [JobFile(name, text, str(file))]
+    for path, where in _entry_paths(text, str(file), shipped):
+        files.append(_entry_source(shipped, file.parent, path, where))
+    return files, name
 
 
 def _read(path: Path, what: str) -> str:
@@ -109,8 +136,8 @@ def _read(path: Path, what: str) -> str:
     return read_text(path)
 
 
-def _shipped_name(relative: str, what: str) -> str:
-    name = f"{TOOLS_DIR}/{PurePosixPath(relative).as_posix()}"
+def _shipped_name(folder: str, relative: str, what: str) -> str:
+    name = f"{folder}/{PurePosixPath(relative).as_posix()}"
     if not _PLAIN_NAME.match(name):
         raise RlctlError(
             f"{what}: the name {relative!r} has characters a shipped file cannot have",
@@ -119,48 +146,55 @@ def _shipped_name(relative: str, what: str) -> str:
     return name
 
 
-def _custom_tool_paths(text: str, source: str) -> list[tuple[str, str]]:
-    """(path, where) of each custom tool's ``.py`` file the tools file names with a
-    relative path: ``path:`` in rlctl's form, ``class_name: file.py:function`` in
-    verl's. Everything else in the file is checked by the engine when it starts."""
+def _entry_paths(text: str, source: str, shipped: Shipped) -> list[tuple[str, str]]:
+    """(path, where) of each ``.py`` file the file's entries name with a relative path:
+    ``path:`` in rlctl's tools form, ``class_name: file.py:name`` in verl's form (tools
+    and interactions). Everything else in the file is checked by the engine when it
+    starts."""
     data = parse_yaml(text, source)
-    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+    list_key = shipped.entries
+    if not isinstance(data, dict) or not isinstance(data.get(list_key), list):
+        example = (
+            "tools: [{name: code_interpreter}] (docs/tools.md)"
+            if list_key == "tools"
+            else "interaction: [{name: retry, class_name: retry}] (docs/agents.md)"
+        )
         raise RlctlError(
-            f"{source}: a tools file is a mapping with a list under tools:",
-            hint="write e.g. tools: [{name: code_interpreter}] (docs/tools.md)",
+            f"{source}: a {shipped.what} is a mapping with a list under {list_key}:",
+            hint=f"write e.g. {example}",
         )
     found = []
-    for i, entry in enumerate(data["tools"]):
+    for i, entry in enumerate(data[list_key]):
         if not isinstance(entry, dict):
             continue
         path = entry.get("path")
         if isinstance(path, str):
-            found.append((path, f"{source}: tools[{i}].path"))
+            found.append((path, f"{source}: {list_key}[{i}].path"))
         spec = entry.get("class_name")
         if isinstance(spec, str) and ":" in spec:
             file = spec.rpartition(":")[0]
             if file.endswith(".py"):
-                found.append((file, f"{source}: tools[{i}].class_name"))
+                found.append((file, f"{source}: {list_key}[{i}].class_name"))
     return [(p, where) for p, where in found if is_launcher_path(p)]
 
 
-def _tool_source(folder: Path, path: str, where: str) -> JobFile:
-    """A custom tool's file, from the tools file's folder or below (its place there is
-    its place in the job's ``tools/``)."""
+def _entry_source(shipped: Shipped, folder: Path, path: str, where: str) -> JobFile:
+    """An entry's ``.py`` file, from its file's folder or below (its place there is its
+    place in the job's ``tools/`` or ``interactions/``)."""
     file = (folder / path).resolve()
     try:
         relative = file.relative_to(folder.resolve())
     except ValueError:
         raise RlctlError(
-            f"{where}: {path!r} is outside the tools file's folder, so it cannot be shipped"
-            " beside it",
-            hint="move the .py file into the tools file's folder (or below), or give its"
+            f"{where}: {path!r} is outside the {shipped.what}'s folder, so it cannot be"
+            " shipped beside it",
+            hint=f"move the .py file into the {shipped.what}'s folder (or below), or give its"
             " absolute path where the job runs",
         ) from None
     if not file.is_file():
         raise RlctlError(
             f"{where}: {path!r} is not a file (looked for {str(file)!r})",
-            hint="a custom tool's relative path is read from the tools file's folder",
+            hint="an entry's relative path is read from its file's folder",
         )
-    name = _shipped_name(relative.as_posix(), f"{where}: {path!r}")
+    name = _shipped_name(shipped.folder, relative.as_posix(), f"{where}: {path!r}")
     return JobFile(name, _read(file, where), str(file))

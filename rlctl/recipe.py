@@ -92,7 +92,7 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
     "engine": (
         "mapping",
-        "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan. A relative `actor_rollout_ref.rollout.multi_turn.tool_config_path` is read from the recipe's folder and shipped with the job, with the .py files of its custom tools (rlctl/jobfiles.py); other paths are the job's",
+        "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan. A relative `actor_rollout_ref.rollout.multi_turn.tool_config_path` or `interaction_config_path` is read from the recipe's folder and shipped with the job, with the .py files its entries name (rlctl/jobfiles.py); other paths are the job's",
     ),
 }
 _FIELDS = tuple(FIELD_DOCS)

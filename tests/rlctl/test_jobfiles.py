@@ -238,3 +238,69 @@ def test_a_name_a_shipped_file_cannot_have_is_refused(home, tmp_path):
     with pytest.raises(RlctlError) as info:
         api.prepare(load_recipe(recipe_path), "local", job_id="t-1")
     assert "'my demo.yaml' has characters a shipped file cannot have" in str(info.value)
+
+
+GAME = """\
+class Guess:
+    def __init__(self, config):
+        pass
+
+    def start(self, *, target):
+        return int(target)
+
+    def respond(self, state, reply):
+        return int(reply) == state, "again", float(int(reply) == state)
+"""
+
+
+def test_an_interactions_file_ships_beside_the_tools_file_and_loads_there(home, tmp_path):
+    """multi_turn.interaction_config_path is shipped like the tools file (under the job's
+    interactions/, its classes' code with it), and the engine builds it from there."""
+    from engine.agents.interactions import load_interactions
+
+    folder = tmp_path / "mine"
+    recipe_file = write_recipe(folder)
+    (folder / "env").mkdir()
+    (folder / "env" / "game.py").write_text(GAME)
+    (folder / "env" / "demo.yaml").write_text(
+        "interaction:\n  - name: guess\n    class_name: game.py:Guess\n"
+        "  - name: retry\n    class_name: retry\n    config: {data_source: synthetic/add}\n"
+    )
+    recipe_file.write_text(
+        recipe_file.read_text()
+        + "  actor_rollout_ref.rollout.multi_turn.interaction_config_path: env/demo.yaml\n"
+    )
+    prepared = api.prepare(load_recipe(recipe_file), "local", job_id="t-1")
+    root = Path(prepared.spec.paths.root)
+    assert sorted(f.name for f in prepared.spec.files) == [
+        "interactions/demo.yaml",
+        "interactions/game.py",
+        "tools/demo.yaml",
+        "tools/lib/notes.py",
+    ]
+    multi_turn = yaml.safe_load(prepared.files["engine.yaml"])["actor_rollout_ref"]["rollout"][
+        "multi_turn"
+    ]
+    assert multi_turn["interaction_config_path"] == f"{root}/interactions/demo.yaml"
+    # what the job's directory will hold, loaded as the engine loads it
+    for shipped in prepared.spec.files:
+        (tmp_path / "job" / shipped.name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "job" / shipped.name).write_text(shipped.text)
+    shutil.rmtree(folder)
+    interactions = load_interactions(tmp_path / "job" / "interactions" / "demo.yaml")
+    assert sorted(interactions) == ["guess", "retry"]
+    guess = interactions["guess"]
+    assert guess.respond(guess.start(target=3), "3")[0] is True
+
+
+def test_an_interactions_file_that_is_not_one_is_refused_before_anything_runs(home, tmp_path):
+    recipe_file = write_recipe(tmp_path / "mine")
+    (tmp_path / "mine" / "env.yaml").write_text("tools: []\n")
+    recipe_file.write_text(
+        recipe_file.read_text()
+        + "  actor_rollout_ref.rollout.multi_turn.interaction_config_path: env.yaml\n"
+    )
+    with pytest.raises(RlctlError) as err:
+        api.prepare(load_recipe(recipe_file), "local", job_id="t-1")
+    assert "interactions file is a mapping with a list under interaction:" in str(err.value)
+    assert not (home / "jobs" / "t-1").exists()
