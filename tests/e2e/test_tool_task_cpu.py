@@ -19,6 +19,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 STEPS = 16
+BROKEN = 10  # the broken variants: by then the healthy run has risen (and the mask-less fallen)
 EDGE = 3  # steps averaged at each end
 WRONG_TOOL = """\
 from engine.data.secret import tool_answer
@@ -128,7 +129,9 @@ def test_a_tool_that_answers_wrong_teaches_nothing(
     (folder / "secret_tool.py").write_text(WRONG_TOOL)
     tools = folder / "tools.yaml"
     tools.write_text(paths["tools"].read_text())
-    records = train(secret_task, tmp_path / "run", base_overrides, read_metrics, tools=tools)
+    records = train(
+        secret_task, tmp_path / "run", base_overrides, read_metrics, tools=tools, steps=BROKEN
+    )
     _, score_after = ends(records, "critic/score/mean")
     _, calls_after = ends(records, "agent/tool_call_rate")
     assert score_after < 0.25, score_after
@@ -165,7 +168,10 @@ def test_training_on_the_tools_tokens_breaks_it(
     rising."""
     script = tmp_path / "mask_dropped.py"
     script.write_text(MASK_DROPPED)
-    records = train(secret_task, tmp_path / "run", base_overrides, read_metrics, main=[str(script)])
+    main = [str(script)]
+    records = train(
+        secret_task, tmp_path / "run", base_overrides, read_metrics, main=main, steps=BROKEN
+    )
     score_before, score_after = ends(records, "critic/score/mean")
     assert score_after < 0.25, score_after
     assert score_after < score_before, (score_before, score_after)
