@@ -153,7 +153,12 @@ def test_readonly_fallback_without_mount_setattr(monkeypatch: pytest.MonkeyPatch
     if sandbox.isolation_mode() not in NAMESPACED:
         pytest.skip("no mount namespace on this machine")
     monkeypatch.setattr(sandbox, "_READONLY_FALLBACK", True)
-    path = REPO / f"sbx-escape-{secrets.token_hex(4)}"
-    result = run_python(f"open({str(path)!r}, 'w')")
-    assert "Read-only file system" in result.stderr, result
-    assert not path.exists()
+    # A host folder the sandbox sees: a checkout under /tmp is hidden by its private /tmp
+    visible = REPO if not str(REPO).startswith(("/tmp/", "/var/tmp/")) else Path("/usr")
+    path = visible / f"sbx-escape-{secrets.token_hex(4)}"
+    try:
+        result = run_python(f"open({str(path)!r}, 'w')")
+        assert "Read-only file system" in result.stderr, result
+        assert not path.exists()
+    finally:
+        path.unlink(missing_ok=True)
