@@ -1,0 +1,62 @@
+"""benchmarks/agent_tools.py end to end at its smallest: every part runs and the
+comparison is like with like (no timing is asserted: the figures are the script's job)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+SCRIPT = REPO / "benchmarks" / "agent_tools.py"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_the_agent_tools_benchmark_runs_end_to_end(engine, tiny_model_dir, tmp_path):
+    out = tmp_path / "out.json"
+    argv = [
+        sys.executable, str(SCRIPT), "--model-dir", str(tiny_model_dir), "--engines", engine,
+        "--rows", "2", "--new-tokens", "2", "--calls", "1", "--concurrency", "1,2",
+        "--repeat", "1", "--rollout-repeat", "1", "--tool-ms", "5", "--out", str(out),
+    ]  # fmt: skip
+    # this checkout first: the venv's editable install may point at another one
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(a) tool calls through execute" in proc.stdout
+    assert f"(b) ToolAgent on {engine}" in proc.stdout and "FAILED" not in proc.stdout
+
+    result = json.loads(out.read_text())
+    calls = result["tool_calls"]
+    assert [k for k in calls if k != "asyncio.run, no call (floor)"] == [
+        "calculator 17*23",
+        "code_interpreter print(1+1)",
+        "wait 5 ms (thread)",
+    ]
+    for label, by_k in calls.items():
+        assert list(by_k) == (["1"] if "floor" in label else ["1", "2"])  # JSON's keys
+        assert all(r["calls"] >= int(k) for k, records in by_k.items() for r in records)
+
+    (rollout,) = result["rollouts"]
+    runs = rollout["runs"]
+    assert list(runs) == [
+        "generate",
+        "single-turn",
+        "single-turn long",
+        "tools 0 ms",
+        "tools 5 ms",
+    ]
+    # every condition generates the same tokens: 2 rows x 2 (the forced turns not counted)
+    assert {r["model_tokens"] for records in runs.values() for r in records} == {4}
+    # each tool row called the tool once, in one batch, and its second turn was generated
+    for name in ("tools 0 ms", "tools 5 ms"):
+        (record,) = runs[name]
+        assert (record["tool_calls"], record["generate_calls"]) == (2, 1)
+    assert [r["generate_calls"] for r in runs["single-turn"]] == [1]
