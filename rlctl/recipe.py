@@ -6,7 +6,7 @@
     algorithm: grpo                    # a preset (rlctl.presets)
     model: Qwen/Qwen2.5-7B-Instruct    # Hugging Face id, a local folder, or rlctl:tiny
     data:
-      prepare: gsm8k                   # made on the cluster: gsm8k | math | synthetic
+      prepare: gsm8k                   # made on the cluster: gsm8k | gsm8k_tools | math | synthetic
       # or train: [files], val: [files] (paths as seen where the job runs)
     reward:                            # optional: built-in rules by data_source otherwise
       custom: {path: my_reward.py, name: compute_score}
@@ -40,7 +40,7 @@ from rlctl.presets import PRESETS
 from rlctl.yamlfile import load_yaml_file
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
-PREPARATIONS = ("gsm8k", "math", "synthetic")
+PREPARATIONS = ("gsm8k", "gsm8k_tools", "math", "synthetic")
 ROLLOUTS = ("vllm", "sglang", "hf")
 TRAINERS = ("fsdp", "fsdp2", "megatron")
 # The schema's fields, with what each takes: the parser checks against these, and

@@ -1,6 +1,7 @@
 """Write a public or synthetic dataset as ``train.parquet`` and ``val.parquet`` in verl's layout.
 
     python -m engine.data.prepare gsm8k --out data/gsm8k                  # from the hub
+    python -m engine.data.prepare gsm8k_tools --out data/gsm8k_tools      # the prompt offers Python
     python -m engine.data.prepare gsm8k --out data/gsm8k --local-dir DIR  # offline
     python -m engine.data.prepare math --out data/math --local-dir DIR
     python -m engine.data.prepare synthetic --out data/synthetic --train-size 2048
@@ -207,7 +208,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "  python -m engine.data.prepare secret --out data/secret  # the tool task",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dataset", choices=("gsm8k", "math", *GENERATED))
+    parser.add_argument("dataset", choices=(*sources(), *GENERATED))
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
     parser.add_argument(
         "--local-dir",

@@ -29,4 +29,8 @@ def sources() -> dict[str, Source]:
     """The sources by command-line name."""
     from engine.data.sources import gsm8k, math_lighteval
 
-    return {"gsm8k": gsm8k.SOURCE, "math": math_lighteval.SOURCE}
+    return {
+        "gsm8k": gsm8k.SOURCE,
+        "gsm8k_tools": gsm8k.TOOLS_SOURCE,
+        "math": math_lighteval.SOURCE,
+    }

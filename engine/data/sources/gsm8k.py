@@ -1,11 +1,13 @@
 """GSM8K (openai/gsm8k, config "main"): grade-school word problems.
 
 Each answer ends with ``#### <number>``; that number, without thousands separators,
-is the ground truth.
+is the ground truth. ``gsm8k_tools`` is the same data whose prompt also tells the model
+it may run Python (a multi-turn rollout with the code interpreter, docs/agents.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from engine.data.dataset import DataError
@@ -13,6 +15,10 @@ from engine.data.sources import Source
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+TOOL_INSTRUCTION = (
+    "Let's think step by step. You can run Python code with the code_interpreter tool to"
+    ' check your arithmetic. Output the final answer after "####".'
+)
 
 
 def final_answer(answer: str) -> str | None:
@@ -22,14 +28,16 @@ def final_answer(answer: str) -> str | None:
     return answer.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def make_row(raw: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+def make_row(
+    raw: dict[str, Any], split: str, index: int, instruction: str = INSTRUCTION
+) -> dict[str, Any]:
     question, answer = str(raw["question"]), str(raw["answer"])
     truth = final_answer(answer)
     if not truth:
         raise DataError(f"gsm8k {split} row {index}: the answer has no '#### <number>' line")
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "prompt": [{"role": "user", "content": f"{question} {instruction}"}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
@@ -44,3 +52,10 @@ SOURCE = Source(
     local_subdirs=("main",),
     make_row=make_row,
 )
+
+
+def make_tool_row(raw: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+    return make_row(raw, split, index, TOOL_INSTRUCTION)
+
+
+TOOLS_SOURCE = dataclasses.replace(SOURCE, make_row=make_tool_row)

@@ -74,6 +74,25 @@ def test_gsm8k_from_local_jsonl(tmp_path):
     assert val[0]["extra_info"]["split"] == "test"
 
 
+def test_gsm8k_tools_offers_python_in_the_prompt_and_scores_as_gsm8k(tmp_path):
+    """The tool recipe's data: GSM8K's rows and ground truth, the prompt telling the model
+    it may run Python (the code_interpreter tool the recipe's tools file declares)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GSM8K_TRAIN))
+    (src / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GSM8K_TEST))
+    out = tmp_path / "out"
+    res = prepare("gsm8k_tools", "--local-dir", src, "--out", out)
+    assert res.returncode == 0, res.stderr
+    train = read(out / "train.parquet")
+    check_schema(train)
+    assert [r["reward_model"]["ground_truth"] for r in train] == ["1200", "7", "-5"]
+    assert {r["data_source"] for r in train} == {"openai/gsm8k"}  # GSM8K's scorer
+    content = train[1]["prompt"][0]["content"]
+    assert content.startswith("Ana has 3 pens and buys 4.")
+    assert "code_interpreter" in content and '"####"' in content
+
+
 def test_gsm8k_from_hub_layout_parquet_with_size_limit(tmp_path):
     # A copy of the hub repository: main/ and socratic/ configs, sharded parquet files.
     for config in ("main", "socratic"):

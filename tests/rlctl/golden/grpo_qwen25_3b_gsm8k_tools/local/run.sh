@@ -6,5 +6,5 @@ set -euo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd /golden/home/.rlctl/jobs/golden
 
-/opt/venv/bin/python -m engine.data.prepare gsm8k --out /golden/home/.rlctl/jobs/golden/data
+/opt/venv/bin/python -m engine.data.prepare gsm8k_tools --out /golden/home/.rlctl/jobs/golden/data
 exec /opt/venv/bin/python -m engine.main --config /golden/home/.rlctl/jobs/golden/engine.yaml
