@@ -98,6 +98,20 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
+def finish_completion(
+    completion: Any, eos_token_ids: set[int], ignore_eos: bool, want_logprobs: bool
+) -> tuple[list[int], list[float] | None, bool]:
+    """One vLLM completion in the engine's terms (``finish_row``): its tokens cut after
+    the first EOS, the sampled tokens' log-probs when asked, whether it finished."""
+    ids = list(completion.token_ids)
+    lps = (
+        [step[token].logprob for token, step in zip(ids, completion.logprobs, strict=True)]
+        if want_logprobs
+        else None
+    )
+    return finish_row(ids, lps, eos_token_ids, ignore_eos)
+
+
 class VLLMRollout:
     def __init__(
         self, cfg: RolloutConfig, settings: EngineSettings, *, sleep_level: int = 1
@@ -146,19 +160,11 @@ class VLLMRollout:
 
     def generate(self, request: GenerationRequest) -> GenerationOutput:
         self._check_usable()
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         rows, mine = gather_group_rows(request.prompt_ids, self.layout, self.group)
         want_logprobs = self.cfg.calculate_log_probs
-        params = SamplingParams(
-            **sampling_params_for(
-                request.sampling,
-                "vllm",
-                eos_token_ids=self.eos_token_ids,
-                logprobs=want_logprobs,
-            )
-        )
+        params = self._params(request.sampling)
         outputs = []
         # vLLM samples from this process's default generator: seed it alike on every
         # member of the TP group, from the run's own random state.
@@ -168,15 +174,8 @@ class VLLMRollout:
                 outputs = self.llm.generate(prompts, params, use_tqdm=False)
         responses, finished, logprobs = [], [], []
         for output in outputs[mine]:
-            completion = output.outputs[0]
-            ids = list(completion.token_ids)
-            lps = (
-                [step[token].logprob for token, step in zip(ids, completion.logprobs, strict=True)]
-                if want_logprobs
-                else None
-            )
-            tokens, lps, done = finish_row(
-                ids, lps, self.eos_token_ids, request.sampling.ignore_eos
+            tokens, lps, done = finish_completion(
+                output.outputs[0], self.eos_token_ids, request.sampling.ignore_eos, want_logprobs
             )
             responses.append(tokens)
             finished.append(done)
@@ -194,21 +193,28 @@ class VLLMRollout:
         self._check_usable()
         if self.layout.tp > 1:  # the config refuses multi-turn with TP (config/multi_turn.py)
             raise EngineError("multi-turn rollouts on vLLM run with tensor_model_parallel_size=1")
-        from vllm import SamplingParams
-
         from engine.rollout.vllm_stream import VLLMTurnStream
 
-        want_logprobs = self.cfg.calculate_log_probs
-
-        def params_for(sampling: Any) -> Any:
-            return SamplingParams(
-                **sampling_params_for(
-                    sampling, "vllm", eos_token_ids=self.eos_token_ids, logprobs=want_logprobs
-                )
+        with seeded(group_seed(self.layout, self.group)):
+            yield VLLMTurnStream(
+                self.llm.llm_engine,
+                self._params,
+                self.eos_token_ids,
+                self.cfg.calculate_log_probs,
             )
 
-        with seeded(group_seed(self.layout, self.group)):
-            yield VLLMTurnStream(self.llm.llm_engine, params_for, self.eos_token_ids, want_logprobs)
+    def _params(self, sampling: Any) -> Any:
+        """vLLM's SamplingParams for ours (log-probs of the sampled tokens when asked)."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            **sampling_params_for(
+                sampling,
+                "vllm",
+                eos_token_ids=self.eos_token_ids,
+                logprobs=self.cfg.calculate_log_probs,
+            )
+        )
 
     # -- weights and memory ---------------------------------------------------------
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.agents.streaming import Completion
-from engine.rollout.base import finish_row
+from engine.rollout.vllm import finish_completion
 from engine.types import SamplingParams
 
 
@@ -47,14 +47,9 @@ class VLLMTurnStream:
             if not output.finished or output.request_id not in self._pending:
                 continue
             ignore_eos = self._pending.pop(output.request_id)
-            completion = output.outputs[0]
-            ids = list(completion.token_ids)
-            lps = (
-                [step[t].logprob for t, step in zip(ids, completion.logprobs, strict=True)]
-                if self.want_logprobs
-                else None
+            tokens, lps, finished = finish_completion(
+                output.outputs[0], self.eos_token_ids, ignore_eos, self.want_logprobs
             )
-            tokens, lps, finished = finish_row(ids, lps, self.eos_token_ids, ignore_eos)
             done.append(Completion(output.request_id, tokens, lps, finished))
         return done
 
