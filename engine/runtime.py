@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,40 +142,52 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
     )
 
 
-def _agent_tools(cfg: EngineConfig) -> tuple[list[dict], dict[str, Any]]:
-    """The tools of a multi-turn rollout, built here once so that every tool's options
-    are checked before any worker: their schemas (the prompts show them) and the tools
-    (the data's per-sample keywords are checked against them). Empty without tools."""
+def _agent_files(cfg: EngineConfig) -> tuple[list[dict], dict[str, Any], dict[str, Any]]:
+    """A multi-turn rollout's tools and interactions, built here once so that every
+    option is checked before any worker: the tools' schemas (the prompts show them), the
+    tools and the interactions (the rows' per-sample keywords are checked against them).
+    Empty for what is not configured."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not mt.enable or not mt.tool_config_path:
-        return [], {}
-    from engine.agents.tools import build_tools, load_tool_specs, tool_schemas
+    key = "actor_rollout_ref.rollout.multi_turn"
+    schemas: list[dict] = []
+    tools: dict[str, Any] = {}
+    interactions: dict[str, Any] = {}
+    if not mt.enable:
+        return schemas, tools, interactions
+    if mt.tool_config_path:
+        from engine.agents.tools import build_tools, load_tool_specs, tool_schemas
 
+        with _naming(f"{key}.tool_config_path"):
+            specs = load_tool_specs(mt.tool_config_path)
+            schemas, tools = tool_schemas(specs), build_tools(specs)
+    if mt.interaction_config_path:
+        from engine.agents.interactions import load_interactions
+
+        with _naming(f"{key}.interaction_config_path"):
+            interactions = load_interactions(mt.interaction_config_path)
+    return schemas, tools, interactions
+
+
+@contextlib.contextmanager
+def _naming(key: str) -> Iterator[None]:
+    """A file's problems, each under the config key that names the file."""
     try:
-        specs = load_tool_specs(mt.tool_config_path)
-        return tool_schemas(specs), build_tools(specs)
+        yield
     except ConfigError as exc:  # before any worker starts: the key, the value, the fix
-        key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
         raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None
 
 
-def _check_agent_rows(cfg: EngineConfig, tools: dict[str, Any], datasets: list[Any]) -> None:
-    """The interactions file, and each row's agent loop, per-sample tool keywords and
-    interaction, before any worker starts."""
+def _check_agent_rows(
+    cfg: EngineConfig, tools: dict[str, Any], interactions: dict[str, Any], datasets: list[Any]
+) -> None:
+    """Each row's agent loop, per-sample tool keywords and interaction, before any
+    worker starts."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return
-    from engine.agents.interactions import load_interactions
     from engine.agents.rows import agent_row_problems
     from engine.config import AGENT_LOOPS
 
-    interactions = {}
-    if mt.interaction_config_path:
-        try:
-            interactions = load_interactions(mt.interaction_config_path)
-        except ConfigError as exc:
-            key = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
-            raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None
     problems = [
         p
         for dataset in datasets
@@ -201,7 +215,7 @@ def run_training(cfg: EngineConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
-    schemas, tools = _agent_tools(cfg)
+    schemas, tools, interactions = _agent_files(cfg)
     train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, schemas)
     loader = PromptLoader(
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
@@ -211,7 +225,7 @@ def run_training(cfg: EngineConfig) -> None:
         if cfg.data.val_file_list
         else None
     )
-    _check_agent_rows(cfg, tools, [train] + ([val] if val else []))
+    _check_agent_rows(cfg, tools, interactions, [train] + ([val] if val else []))
     total = cfg.trainer.total_training_steps or len(loader) * cfg.trainer.total_epochs
     if total < 1:
         raise EngineError("no training steps: the dataset is smaller than data.train_batch_size")

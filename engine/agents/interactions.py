@@ -229,25 +229,22 @@ def _class(value: Any, key: str, base: Path, problems: list[str]) -> Any:
 
 
 def row_interaction(
-    extra_info: Mapping[str, Any] | None, names: Sequence[str]
+    kwargs: Mapping[str, Any] | None, names: Sequence[str]
 ) -> tuple[str, dict[str, Any]] | None:
-    """(name, start kwargs) of a row's interaction; None when it has none. The name may
-    be left out when one interaction is declared."""
-    kwargs = (extra_info or {}).get("interaction_kwargs")
+    """(name, start kwargs) of a row's ``interaction_kwargs``; None when it has none. The
+    name may be left out when one interaction is declared ("" when it cannot be)."""
     if not isinstance(kwargs, Mapping) or not kwargs:
         return None
     rest = {k: v for k, v in kwargs.items() if k != "name"}
-    name = kwargs.get("name", names[0] if len(names) == 1 else None)
-    return (str(name) if name is not None else "", rest)
+    name = kwargs.get("name", names[0] if len(names) == 1 else "")
+    return str(name), rest
 
 
 def interaction_kwargs_problems(
     extra_info: Mapping[str, Any] | None, interactions: Mapping[str, Any], where: str
 ) -> list[str]:
     given = (extra_info or {}).get("interaction_kwargs")
-    if given is None:
-        return []
-    if not isinstance(given, Mapping):
+    if given is not None and not isinstance(given, Mapping):
         return [f"{where}: {KEY} must be a mapping with a name, got {short(given)}"]
     if not given:
         return []
@@ -256,14 +253,14 @@ def interaction_kwargs_problems(
             f"{where}: {KEY} is given but no interactions file is: set"
             " actor_rollout_ref.rollout.multi_turn.interaction_config_path (docs/agents.md)"
         ]
-    name = given.get("name")
     names = sorted(interactions)
-    if name is None and len(names) > 1:
+    name, _ = row_interaction(given, names)
+    if "name" not in given and not name:
         return [f"{where}: {KEY}.name is missing; name one of {', '.join(names)}"]
-    if name is not None and name not in interactions:
+    if name not in interactions:
         return [
             f"{where}: {KEY}.name: "
-            + unknown_name_message("interaction", str(name), names)
+            + unknown_name_message("interaction", name, names)
             + " (the interactions file declares them)"
         ]
     return []

@@ -105,7 +105,7 @@ class ToolAgent:
 
     def _start(self, t: Trajectory, kwargs: Mapping[str, Any] | None) -> Trajectory:
         """The row's interaction, started (a row without one has none)."""
-        picked = row_interaction({"interaction_kwargs": kwargs}, list(self.interactions))
+        picked = row_interaction(kwargs, list(self.interactions))
         if picked is not None and not t.single_turn:
             name, start_kwargs = picked
             t.interaction = name
