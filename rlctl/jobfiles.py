@@ -38,11 +38,19 @@ class Shipped:
     folder: str
     entries: str
     what: str
+    example: str  # a smallest valid file, for the hint
 
 
 SHIPPED = {
-    TOOLS_KEY: Shipped(TOOLS_DIR, "tools", "tools file"),
-    INTERACTIONS_KEY: Shipped("interactions", "interaction", "interactions file"),
+    TOOLS_KEY: Shipped(
+        TOOLS_DIR, "tools", "tools file", "tools: [{name: code_interpreter}] (docs/tools.md)"
+    ),
+    INTERACTIONS_KEY: Shipped(
+        "interactions",
+        "interaction",
+        "interactions file",
+        "interaction: [{name: retry, class_name: retry}] (docs/agents.md)",
+    ),
 }
 MAX_FILE_BYTES = 1024 * 1024  # a tools file or a tool's source, not data
 # Names that go into the engine config, a tar stream and SkyPilot's file mounts as they are.
@@ -154,14 +162,9 @@ def _entry_paths(text: str, source: str, shipped: Shipped) -> list[tuple[str, st
     data = parse_yaml(text, source)
     list_key = shipped.entries
     if not isinstance(data, dict) or not isinstance(data.get(list_key), list):
-        example = (
-            "tools: [{name: code_interpreter}] (docs/tools.md)"
-            if list_key == "tools"
-            else "interaction: [{name: retry, class_name: retry}] (docs/agents.md)"
-        )
         raise RlctlError(
             f"{source}: a {shipped.what} is a mapping with a list under {list_key}:",
-            hint=f"write e.g. {example}",
+            hint=f"write e.g. {shipped.example}",
         )
     found = []
     for i, entry in enumerate(data[list_key]):
