@@ -10,6 +10,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -142,30 +143,42 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
     )
 
 
-def _agent_files(cfg: EngineConfig) -> tuple[list[dict], dict[str, Any], dict[str, Any]]:
-    """A multi-turn rollout's tools and interactions, built here once so that every
-    option is checked before any worker: the tools' schemas (the prompts show them), the
-    tools and the interactions (the rows' per-sample keywords are checked against them).
-    Empty for what is not configured."""
+@dataclass
+class AgentFiles:
+    """A multi-turn rollout's files, built: the tools' schemas (the prompts show them),
+    the tools, the interactions and the agent loops, by name. Empty where not set."""
+
+    schemas: list[dict] = field(default_factory=list)
+    tools: dict[str, Any] = field(default_factory=dict)
+    interactions: dict[str, Any] = field(default_factory=dict)
+    loops: dict[str, Any] = field(default_factory=dict)
+
+
+def _agent_files(cfg: EngineConfig) -> AgentFiles:
+    """Built here once so that every option is checked before any worker (the rows'
+    agent names and per-sample keywords are checked against them next)."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     key = "actor_rollout_ref.rollout.multi_turn"
-    schemas: list[dict] = []
-    tools: dict[str, Any] = {}
-    interactions: dict[str, Any] = {}
+    files = AgentFiles()
     if not mt.enable:
-        return schemas, tools, interactions
+        return files
     if mt.tool_config_path:
         from engine.agents.tools import build_tools, load_tool_specs, tool_schemas
 
         with _naming(f"{key}.tool_config_path"):
             specs = load_tool_specs(mt.tool_config_path)
-            schemas, tools = tool_schemas(specs), build_tools(specs)
+            files.schemas, files.tools = tool_schemas(specs), build_tools(specs)
     if mt.interaction_config_path:
         from engine.agents.interactions import load_interactions
 
         with _naming(f"{key}.interaction_config_path"):
-            interactions = load_interactions(mt.interaction_config_path)
-    return schemas, tools, interactions
+            files.interactions = load_interactions(mt.interaction_config_path)
+    if mt.agent_loop_config_path:
+        from engine.agents.loops import load_agent_loops
+
+        with _naming(f"{key}.agent_loop_config_path"):
+            files.loops = load_agent_loops(mt.agent_loop_config_path)
+    return files
 
 
 @contextlib.contextmanager
@@ -177,9 +190,7 @@ def _naming(key: str) -> Iterator[None]:
         raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None
 
 
-def _check_agent_rows(
-    cfg: EngineConfig, tools: dict[str, Any], interactions: dict[str, Any], datasets: list[Any]
-) -> None:
+def _check_agent_rows(cfg: EngineConfig, files: AgentFiles, datasets: list[Any]) -> None:
     """Each row's agent loop, per-sample tool keywords and interaction, before any
     worker starts."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
@@ -188,11 +199,19 @@ def _check_agent_rows(
     from engine.agents.rows import agent_row_problems
     from engine.config import AGENT_LOOPS
 
-    problems = [
+    loops = (*AGENT_LOOPS, *files.loops)
+    problems = []
+    if mt.default_agent not in loops:
+        problems.append(
+            f"actor_rollout_ref.rollout.multi_turn.default_agent: unknown agent loop"
+            f" {mt.default_agent!r}; use one of {', '.join(loops)} (the built-ins and those"
+            " the agent loops file declares)"
+        )
+    problems += [
         p
         for dataset in datasets
         for p in agent_row_problems(
-            dataset.agent_rows(), tools, AGENT_LOOPS, mt.default_agent, interactions
+            dataset.agent_rows(), files.tools, loops, mt.default_agent, files.interactions
         )
     ]
     if problems:
@@ -215,17 +234,17 @@ def run_training(cfg: EngineConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
-    schemas, tools, interactions = _agent_files(cfg)
-    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, schemas)
+    agent_files = _agent_files(cfg)
+    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, agent_files.schemas)
     loader = PromptLoader(
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
     )
     val = (
-        RLDataset(cfg.data.val_file_list, tokenizer, cfg.data, schemas)
+        RLDataset(cfg.data.val_file_list, tokenizer, cfg.data, agent_files.schemas)
         if cfg.data.val_file_list
         else None
     )
-    _check_agent_rows(cfg, tools, interactions, [train] + ([val] if val else []))
+    _check_agent_rows(cfg, agent_files, [train] + ([val] if val else []))
     total = cfg.trainer.total_training_steps or len(loader) * cfg.trainer.total_epochs
     if total < 1:
         raise EngineError("no training steps: the dataset is smaller than data.train_batch_size")

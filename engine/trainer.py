@@ -345,13 +345,8 @@ class Trainer:
         multi_turn = self.cfg.actor_rollout_ref.rollout.multi_turn
         request = GenerationRequest([p.prompt_ids for p in expanded], sampling)
         if multi_turn.enable:
-            from engine.agents.tools.sample import sample_tool_kwargs
-
             request.agent_names = [p.agent_name or multi_turn.default_agent for p in expanded]
-            request.tools_kwargs = [sample_tool_kwargs(p.extra_info) for p in expanded]
-            request.interaction_kwargs = [
-                p.extra_info.get("interaction_kwargs") or None for p in expanded
-            ]
+            request.extra_info = [p.extra_info for p in expanded]
         output = self.workers.call_split("rollout", "generate", request)
         meta = SampleMeta(
             group_ids=[i // n for i in range(len(expanded))],

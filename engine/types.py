@@ -41,12 +41,11 @@ class GenerationRequest:
 
     prompt_ids: list[list[int]]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    # Each row's agent loop (engine.agents: single_turn | tool_agent); None: single turn
+    # Multi-turn: each row's agent loop (engine.agents.loops); None: single turn
     agent_names: list[str] | None = None
-    # Each row's own keywords for its tools (extra_info.tools_kwargs, phases merged)
-    tools_kwargs: list[dict[str, dict[str, Any]]] | None = None
-    # Each row's extra_info.interaction_kwargs (engine.agents.interactions), or None
-    interaction_kwargs: list[dict[str, Any] | None] | None = None
+    # Multi-turn: each row's extra_info (its tools_kwargs, interaction_kwargs, what its
+    # agent loop reads)
+    extra_info: list[dict[str, Any]] | None = None
 
 
 @dataclass

@@ -4,10 +4,11 @@ Paths in the engine config are the job's: data files, a checkpoint folder, a cus
 reward are read where the job runs. Two files are the launcher's instead, because a
 person writes them beside the recipe and the job cannot reach them there: a multi-turn
 rollout's tools file (``actor_rollout_ref.rollout.multi_turn.tool_config_path``,
-docs/tools.md) and its interactions file (``...multi_turn.interaction_config_path``,
-docs/agents.md), given as relative paths. Each is read relative to the recipe's folder
-when the job is prepared, with the ``.py`` files its entries name, and shipped in the
-job's directory under ``tools/`` or ``interactions/`` (the layout kept, so the entries'
+docs/tools.md), its interactions file (``...multi_turn.interaction_config_path``) and its
+agent loops file (``...multi_turn.agent_loop_config_path``, docs/agents.md), given as
+relative paths. Each is read relative to the recipe's folder when the job is prepared,
+with the ``.py`` files its entries name, and shipped in the job's directory under
+``tools/``, ``interactions/`` or ``agent_loops/`` (the layout kept, so the entries'
 relative paths still hold); the engine config then names the shipped copy. Every backend puts the job's files on
 every node (local: this machine; Slurm: the shared job directory; SkyPilot: file mounts).
 
@@ -27,6 +28,7 @@ from rlctl.yamlfile import parse_yaml, read_text
 
 TOOLS_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 INTERACTIONS_KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
+AGENT_LOOPS_KEY = "actor_rollout_ref.rollout.multi_turn.agent_loop_config_path"
 TOOLS_DIR = "tools"  # in the job's directory
 
 
@@ -36,7 +38,7 @@ class Shipped:
     its file holds its entries under, and what to call it in messages."""
 
     folder: str
-    entries: str
+    entries: str | None  # None: the file is the list itself (the agent loops file)
     what: str
     example: str  # a smallest valid file, for the hint
 
@@ -50,6 +52,12 @@ SHIPPED = {
         "interaction",
         "interactions file",
         "interaction: [{name: retry, class_name: retry}] (docs/agents.md)",
+    ),
+    AGENT_LOOPS_KEY: Shipped(
+        "agent_loops",
+        None,
+        "agent loops file",
+        "[{name: my_loop, _target_: my_loop.py:MyLoop}] (docs/agents.md)",
     ),
 }
 MAX_FILE_BYTES = 1024 * 1024  # a tools file or a tool's source, not data
@@ -156,34 +164,40 @@ def _shipped_name(folder: str, relative: str, what: str) -> str:
 
 def _entry_paths(text: str, source: str, shipped: Shipped) -> list[tuple[str, str]]:
     """(path, where) of each ``.py`` file the file's entries name with a relative path:
-    ``path:`` in rlctl's tools form, ``class_name: file.py:name`` in verl's form (tools
-    and interactions). Everything else in the file is checked by the engine when it
-    starts."""
+    ``path:`` in rlctl's tools form, ``class_name: file.py:name`` in verl's form (tools,
+    interactions) and ``_target_: file.py:Class`` (agent loops). Everything else in the
+    file is checked by the engine when it starts."""
     data = parse_yaml(text, source)
     list_key = shipped.entries
-    if not isinstance(data, dict) or not isinstance(data.get(list_key), list):
+    entries = data  # the agent loops file is the list itself
+    if list_key:
+        entries = data.get(list_key) if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        shape = f"a mapping with a list under {list_key}:" if list_key else "a list of entries"
+        article = "an" if shipped.what[0] in "aeiou" else "a"
         raise RlctlError(
-            f"{source}: a {shipped.what} is a mapping with a list under {list_key}:",
-            hint=f"write e.g. {shipped.example}",
+            f"{source}: {article} {shipped.what} is {shape}", hint=f"write e.g. {shipped.example}"
         )
+    label = list_key or "agent_loop"
     found = []
-    for i, entry in enumerate(data[list_key]):
+    for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             continue
         path = entry.get("path")
         if isinstance(path, str):
-            found.append((path, f"{source}: {list_key}[{i}].path"))
-        spec = entry.get("class_name")
-        if isinstance(spec, str) and ":" in spec:
-            file = spec.rpartition(":")[0]
-            if file.endswith(".py"):
-                found.append((file, f"{source}: {list_key}[{i}].class_name"))
+            found.append((path, f"{source}: {label}[{i}].path"))
+        for key in ("class_name", "_target_"):
+            spec = entry.get(key)
+            if isinstance(spec, str) and ":" in spec:
+                file = spec.rpartition(":")[0]
+                if file.endswith(".py"):
+                    found.append((file, f"{source}: {label}[{i}].{key}"))
     return [(p, where) for p, where in found if is_launcher_path(p)]
 
 
 def _entry_source(shipped: Shipped, folder: Path, path: str, where: str) -> JobFile:
     """An entry's ``.py`` file, from its file's folder or below (its place there is its
-    place in the job's ``tools/`` or ``interactions/``)."""
+    place in the job's ``tools/``, ``interactions/`` or ``agent_loops/``)."""
     file = (folder / path).resolve()
     try:
         relative = file.relative_to(folder.resolve())

@@ -27,23 +27,20 @@ environment's bug is not the model's fault, and hiding it would train on wrong r
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-import yaml
-
+from engine.agents.declared import Declared, load_declared, parse_declared
 from engine.agents.tools.schemas import short
 from engine.algo.registry import Registry, unknown_name_message
 from engine.errors import ConfigError, EngineError
 
 KEY = "extra_info.interaction_kwargs"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_ENTRY_KEYS = ("name", "class_name", "config")
 
 INTERACTIONS: Registry[Any] = Registry("built-in interaction")
+FILE = Declared("interaction", "interaction", ("class_name",), INTERACTIONS)
 
 
 @dataclass(frozen=True)
@@ -135,93 +132,13 @@ def _scorer(data_source: str) -> Any:
 def load_interactions(path: str | Path) -> dict[str, Any]:
     """The interactions a file declares, built, by name; one ``ConfigError`` with every
     problem (the file, the entry's key, the value, the fix)."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError([f"{path}: no such file; give the interactions file's path"])
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
-    return parse_interactions(data, source=str(path), base_dir=file.parent)
+    return load_declared(path, FILE)
 
 
 def parse_interactions(
     data: Any, *, source: str = "interactions", base_dir: str | Path = "."
 ) -> dict[str, Any]:
-    entries = data.get("interaction") if isinstance(data, Mapping) else None
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(
-            [f"{source}: expected a non-empty 'interaction:' list of {{name, class_name, config}}"]
-        )
-    problems: list[str] = []
-    built: dict[str, Any] = {}
-    seen: set[str] = set()
-    for i, entry in enumerate(entries):
-        where = f"{source}: interaction[{i}]"
-        if not isinstance(entry, Mapping):
-            problems.append(f"{where}: expected a mapping with name, class_name, config")
-            continue
-        unknown = sorted(set(entry) - set(_ENTRY_KEYS))
-        if unknown:
-            problems.append(f"{where}: unknown keys {unknown}; use {', '.join(_ENTRY_KEYS)}")
-        class_name = entry.get("class_name")
-        name = entry.get("name", class_name)
-        if not isinstance(name, str) or not NAME_PATTERN.match(name):
-            problems.append(f"{where}.name: {short(name)} is not a name (letters, digits, _.-)")
-            continue
-        if name in seen:
-            problems.append(f"{where}.name: {name!r} is declared twice; names must be unique")
-            continue
-        seen.add(name)
-        config = entry.get("config") or {}
-        if not isinstance(config, Mapping):
-            problems.append(f"{where}.config: expected a mapping, got {short(config)}")
-            continue
-        cls = _class(class_name, f"{where}.class_name", Path(base_dir), problems)
-        if cls is None:
-            continue
-        known = getattr(cls, "CONFIG_KEYS", None)
-        extra = sorted(set(config) - set(known)) if known is not None else []
-        if extra:
-            problems.append(f"{where}.config: {extra} not taken; {name!r} takes {', '.join(known)}")
-            continue
-        try:
-            built[name] = cls(dict(config))
-        except ConfigError as exc:
-            problems += [f"{where}: {p}" for p in exc.problems]
-        except Exception as exc:
-            problems.append(
-                f"{where}: building {short(class_name)} failed: {type(exc).__name__}: {exc}"
-            )
-    if problems:
-        raise ConfigError(problems)
-    return built
-
-
-def _class(value: Any, key: str, base: Path, problems: list[str]) -> Any:
-    """A built-in's class, or ``file.py:Class`` loaded from beside the file."""
-    if isinstance(value, str) and ":" in value and value.split(":")[0].endswith(".py"):
-        from engine.reward.custom import load_custom_function
-        from engine.reward.types import RewardError
-
-        path, _, attr = value.partition(":")
-        full = Path(path) if Path(path).is_absolute() else base / path
-        try:
-            return load_custom_function(full, attr, path_key=key, name_key=key)
-        except RewardError as exc:
-            problems.append(str(exc))
-            return None
-    if isinstance(value, str) and value in INTERACTIONS:
-        return INTERACTIONS.get(value)
-    hint = ""
-    if isinstance(value, str) and "." in value and "interactions" in value:
-        hint = " (verl's classes do not run here: write one as file.py:Class, docs/agents.md)"
-    problems.append(
-        f"{key}: {short(value)}: "
-        + unknown_name_message("built-in interaction", str(value), list(INTERACTIONS.names()))
-        + f"; or give a class as file.py:Class{hint}"
-    )
-    return None
+    return parse_declared(data, FILE, source=source, base_dir=base_dir)
 
 
 # ---------------------------------------------------------------------------

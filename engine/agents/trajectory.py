@@ -35,8 +35,6 @@ class AgentLimits:
 @dataclass
 class Trajectory:
     prompt_ids: list[int]
-    single_turn: bool = False  # one turn, no tool calls read (the single_turn agent loop)
-    tools_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)  # the row's own
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)  # 1: the model's token
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob; 0.0 off-mask

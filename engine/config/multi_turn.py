@@ -14,7 +14,7 @@ from engine.config.fields import positive, setting
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
 
-AGENT_LOOPS = ("single_turn", "tool_agent")  # a dataset's agent_name column names one
+AGENT_LOOPS = ("single_turn", "tool_agent")  # the built-in loops (engine.agents.loops)
 
 
 @dataclass
@@ -32,6 +32,11 @@ class MultiTurnConfig:
         "The interactions file (docs/agents.md): environments that answer the model's turns,"
         " picked per row by extra_info.interaction_kwargs.name.",
     )
+    agent_loop_config_path: str | None = setting(
+        None,
+        "The agent loops file (docs/agents.md): your own loops, picked per row by the"
+        " dataset's agent_name (verl's rollout.agent.agent_loop_config_path).",
+    )
     format: str = setting(
         "hermes", "How the model writes a tool call: hermes (<tool_call> JSON, Qwen2.5/Qwen3)."
     )
@@ -42,7 +47,9 @@ class MultiTurnConfig:
     )
     tool_timeout_s: float = setting(30.0, "Seconds one tool call may take.")
     default_agent: str = setting(
-        "tool_agent", "The agent loop of samples without an agent_name: single_turn or tool_agent."
+        "tool_agent",
+        "The agent loop of samples without an agent_name: single_turn, tool_agent or one the"
+        " agent loops file declares.",
     )
 
 
@@ -60,10 +67,11 @@ def rules(cfg: EngineConfig) -> list[str]:
     )
     if not mt.tool_timeout_s > 0:
         p.append(f"{key}.tool_timeout_s must be positive, got {mt.tool_timeout_s}")
-    if mt.default_agent not in AGENT_LOOPS:
+    if mt.default_agent not in AGENT_LOOPS and not mt.agent_loop_config_path:
+        # a declared loop's name is checked against the file when the engine starts
         p.append(
             f"{key}.default_agent: unknown agent loop {mt.default_agent!r}; use one of"
-            f" {', '.join(AGENT_LOOPS)}"
+            f" {', '.join(AGENT_LOOPS)}, or declare yours in {key}.agent_loop_config_path"
         )
     if cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
         p.append(
@@ -82,11 +90,11 @@ def _tool_problems(mt: MultiTurnConfig, key: str) -> list[str]:
     from engine.errors import ConfigError
 
     problems: list[str] = []
-    if not mt.tool_config_path and not mt.interaction_config_path:
+    if not (mt.tool_config_path or mt.interaction_config_path or mt.agent_loop_config_path):
         problems.append(
             f"{key}.tool_config_path: a multi-turn rollout needs its tools file (or an"
-            " interactions file, interaction_config_path); set it (docs/tools.md), or"
-            " multi_turn.enable=false"
+            " interactions file, interaction_config_path, or agent loops of your own,"
+            " agent_loop_config_path); set it (docs/tools.md), or multi_turn.enable=false"
         )
     try:
         get_tool_call_parser(mt.format, mt.max_parallel_calls, key=f"{key}.format")

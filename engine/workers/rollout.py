@@ -106,12 +106,7 @@ class RolloutWorker:
             from engine.agents.loop import as_generation_output
 
             trajectories = self.agent.run(
-                self.engine,
-                request.prompt_ids,
-                request.sampling,
-                single_turn=[name == "single_turn" for name in names],
-                tools_kwargs=request.tools_kwargs,
-                interaction_kwargs=request.interaction_kwargs,
+                self.engine, request.prompt_ids, request.sampling, names, request.extra_info
             )
             return as_generation_output(trajectories, logprobs=self.cfg.calculate_log_probs)
         finally:
@@ -174,23 +169,20 @@ def _generation_config(model_cfg: Any) -> Any:
 
 
 def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
-    """The multi-turn agent (engine.agents) when ``rollout.multi_turn`` is on: its tools
-    are built here, in the worker that runs them."""
+    """The multi-turn agent runner (engine.agents) when ``rollout.multi_turn`` is on: its
+    tools, interactions and agent loops are built here, in the worker that runs them."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not mt.enable:
         return None
     from engine.agents.chat import ChatFormat
-    from engine.agents.loop import ToolAgent
+    from engine.agents.interactions import load_interactions
+    from engine.agents.loop import AgentRunner
+    from engine.agents.loops import load_agent_loops
     from engine.agents.tools import build_tools, get_tool_call_parser, load_tool_specs, tool_schemas
     from engine.agents.trajectory import AgentLimits
 
     specs = load_tool_specs(mt.tool_config_path) if mt.tool_config_path else []
-    interactions = {}
-    if mt.interaction_config_path:
-        from engine.agents.interactions import load_interactions
-
-        interactions = load_interactions(mt.interaction_config_path)
-    return ToolAgent(
+    return AgentRunner(
         ChatFormat(tokenizer, tool_schemas(specs)),
         get_tool_call_parser(mt.format, mt.max_parallel_calls),
         build_tools(specs),
@@ -200,5 +192,6 @@ def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
             max_tool_response_chars=mt.max_tool_response_length,
             tool_timeout_s=mt.tool_timeout_s,
         ),
-        interactions,
+        load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {},
+        load_agent_loops(mt.agent_loop_config_path) if mt.agent_loop_config_path else {},
     )

@@ -92,3 +92,67 @@ def test_bad_tools_stop_the_run_at_start_naming_the_key(
     assert f"{key}.tool_config_path" in started.stderr
     assert "calculater" in started.stderr and "calculator" in started.stderr  # value and fix
     assert "Started a local Ray instance" not in started.stderr  # before any worker
+
+
+TWO_STEPS = """\
+class TwoSteps:
+    CONFIG_KEYS = ("tokens",)
+
+    def __init__(self, config):
+        self.tokens = int(config.get("tokens", 8))
+
+    async def run(self, episode):
+        await episode.generate(max_new_tokens=self.tokens)
+        episode.add_messages([{"role": "user", "content": "Go on."}])
+        await episode.generate(max_new_tokens=self.tokens)
+"""
+
+
+def test_an_agent_loop_of_ones_own_drives_every_sample(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    """A loop declared in an agent loops file, made the default: each sample takes
+    exactly its two short turns in the rollout workers (no tools file at all), and a
+    default that names no declared loop is refused at start, before any worker."""
+    key = "actor_rollout_ref.rollout.multi_turn"
+    (tmp_path / "two_steps.py").write_text(TWO_STEPS)
+    loops = tmp_path / "loops.yaml"
+    loops.write_text(
+        "- name: two_steps\n  _target_: two_steps.py:TwoSteps\n  config: {tokens: 6}\n"
+    )
+    train, _ = synthetic_data
+    run_dir = tmp_path / "run"
+    overrides = [
+        *base_overrides,
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"data.train_files={train}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=1",
+        "data.max_response_length=64",
+        "trainer.val_before_train=false",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[console]",
+        f"{key}.enable=true",
+        f"{key}.agent_loop_config_path={loops}",
+    ]
+    repo = str(Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (repo, os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "engine.main", *args], capture_output=True,
+                              text=True, timeout=600, env=env)  # fmt: skip
+
+    typo = run(*overrides, f"{key}.default_agent=two_step")
+    assert typo.returncode == 2, typo.stderr[-2000:]
+    assert f"{key}.default_agent" in typo.stderr and "two_steps" in typo.stderr
+    assert "Started a local Ray instance" not in typo.stderr
+    result = run(*overrides, f"{key}.default_agent=two_steps")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    assert record["agent/turns_mean"] == 2.0 and record["agent/turns_max"] == 2.0
+    assert record["agent/tool_calls_mean"] == 0.0
+    assert record["agent/response_tokens_per_turn"] <= 6.0  # the file's config reached it

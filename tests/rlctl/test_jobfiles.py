@@ -304,3 +304,58 @@ def test_an_interactions_file_that_is_not_one_is_refused_before_anything_runs(ho
         api.prepare(load_recipe(recipe_file), "local", job_id="t-1")
     assert "interactions file is a mapping with a list under interaction:" in str(err.value)
     assert not (home / "jobs" / "t-1").exists()
+
+
+LOOP = """\
+class Echo:
+    def __init__(self, config):
+        self.turns = config.get("turns", 1)
+
+    async def run(self, episode):
+        for _ in range(self.turns):
+            await episode.generate()
+"""
+
+
+def test_an_agent_loops_file_ships_with_its_code_and_loads_there(home, tmp_path):
+    """multi_turn.agent_loop_config_path (verl's list, _target_: file.py:Class) is shipped
+    under the job's agent_loops/, its classes' code with it, and builds there."""
+    from engine.agents.loops import load_agent_loops
+
+    folder = tmp_path / "mine"
+    recipe_file = write_recipe(folder)
+    (folder / "loops" / "code").mkdir(parents=True)
+    (folder / "loops" / "code" / "echo.py").write_text(LOOP)
+    (folder / "loops" / "mine.yaml").write_text(
+        "- name: echo\n  _target_: code/echo.py:Echo\n  config: {turns: 2}\n"
+    )
+    recipe_file.write_text(
+        recipe_file.read_text()
+        + "  actor_rollout_ref.rollout.multi_turn.agent_loop_config_path: loops/mine.yaml\n"
+    )
+    prepared = api.prepare(load_recipe(recipe_file), "local", job_id="t-1")
+    root = Path(prepared.spec.paths.root)
+    names = sorted(f.name for f in prepared.spec.files)
+    assert names[:2] == ["agent_loops/code/echo.py", "agent_loops/mine.yaml"]
+    multi_turn = yaml.safe_load(prepared.files["engine.yaml"])["actor_rollout_ref"]["rollout"][
+        "multi_turn"
+    ]
+    assert multi_turn["agent_loop_config_path"] == f"{root}/agent_loops/mine.yaml"
+    for shipped in prepared.spec.files:
+        (tmp_path / "job" / shipped.name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "job" / shipped.name).write_text(shipped.text)
+    shutil.rmtree(folder)
+    loops = load_agent_loops(tmp_path / "job" / "agent_loops" / "mine.yaml")
+    assert loops["echo"].turns == 2
+
+
+def test_an_agent_loops_file_that_is_not_a_list_is_refused(home, tmp_path):
+    recipe_file = write_recipe(tmp_path / "mine")
+    (tmp_path / "mine" / "loops.yaml").write_text("agent_loop: {name: echo}\n")
+    recipe_file.write_text(
+        recipe_file.read_text()
+        + "  actor_rollout_ref.rollout.multi_turn.agent_loop_config_path: loops.yaml\n"
+    )
+    with pytest.raises(RlctlError, match="an agent loops file is a list of entries"):
+        api.prepare(load_recipe(recipe_file), "local", job_id="t-1")
+    assert not (home / "jobs" / "t-1").exists()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine.agents.chat import ChatFormat
-from engine.agents.loop import ToolAgent
+from engine.agents.loop import AgentRunner
 from engine.agents.tools import build_tools, get_tool_call_parser, parse_tool_specs, tool_schemas
 from engine.agents.trajectory import ANSWERED, LENGTH, MAX_TURNS, AgentLimits
 from engine.errors import ConfigError
@@ -63,8 +63,8 @@ class Script:
         return row
 
 
-def _agent(tokenizer, specs, **limits) -> ToolAgent:
-    return ToolAgent(
+def _agent(tokenizer, specs, **limits) -> AgentRunner:
+    return AgentRunner(
         ChatFormat(tokenizer, tool_schemas(specs)),
         get_tool_call_parser("hermes"),
         build_tools(specs),
@@ -167,7 +167,9 @@ def test_single_turn_rows_beside_tool_rows_read_no_calls(tokenizer, specs):
     agent = _agent(tokenizer, specs)
     prompts = [agent.chat.prompt_ids([{"role": "user", "content": f"q {i}"}]) for i in "ab"]
     script = Script(tokenizer, [[CALL], [CALL, "391"]])
-    one, tool = agent.run(script, prompts, SamplingParams(), single_turn=[True, False])
+    one, tool = agent.run(
+        script, prompts, SamplingParams(), agent_names=["single_turn", "tool_agent"]
+    )
     assert (one.ended, one.turns, one.tool_calls, set(one.response_mask)) == (ANSWERED, 1, 0, {1})
     assert (tool.ended, tool.turns, tool.tool_calls) == (ANSWERED, 2, 1)
 

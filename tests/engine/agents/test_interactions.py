@@ -16,7 +16,7 @@ from engine.agents.interactions import (
     load_interactions,
     parse_interactions,
 )
-from engine.agents.loop import ToolAgent, as_generation_output
+from engine.agents.loop import AgentRunner, as_generation_output
 from engine.agents.rows import agent_row_problems
 from engine.agents.tools import get_tool_call_parser
 from engine.agents.trajectory import ANSWERED, MAX_TURNS, AgentLimits
@@ -39,7 +39,7 @@ def tokenizer():
 
 
 def agent(tokenizer, interactions, max_turns=3):
-    return ToolAgent(
+    return AgentRunner(
         ChatFormat(tokenizer),
         get_tool_call_parser("hermes"),
         {},
@@ -52,7 +52,12 @@ def test_feedback_is_the_users_turn_masked_out_and_each_answer_is_scored(tokeniz
     a = agent(tokenizer, parse_interactions(RETRY))
     prompt = a.chat.prompt_ids([{"role": "user", "content": "Add 3 and 4."}])
     script = Script(tokenizer, [["5", "7"]])
-    (t,) = a.run(script, [prompt], SamplingParams(max_new_tokens=50), interaction_kwargs=[KWARGS])
+    (t,) = a.run(
+        script,
+        [prompt],
+        SamplingParams(max_new_tokens=50),
+        extra_info=[{"interaction_kwargs": KWARGS}],
+    )
 
     eos = tokenizer.eos_token_id
     first, second = (
@@ -84,7 +89,7 @@ def test_an_episode_the_interaction_never_ends_stops_at_the_turn_limit(tokenizer
         Script(tokenizer, rows),
         [prompt, a.chat.prompt_ids([{"role": "user", "content": "Add 4 and 3."}])],
         SamplingParams(max_new_tokens=50),
-        interaction_kwargs=[KWARGS, KWARGS],
+        extra_info=[{"interaction_kwargs": KWARGS}] * 2,
     )
     assert (t.turns, t.ended, len(t.turn_scores)) == (2, MAX_TURNS, 2)
     assert (u.turns, u.ended, u.turn_scores) == (1, ANSWERED, [1.0])
@@ -121,7 +126,9 @@ def test_a_custom_interaction_from_a_file_and_verls_tuple(tokenizer, tmp_path):
         Script(tokenizer, [["2", "9", "5"]]),
         [prompt],
         SamplingParams(max_new_tokens=50),
-        interaction_kwargs=[{"target": 5}],  # one interaction declared: the name may go
+        extra_info=[
+            {"interaction_kwargs": {"target": 5}}
+        ],  # one interaction declared: the name may go
     )
     assert t.turn_scores == [0.0, 0.0, pytest.approx(1 / 3)]
     text = tokenizer.decode(t.response_ids)
@@ -145,7 +152,7 @@ def test_an_interaction_that_raises_stops_the_run_with_its_name(tokenizer):
             Script(tokenizer, [["e4"]]),
             [prompt],
             SamplingParams(max_new_tokens=20),
-            interaction_kwargs=[{"name": "board"}],
+            extra_info=[{"interaction_kwargs": {"name": "board"}}],
         )
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from engine.agents.chat import ChatFormat
 from engine.agents.interactions import parse_interactions
-from engine.agents.loop import ToolAgent
+from engine.agents.loop import AgentRunner
 from engine.agents.streaming import Completion
 from engine.agents.tools import FunctionTool, get_tool_call_parser
 from engine.agents.trajectory import ANSWERED, AgentLimits
@@ -64,7 +64,7 @@ def tool(fn):
 
 
 def agent(tokenizer, tools, interactions=None, timeout=20.0):
-    return ToolAgent(
+    return AgentRunner(
         ChatFormat(tokenizer, tool_schemas_of(tools)),
         get_tool_call_parser("hermes"),
         tools,
@@ -97,9 +97,17 @@ def test_streamed_trajectories_are_the_batched_ones(tokenizer):
     rows = [[call("clock"), "It is noon."], ["5", "7"], ["7"]]
     kwargs = [None, {"name": "retry", "ground_truth": "7"}, {"ground_truth": "7"}]
     sampling = SamplingParams(max_new_tokens=60)
-    batched = a.run(Script(tokenizer, rows), prompts, sampling, interaction_kwargs=kwargs)
+    batched = a.run(
+        Script(tokenizer, rows),
+        prompts,
+        sampling,
+        extra_info=[{"interaction_kwargs": k} for k in kwargs],
+    )
     streamed = a.run(
-        StreamedScript(Script(tokenizer, rows)), prompts, sampling, interaction_kwargs=kwargs
+        StreamedScript(Script(tokenizer, rows)),
+        prompts,
+        sampling,
+        extra_info=[{"interaction_kwargs": k} for k in kwargs],
     )
     assert [fields(t) for t in streamed] == [fields(t) for t in batched]
     assert [t.ended for t in streamed] == [ANSWERED] * 3

@@ -313,6 +313,7 @@ actor_rollout_ref:
       enable: false
       tool_config_path: null
       interaction_config_path: null
+      agent_loop_config_path: null
       format: hermes
       max_assistant_turns: 4
       max_parallel_calls: 8

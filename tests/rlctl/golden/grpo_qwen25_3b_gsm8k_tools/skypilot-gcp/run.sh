@@ -313,6 +313,7 @@ actor_rollout_ref:
       enable: true
       tool_config_path: /tmp/rlctl/golden/tools/code_interpreter.yaml
       interaction_config_path: null
+      agent_loop_config_path: null
       format: hermes
       max_assistant_turns: 4
       max_parallel_calls: 2
