@@ -208,10 +208,11 @@ def _infeasible(
     ]
     if pinned:
         hints.append(f"unpin {', '.join(pinned)} and let the planner choose")
-    if s.multi_turn is not None and any("multi-turn rollouts run at TP 1" in t for t in tried):
+    if s.multi_turn is not None and any("multi-turn rollouts on SGLang run" in t for t in tried):
         hints.append(
-            f"multi-turn rollouts run at TP 1, so the bf16 weights ({_fmt(2 * m.num_params)})"
-            " and their KV must fit one device: take a smaller model"
+            f"multi-turn rollouts on SGLang run at TP 1, so the bf16 weights"
+            f" ({_fmt(2 * m.num_params)}) and their KV must fit one device: take a smaller"
+            " model, or actor_rollout_ref.rollout.name=vllm (multi-turn with TP)"
         )
     hints.append(
         f"shorten the sequences (now {s.prompt_len} + {s.response_len} tokens), or use an"

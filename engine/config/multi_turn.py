@@ -73,12 +73,13 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"{key}.default_agent: unknown agent loop {mt.default_agent!r}; use one of"
             f" {', '.join(AGENT_LOOPS)}, or declare yours in {key}.agent_loop_config_path"
         )
-    if cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.tensor_model_parallel_size > 1 and rollout.name == "sglang":
         p.append(
-            f"{key}.enable with actor_rollout_ref.rollout.tensor_model_parallel_size > 1: the"
-            " colocated engine's tensor-parallel members would each run the tools and could"
-            " diverge; use tensor_model_parallel_size=1 for multi-turn rollouts (not yet"
-            " supported with TP)"
+            f"{key}.enable with actor_rollout_ref.rollout.name=sglang and"
+            " tensor_model_parallel_size > 1: multi-turn on a tensor-parallel engine needs"
+            " its members to step together, which the vLLM rollout does and the SGLang one"
+            " does not yet; use rollout.name=vllm, or tensor_model_parallel_size=1"
         )
     p += _tool_problems(mt, key)
     return p

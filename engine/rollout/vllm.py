@@ -189,10 +189,9 @@ class VLLMRollout:
     @contextlib.contextmanager
     def turn_stream(self) -> Iterator[Any]:
         """The engine serving multi-turn trajectories' turns one request at a time, as
-        they come (engine.agents.streaming); seeded like ``generate``."""
+        they come (engine.agents.driver); seeded like ``generate``. With TP every member
+        of the group opens it and makes the same calls (engine.agents.tp_group)."""
         self._check_usable()
-        if self.layout.tp > 1:  # the config refuses multi-turn with TP (config/multi_turn.py)
-            raise EngineError("multi-turn rollouts on vLLM run with tensor_model_parallel_size=1")
         from engine.rollout.vllm_stream import VLLMTurnStream
 
         with seeded(group_seed(self.layout, self.group)):

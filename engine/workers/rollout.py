@@ -101,7 +101,14 @@ class RolloutWorker:
         self.engine.wake()
         try:
             names = request.agent_names
-            if self.agent is None or not names or set(names) == {"single_turn"}:
+            if self.agent is None or not names:
+                return self.engine.generate(request)
+            layout = getattr(self.engine, "layout", None)
+            if layout is not None and layout.tp > 1:  # the group's leader runs the loops
+                from engine.agents.tp_group import run_in_group
+
+                return run_in_group(self.agent, self.engine, request, self.cfg.calculate_log_probs)
+            if set(names) == {"single_turn"}:
                 return self.engine.generate(request)
             from engine.agents.loop import as_generation_output
 

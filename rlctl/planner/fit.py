@@ -316,15 +316,15 @@ def _fit_rollout(
                 f" {need(tp)[1]} sequences do not fit in the {_fmt(pool)} pool"
             )
         why = "pinned by the recipe"
-    elif s.multi_turn is not None:
+    elif s.multi_turn is not None and s.rollout_backend == "sglang":
         tp = 1
         if not fits(tp):
             return None, (
-                f"rollout: multi-turn rollouts run at TP 1, where bf16 weights"
+                f"rollout: multi-turn rollouts on SGLang run at TP 1, where bf16 weights"
                 f" ({_fmt(weights_total)}) and KV for {need(tp)[1]} sequences of {seq} tokens"
                 f" do not fit in a {_fmt(pool)} pool (gpu_memory_utilization {fraction:.2f})"
             )
-        why = "multi-turn rollouts run at TP 1 (each TP member would run the tools)"
+        why = "multi-turn rollouts on SGLang run at TP 1 (its members do not step together)"
     else:
         valid = [tp for tp in replicas_of if _tp_ok(m, tp)]
         in_node = [

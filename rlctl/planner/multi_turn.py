@@ -8,8 +8,9 @@ cache and the token budgets on prompt + response tokens per sample, and a turn's
 (the prompt, the earlier turns and results) never exceeds that, so no length changes.
 What multi-turn changes in the plan:
 
-- the rollout runs at tensor parallel 1, the engine's rule (each TP member would run
-  the tools), so the search offers it no other TP (``fit._fit_rollout``);
+- on vLLM the rollout's TP is chosen as without tools (the group's first member runs
+  the loops and the tools, the others step with it: engine/agents/tp_group.py); on
+  SGLang it stays at 1, the engine's rule there (``fit._fit_rollout``);
 - the budget is checked against the turns it should hold, by a rule of thumb: T turns
   (``max_assistant_turns``) need ``T × MIN_TURN_TOKENS + (T − 1) × R`` tokens, with
   R = ⌈max_tool_response_length / CHARS_PER_TOKEN⌉ + TOOL_MESSAGE_TOKENS, one
@@ -91,9 +92,10 @@ def multi_turn_of(config: Any) -> MultiTurn | None:
     )
 
 
-def check_multi_turn(mt: MultiTurn, rollout_tp: int | None) -> None:
+def check_multi_turn(mt: MultiTurn, rollout_tp: int | None, backend: str = "vllm") -> None:
     """Refuse what no multi-turn run can have: limits below 1 or past any run's size, and
-    a pinned rollout TP above 1 (the engine refuses it; said here with the planner's fix)."""
+    on SGLang a pinned rollout TP above 1 (the engine refuses it; said here with the
+    planner's fix)."""
     for name, value, most in (
         ("max_assistant_turns", mt.turns, MAX_COUNT),
         ("max_parallel_calls", mt.parallel_calls, MAX_COUNT),
@@ -110,13 +112,13 @@ def check_multi_turn(mt: MultiTurn, rollout_tp: int | None) -> None:
         raise InfeasiblePlanError(
             f"{KEY}.tool_timeout_s must be a positive number of seconds, got {mt.tool_timeout_s}"
         )
-    if rollout_tp is not None and rollout_tp > 1:
+    if rollout_tp is not None and rollout_tp > 1 and backend == "sglang":
         raise InfeasiblePlanError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size {rollout_tp} with"
-            f" {KEY}.enable: multi-turn rollouts run at tensor parallel 1 (each TP member"
-            " would run the tools and could diverge; the engine refuses it)",
-            hint="unpin actor_rollout_ref.rollout.tensor_model_parallel_size (the planner"
-            " then takes 1), or turn multi_turn off",
+            f" {KEY}.enable on SGLang: multi-turn rollouts on SGLang run at tensor parallel 1"
+            " (its members do not step together yet; the engine refuses it)",
+            hint="use actor_rollout_ref.rollout.name=vllm, or unpin"
+            " actor_rollout_ref.rollout.tensor_model_parallel_size (the planner then takes 1)",
         )
 
 

@@ -147,7 +147,7 @@ def _settings(req: PlanRequest) -> _Settings:
     )
     _check_settings(s, req)
     if s.multi_turn is not None:
-        check_multi_turn(s.multi_turn, s.rollout_tp)
+        check_multi_turn(s.multi_turn, s.rollout_tp, s.rollout_backend)
     if s.cp is not None and s.train_backend != "megatron":
         s = replace(
             s,

@@ -233,3 +233,51 @@ def test_an_interaction_sends_wrong_answers_back_and_its_scores_reach_the_reward
         assert r["agent/turns_max"] == 3.0
         # half the trajectories' answers were scored, at most one per turn
         assert 0.4 <= r["critic/score/mean"] <= r["agent/turns_mean"] <= 3.0
+
+
+LOGGED_TOOL = """\
+import os
+
+from engine.data.secret import tool_answer
+
+
+def secret(*, value):
+    with open({log!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+    return tool_answer(str(value))
+"""
+
+
+@pytest.mark.vllm
+def test_multi_turn_on_a_tensor_parallel_vllm_runs_each_call_once(
+    secret_task, tmp_path, base_overrides, read_metrics
+):
+    """vLLM at TP 2 over the two CPU workers, one engine run SPMD: the group's first
+    member runs every trajectory's loop and tools, the other steps the engine with it
+    (no hang: their schedules stay the same); each call runs once, in one process, and
+    the model copies the tool's answer as it does at TP 1."""
+    _, paths = secret_task
+    folder = tmp_path / "logged"
+    folder.mkdir()
+    log = tmp_path / "calls.log"
+    (folder / "secret_tool.py").write_text(LOGGED_TOOL.format(log=str(log)))
+    tools = folder / "tools.yaml"
+    tools.write_text(paths["tools"].read_text())
+    records = train(
+        secret_task,
+        tmp_path / "run",
+        base_overrides,
+        read_metrics,
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "data.val_files=[]",  # only the training steps' calls, which the metrics count
+        tools=tools,
+        steps=2,
+    )
+    calls = log.read_text().split()
+    trajectories = 16 * 8  # data.train_batch_size × rollout.n
+    counted = sum(round(r["agent/tool_calls_mean"] * trajectories) for r in records)
+    assert len(calls) == counted > 0
+    assert len(set(calls)) == 1  # the leader's process: not once per member
+    score = sum(r["critic/score/mean"] for r in records) / len(records)
+    assert score > 0.15, score  # chance is 0.1: the tool's answer reached the model

@@ -478,7 +478,7 @@ def test_a_huge_batch_is_refused_with_divisors_at_once():
 
 
 def test_multi_turn_rules_name_the_key_and_the_fix(tmp_path):
-    """A multi-turn rollout needs its tools file, a known call format, and TP 1."""
+    """A multi-turn rollout needs its tools file, a known call format, and on SGLang TP 1."""
     key = "actor_rollout_ref.rollout.multi_turn"
     with pytest.raises(ConfigError) as err:
         load_config(
@@ -497,9 +497,11 @@ def test_multi_turn_rules_name_the_key_and_the_fix(tmp_path):
     tools.write_text("tools:\n  - name: calculator\n")
     ok = [*REQUIRED, f"{key}.enable=true", f"{key}.tool_config_path={tools}"]
     assert load_config(ok).actor_rollout_ref.rollout.multi_turn.enable
-    with pytest.raises(ConfigError, match="tensor_model_parallel_size=1 for multi-turn"):
-        load_config([*ok, "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-                     "trainer.n_gpus_per_node=2"])  # fmt: skip
+    tp2 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"]
+    with pytest.raises(ConfigError, match=r"rollout\.name=sglang and tensor_model_parallel_size"):
+        load_config([*ok, *tp2, "actor_rollout_ref.rollout.name=sglang"])
+    # vLLM runs multi-turn with TP (the group's first member runs the loops)
+    assert load_config([*ok, *tp2, "actor_rollout_ref.rollout.name=vllm"])
     # off: nothing is checked (the default config has no tools file)
     off = load_config([*REQUIRED, f"{key}.tool_config_path=/nope.yaml"])
     assert not off.actor_rollout_ref.rollout.multi_turn.enable

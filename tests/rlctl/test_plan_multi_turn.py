@@ -1,6 +1,6 @@
 """The planner with multi-turn rollouts on: the response budget spans every turn and tool
-result (its rule and warning on hand-computed cases), the rollout at TP 1, the refusals,
-and the budget in the reasoning."""
+result (its rule and warning on hand-computed cases), the rollout's TP (free on vLLM, 1
+on SGLang), the refusals, and the budget in the reasoning."""
 
 from __future__ import annotations
 
@@ -137,55 +137,48 @@ def test_a_budget_for_one_bare_turn_offers_only_a_longer_budget():
     assert "max_tool_response_length to" not in warning and "max_assistant_turns to" not in warning
 
 
-def test_the_rollout_runs_at_tp_1():
+SGLANG = {f"{ARR}.rollout.name": "sglang"}
+
+
+def test_the_rollout_tp_is_chosen_as_without_tools_on_vllm_and_is_1_on_sglang():
     """Qwen2.5-14B on 8 × H100: its 27.5 GiB of bf16 weights take more than half the
-    48 GiB pool, so the planner takes rollout TP 2; multi-turn runs at TP 1 (the
-    engine's rule), where the weights and the KV of 16 sequences still fit."""
+    48 GiB pool, so the planner takes rollout TP 2. On vLLM multi-turn keeps it (the
+    group's first member runs the loops, the others step with it); on SGLang it runs at
+    TP 1 (the engine's rule there), where the weights and the KV of 16 sequences still
+    fit."""
     keys = {"data.max_prompt_length": 1024, "data.max_response_length": 2048}
     plain = make_plan(request("Qwen/Qwen2.5-14B", "H100", 8, **keys))
     assert plain.rollout_tp == 2
-    plan = make_plan(request("Qwen/Qwen2.5-14B", "H100", 8, **keys, **multi_turn()))
+    tools = make_plan(request("Qwen/Qwen2.5-14B", "H100", 8, **keys, **multi_turn()))
+    assert tools.rollout_tp == 2
+    plan = make_plan(request("Qwen/Qwen2.5-14B", "H100", 8, **keys, **SGLANG, **multi_turn()))
     assert plan.rollout_tp == 1
     assert plan.engine_overrides()[f"{ARR}.rollout.tensor_model_parallel_size"] == 1
-    assert lines_with(plan, "rollout TP 1: multi-turn rollouts run at TP 1")
+    assert lines_with(plan, "rollout TP 1: multi-turn rollouts on SGLang run at TP 1")
     # one replica per device: twice the KV per token on each (96 -> 192 KiB)
     assert lines_with(plan, "at 192 KiB/token") and lines_with(plain, "at 96 KiB/token")
 
 
-def test_a_model_that_needs_rollout_tp_is_refused_with_the_reason():
-    """Qwen2.5-72B: 72.7B × 2 B = 135.4 GiB of bf16 weights, more than any H100 pool."""
+def test_a_model_that_needs_rollout_tp_is_refused_on_sglang_with_the_reason():
+    """Qwen2.5-72B: 72.7B × 2 B = 135.4 GiB of bf16 weights, more than any H100 pool;
+    on vLLM the planner spreads it over TP as it would without tools."""
     with pytest.raises(InfeasiblePlanError) as info:
-        make_plan(request("Qwen/Qwen2.5-72B", "H100", 8, **multi_turn()))
-    assert "rollout: multi-turn rollouts run at TP 1, where bf16 weights (135.4 GiB)" in str(
+        make_plan(request("Qwen/Qwen2.5-72B", "H100", 8, **SGLANG, **multi_turn()))
+    assert "multi-turn rollouts on SGLang run at TP 1, where bf16 weights (135.4 GiB)" in str(
         info.value
     )
     assert "the bf16 weights (135.4 GiB) and their KV must fit one device" in info.value.hint
+    assert make_plan(request("Qwen/Qwen2.5-72B", "H100", 8, **multi_turn())).rollout_tp > 1
 
 
-def test_a_pinned_rollout_tp_above_1_is_refused():
+def test_a_pinned_rollout_tp_above_1_is_refused_on_sglang_only():
+    pinned = {f"{ARR}.rollout.tensor_model_parallel_size": 2}
     with pytest.raises(InfeasiblePlanError) as info:
-        make_plan(
-            request(
-                "Qwen/Qwen2.5-7B",
-                "H100",
-                8,
-                **{f"{ARR}.rollout.tensor_model_parallel_size": 2},
-                **multi_turn(),
-            )
-        )
-    assert f"tensor_model_parallel_size 2 with {MT}.enable" in str(info.value)
-    assert "unpin" in info.value.hint
-    # TP 1 pinned is what multi-turn runs at
-    plan = make_plan(
-        request(
-            "Qwen/Qwen2.5-7B",
-            "H100",
-            8,
-            **{f"{ARR}.rollout.tensor_model_parallel_size": 1},
-            **multi_turn(),
-        )
-    )
-    assert plan.rollout_tp == 1
+        make_plan(request("Qwen/Qwen2.5-7B", "H100", 8, **pinned, **SGLANG, **multi_turn()))
+    assert f"tensor_model_parallel_size 2 with {MT}.enable on SGLang" in str(info.value)
+    assert "rollout.name=vllm" in info.value.hint
+    plan = make_plan(request("Qwen/Qwen2.5-7B", "H100", 8, **pinned, **multi_turn()))
+    assert plan.rollout_tp == 2
 
 
 @pytest.mark.parametrize(
