@@ -106,25 +106,40 @@ def resolve_cluster_device(cfg: EngineConfig) -> str:
     return "cpu"
 
 
-def start_workers(cfg: EngineConfig) -> WorkerGroup:
+def start_workers(cfg: EngineConfig) -> Any:
+    """One worker group for every role (colocated), or the rollout's own group beside
+    the training group (``rollout.placement=separate``, engine.controller.groups)."""
     from engine.workers.host import WorkerHost
 
     device_name = cfg.trainer.device
     spec = DEVICES["cuda" if device_name == "cuda" else device_name]
-    roles = ["actor", "rollout"]
+    rollout = cfg.actor_rollout_ref.rollout
+    separate = rollout.placement == "separate"
+    roles = ["actor"] if separate else ["actor", "rollout"]
     if cfg.use_reference:
         roles.append("ref")
     if cfg.use_critic:
         roles.append("critic")
-    pool = ResourcePool(
-        PoolSpec(
-            nnodes=cfg.trainer.nnodes,
-            devices_per_node=cfg.trainer.n_gpus_per_node,
-            ray_resource=spec.ray_resource,
-            cpus_per_worker=cfg.trainer.cpus_per_worker,
-        ),
-        name="actor_rollout_ref",
-    )
+
+    def pool(nnodes: int, per_node: int, name: str) -> ResourcePool:
+        return ResourcePool(
+            PoolSpec(
+                nnodes=nnodes,
+                devices_per_node=per_node,
+                ray_resource=spec.ray_resource,
+                cpus_per_worker=cfg.trainer.cpus_per_worker,
+            ),
+            name=name,
+        )
+
+    def host(roles: list[str], group: str = "") -> dict[str, Any]:
+        return {
+            "cfg": cfg,
+            "roles": roles,
+            "cpus_per_worker": cfg.trainer.cpus_per_worker,
+            "group": group,
+        }
+
     # Megatron roles split their model over ranks, which then share rows (the worker
     # names the reference "ref").
     layouts = {
@@ -135,12 +150,27 @@ def start_workers(cfg: EngineConfig) -> WorkerGroup:
         )
         for role, (_key, section) in cfg.megatron_roles().items()
     }
-    return WorkerGroup(
-        pool,
+    train = WorkerGroup(
+        pool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, "actor_rollout_ref"),
         WorkerHost,
-        {"cfg": cfg, "roles": roles, "cpus_per_worker": cfg.trainer.cpus_per_worker},
+        host(roles),
         layouts=layouts,
     )
+    if not separate:
+        return train
+    from engine.controller.groups import SeparateGroups
+
+    try:
+        own = WorkerGroup(
+            pool(rollout.separate_nnodes, rollout.separate_n_gpus_per_node, "rollout"),
+            WorkerHost,
+            host(["rollout"], group="rollout"),
+            label="rollout",
+        )
+    except BaseException:
+        train.shutdown()
+        raise
+    return SeparateGroups(train, own)
 
 
 @dataclass
@@ -300,10 +330,19 @@ def run_dir(cfg: EngineConfig) -> Path:
     return Path(root)
 
 
-def write_worker_table(workers: WorkerGroup, directory: Path) -> None:
-    """Which process and node holds each rank: for operators, and for fault tests."""
+def write_worker_table(workers: Any, directory: Path) -> None:
+    """Which process holds each rank (of which group, with a rollout group of its own):
+    for operators, and for fault tests."""
     directory.mkdir(parents=True, exist_ok=True)
-    table = [{"rank": r, "pid": pid} for r, pid in enumerate(workers.host_all("pid"))]
+    pids = workers.host_all("pid")
+    groups = [("", workers.world_size)]
+    if hasattr(workers, "rollout"):  # engine.controller.groups.SeparateGroups
+        groups.append(("rollout", workers.rollout.world_size))
+    table = []
+    for group, size in groups:
+        for rank in range(size):
+            row = {"rank": rank, "pid": pids[len(table)]}
+            table.append({**row, "group": group} if group else row)
     (directory / "workers.json").write_text(json.dumps(table))
 
 

@@ -42,6 +42,7 @@ from engine.metrics import (
     reduce_rank_metrics,
     throughput_metrics,
 )
+from engine.overlap import Generating, OneStepOff
 from engine.reward.manager import RewardManager
 from engine.reward.types import ScoreRequest, ScoreResult
 from engine.tracking import Tracker, progress
@@ -133,6 +134,12 @@ class Trainer:
         self._batches = iter(self.train_loader)
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
+        # The actor's weights, counted (every update, every load); a rollout on workers of
+        # its own (placement=separate) is pushed the version it lacks before it generates.
+        self.separate = rollout.placement == "separate"
+        self.weights_version = 0
+        self.pushed_version: int | None = None
+        self.overlap = OneStepOff(self) if cfg.async_training.mode == "one_step_off" else None
 
     # -- the loop -----------------------------------------------------------
 
@@ -166,7 +173,9 @@ class Trainer:
     def state(self) -> TrainerState:
         return TrainerState(
             step=self.step,
-            loader=self.train_loader.state_dict(),
+            # a generation in flight (async_training) drew its prompts ahead: the
+            # checkpoint takes the loader from before, so a resume draws them again
+            loader=self.overlap.loader_state() if self.overlap else self.train_loader.state_dict(),
             kl_ctrl=self.kl_ctrl.state_dict(),
         )
 
@@ -178,6 +187,7 @@ class Trainer:
         state = read_trainer_state(path)
         local = self.checkpoints.fetch(path, self.workers)
         self.workers.host_all("load_checkpoint", local)
+        self.weights_version += 1
         self.step = state.step
         self.train_loader.load_state_dict(state.loader)
         self._batches = iter(self.train_loader)
@@ -223,7 +233,12 @@ class Trainer:
             tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
             updates_actor = self.step > cfg.trainer.critic_warmup
             old_logprobs = None  # on-policy: the update's own log-probs serve as π_old
-            if cfg.algorithm.use_kl_in_reward or (updates_actor and not cfg.update_is_on_policy):
+            # Off-policy (async_training): π_old is the proximal policy, the weights now,
+            # not the ones that sampled; TIS corrects between the two (rollout_correction).
+            off_policy = self.overlap is not None
+            if cfg.algorithm.use_kl_in_reward or (
+                updates_actor and (off_policy or not cfg.update_is_on_policy)
+            ):
                 with timer("old_log_prob"):
                     old_logprobs = self.workers.call_split("actor", "log_probs", tokens)
             ref_logprobs = None
@@ -269,6 +284,7 @@ class Trainer:
                     metrics |= self.workers.call_split(
                         "actor", "update", batch, gather=reduce_rank_metrics
                     )
+                self.weights_version += 1
         metrics |= batch_metrics(
             scores_B=rollout.scores_B,
             token_rewards_BR=token_rewards,
@@ -318,6 +334,8 @@ class Trainer:
         drawing prompt batches until enough groups have rewards that differ."""
         filt = self.cfg.algorithm.filter_groups
         want = self.cfg.data.train_batch_size
+        if self.overlap is not None:
+            return self.overlap.next_batch(timer, metrics)
         if not filt.enable:
             return self.generate(self.next_prompts(), self.sampling, timer)
         kept: list[Rollout] = []
@@ -340,14 +358,31 @@ class Trainer:
     def generate(
         self, prompts: list[PromptSample], sampling: SamplingParams, timer: StageTimer
     ) -> Rollout:
-        n = sampling.n
-        expanded = [p for p in prompts for _ in range(n)]
+        return self.finish_generation(self.start_generation(prompts, sampling), timer)
+
+    def start_generation(self, prompts: list[PromptSample], sampling: SamplingParams) -> Generating:
+        """Send the prompts (each ``sampling.n`` times) to the rollout; not waited for."""
+        expanded = [p for p in prompts for _ in range(sampling.n)]
         multi_turn = self.cfg.actor_rollout_ref.rollout.multi_turn
         request = GenerationRequest([p.prompt_ids for p in expanded], sampling)
         if multi_turn.enable:
             request.agent_names = [p.agent_name or multi_turn.default_agent for p in expanded]
             request.extra_info = [p.extra_info for p in expanded]
-        output = self.workers.call_split("rollout", "generate", request)
+        self.push_weights()
+        pending = self.workers.submit_split("rollout", "generate", request)
+        return Generating(expanded, request, pending, sampling.n, self.weights_version)
+
+    def push_weights(self) -> None:
+        """A rollout on workers of its own gets the actor's weights when they changed
+        (colocated, each rollout worker syncs from the actor beside it)."""
+        if self.separate and self.pushed_version != self.weights_version:
+            self.workers.push_weights()
+            self.pushed_version = self.weights_version
+
+    def finish_generation(self, started: Generating, timer: StageTimer) -> Rollout:
+        """Wait for a generation and score it."""
+        expanded, request, n = started.expanded, started.request, started.n
+        output = started.pending.result()
         meta = SampleMeta(
             group_ids=[i // n for i in range(len(expanded))],
             data_source=[p.data_source for p in expanded],
@@ -419,6 +454,7 @@ class Trainer:
         greedy = dataclasses.replace(self.sampling, n=1, do_sample=False)
         prompt_ids = rollout.prompt_ids[::n]
         with timer("gen_baseline"):
+            self.push_weights()
             output = self.workers.call_split(
                 "rollout", "generate", GenerationRequest(prompt_ids, greedy)
             )

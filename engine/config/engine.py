@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from engine.algo import names
 from engine.config.actor import ActorRolloutRefConfig
 from engine.config.algorithm import AlgorithmConfig
+from engine.config.async_training import AsyncTrainingConfig
 from engine.config.critic import CriticConfig
 from engine.config.data import DataConfig
 from engine.config.fields import selected
@@ -30,6 +31,7 @@ class EngineConfig:
     )
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 
     # Derived facts the trainer and workers ask for; computed, never stored.
 

@@ -43,8 +43,8 @@ class RolloutConfig:
     name: str = setting("hf", "Rollout engine: hf (transformers' generate), vllm or sglang.")
     placement: str = setting(
         "colocate",
-        "colocate (on the actor's devices, in its processes) or separate (a pool of its own;"
-        " validated, not yet run).",
+        "colocate (on the actor's devices, in its processes) or separate (workers of its own,"
+        " weights pushed over a bridge; docs/async.md).",
     )
     separate_nnodes: int = setting(0, "placement=separate: nodes of the rollout's own pool.")
     separate_n_gpus_per_node: int = setting(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from engine.config import (
     actor,
     algorithm,
+    async_training,
     batches,
     critic,
     data,
@@ -39,6 +40,7 @@ RULES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     reward.rules,
     algorithm.rules,
     trainer.rules,
+    async_training.rules,
     batches.rules,
     megatron_rules,
 )

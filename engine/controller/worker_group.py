@@ -45,9 +45,10 @@ class WorkerFailure(EngineError):
 
     exit_code = 1  # not a configuration problem
 
-    def __init__(self, rank: int, reason: str) -> None:
+    def __init__(self, rank: int, reason: str, group: str = "") -> None:
         self.rank = rank
-        super().__init__(f"worker rank {rank} failed: {reason}")
+        of = f" of the {group} group" if group else ""
+        super().__init__(f"worker rank {rank}{of} failed: {reason}")
 
 
 def _cause(exc: Exception) -> str:
@@ -100,6 +101,20 @@ class ResourcePool:
         self.groups = []
 
 
+@dataclasses.dataclass
+class Pending:
+    """Calls started on every rank of a group; ``result`` waits and gathers them."""
+
+    group: WorkerGroup
+    refs: list[Any]
+    output_ranks: list[int]
+    gather: Callable[[list[Any]], Any]
+
+    def result(self) -> Any:
+        results = self.group.get(self.refs)
+        return self.gather([results[rank] for rank in self.output_ranks])
+
+
 class WorkerGroup:
     def __init__(
         self,
@@ -107,8 +122,10 @@ class WorkerGroup:
         host_cls: type,
         host_kwargs: dict[str, Any],
         layouts: dict[str, dispatch.ModelParallelLayout] | None = None,
+        label: str = "",
     ) -> None:
         self.pool = pool
+        self.label = label  # in failures: "rollout" for the rollout's own group
         self.world_size = pool.spec.world_size
         # Roles whose model is split over ranks (Megatron TP/PP): the ranks of one model
         # replica work on the same rows.
@@ -140,23 +157,25 @@ class WorkerGroup:
         master_addr, master_port = ray.get(self.workers[0].rendezvous_address.remote())
         self.get([w.init_distributed.remote(master_addr, master_port) for w in self.workers])
 
-    def get(self, refs: list[Any]) -> list[Any]:
+    def get(self, refs: list[Any], first_rank: int = 0) -> list[Any]:
         """Results of one call per rank, in rank order.
 
         Results are taken as they arrive, so a rank that dies is noticed at once even
         while the others block in a collective waiting for it; the error names the
         rank. The caller then shuts the group down, which ends the blocked ranks.
         """
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        rank_of = {ref: first_rank + i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
-                raise WorkerFailure(rank_of[done[0]], f"its process died ({_cause(exc)})") from exc
+                raise WorkerFailure(
+                    rank_of[done[0]], f"its process died ({_cause(exc)})", self.label
+                ) from exc
             except ray.exceptions.RayTaskError as exc:
-                raise WorkerFailure(rank_of[done[0]], _cause(exc)) from exc
+                raise WorkerFailure(rank_of[done[0]], _cause(exc), self.label) from exc
         return ray.get(refs)
 
     def host_all(self, method: str, *args: Any) -> list[Any]:
@@ -181,6 +200,18 @@ class WorkerGroup:
         For a role whose model is split (``dispatch.ModelParallelLayout``) the batch is
         split over its data-parallel replicas, every rank of a replica gets the replica's
         chunk, and one rank per replica is gathered."""
+        return self.submit_split(role, method, batch, *args, gather=gather).result()
+
+    def submit_split(
+        self,
+        role: str,
+        method: str,
+        batch: Any,
+        *args: Any,
+        gather: Callable[[list[Any]], Any] = dispatch.concat,
+    ) -> Pending:
+        """``call_split`` started, not waited for: the controller goes on (another
+        group's work) and takes the result later with ``.result()``."""
         layout = self.layouts.get(role, dispatch.ModelParallelLayout())
         world = self.world_size
         shards = dispatch.split(batch, layout.data_parallel(world))
@@ -188,8 +219,7 @@ class WorkerGroup:
             w.call.remote(role, method, shards[layout.shard(rank, world)], *args)
             for rank, w in enumerate(self.workers)
         ]
-        results = self.get(refs)
-        return gather([results[rank] for rank in layout.output_ranks(world)])
+        return Pending(self, refs, layout.output_ranks(world), gather)
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Give each worker ``grace_s`` to release what outlives its process (a CPU

@@ -83,6 +83,23 @@ class ActorWorker:
         result["actor/consecutive_skipped_updates"] = float(self.consecutive_skips)
         return result
 
+    def send_weights(self, address: Any) -> int:
+        """The weights, to a rollout on workers of its own (placement=separate): every
+        rank gathers each tensor (one collective a tensor, in the same order), the first
+        sends it over the bridge (engine.rollout.bridge); the number of tensors walked."""
+        import torch.distributed as dist
+
+        from engine.rollout.bridge import SENDER, WeightBridge
+        from engine.train.fsdp import DTYPES
+
+        dtype = DTYPES[self.rollout_cfg.dtype] if self.device.supports_bf16 else None
+        pairs = self.engine.hf_named_tensors(dtype)
+        if dist.get_rank() != SENDER:
+            return sum(1 for _ in pairs)
+        if getattr(self, "_bridge", None) is None:
+            self._bridge = WeightBridge(address, SENDER, self.device.torch_device())
+        return self._bridge.send(pairs, self.rollout_cfg.update_weights_bucket_megabytes * 2**20)
+
     def save(self, path: str) -> None:
         counters = {"skipped": self.skipped_updates, "consecutive": self.consecutive_skips}
         self.engine.save(path, counters, self.tokenizer)

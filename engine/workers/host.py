@@ -55,8 +55,12 @@ class WorkerHost:
         cfg: EngineConfig,
         roles: list[str],
         cpus_per_worker: int = 1,
+        group: str = "",
     ) -> None:
         self.rank = rank
+        # "rollout" for the rollout's own group (placement=separate): its own world and
+        # its own random-state files
+        self.group = group
         self.world_size = world_size
         self.cfg = cfg
         self.device: DeviceSpec = resolve_device(cfg.trainer.device)
@@ -116,21 +120,27 @@ class WorkerHost:
                 self.roles[name].save(os.path.join(path, name))
         rng_dir = Path(path) / "rng"
         rng_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(self.device), rng_dir / f"rank_{self.rank}.pt")
+        torch.save(_rng_state(self.device), rng_dir / self._rng_file)
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
         for name in TRAINED_ROLES:
             if name in self.roles:
                 self.roles[name].load(os.path.join(path, name))
-        rng_file = Path(path) / "rng" / f"rank_{self.rank}.pt"
+        rng_file = Path(path) / "rng" / self._rng_file
         if rng_file.exists():  # absent after a change of world size: keep fresh seeds
             _set_rng_state(self.device, torch.load(rng_file, weights_only=False))
+
+    @property
+    def _rng_file(self) -> str:
+        return f"{self.group}_rank_{self.rank}.pt" if self.group else f"rank_{self.rank}.pt"
 
     # With a bucket, one host per node (local rank 0) moves the node's files.
 
     def upload_checkpoint(self, local_dir: str, root: str, name: str) -> None:
-        if self.local_rank != 0:
+        # The rollout's own group holds no trained state; its random state stays on
+        # local disk (a resume from a bucket on other nodes draws fresh seeds for it).
+        if self.local_rank != 0 or self.group:
             return
         if self._uploader is None:
             from engine.storage import BackgroundUploader, open_store
@@ -146,7 +156,7 @@ class WorkerHost:
         return self._uploader.pending()
 
     def download_checkpoint(self, url: str, local_dir: str) -> None:
-        if self.local_rank != 0:
+        if self.local_rank != 0 or self.group:
             return
         from engine.storage import open_store
 

@@ -12,6 +12,11 @@ layout, which ``generate`` cannot run: ``hf`` then holds a plain Hugging Face mo
 its own (built from the model path, in the rollout dtype) and is synced like vLLM and
 SGLang. Either training engine hands out full HF-named tensors (``hf_named_tensors``:
 FSDP's shards gathered, or Megatron's TP slices merged), one at a time.
+
+With ``rollout.placement=separate`` the rollout has workers of its own and no actor
+beside it: its engine (any of the three) holds its own copy, and the controller pushes
+the actor's weights to it over a bridge (``receive_weights``; engine.controller.groups)
+before a generation needs them.
 """
 
 from __future__ import annotations
@@ -33,24 +38,24 @@ class RolloutWorker:
         self, cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, colocated: dict[str, Any]
     ) -> None:
         rollout_cfg = cfg.actor_rollout_ref.rollout
-        if rollout_cfg.placement != "colocate" or "actor" not in colocated:
-            raise EngineError(
-                f"actor_rollout_ref.rollout.placement={rollout_cfg.placement}: only colocate"
-                " (the rollout in the actor's worker processes) is wired in this build; set"
-                " actor_rollout_ref.rollout.placement=colocate"
-            )
         self.cfg = rollout_cfg
         self.device = device
-        self.actor = colocated["actor"]
-        self.megatron_actor = cfg.actor_rollout_ref.actor.strategy == "megatron"
+        # Separate (placement=separate): no actor here; the controller pushes its weights
+        # over a bridge (receive_weights) before a generation needs them.
+        self.actor = colocated.get("actor")
+        self.separate = self.actor is None
+        self._bridge: Any = None
+        # A Megatron actor's weights cannot generate, and a separate rollout has none
+        # here: the engine then holds a copy of its own, synced from the actor.
+        self.own_copy = cfg.actor_rollout_ref.actor.strategy == "megatron" or self.separate
         self.synced_version: int | None = None  # the actor's weights the engine holds
         self.agent = _tool_agent(cfg, tokenizer)  # None: single-turn rollouts only
         model = cfg.actor_rollout_ref.model
         if rollout_cfg.name == "hf":
             from engine.rollout.hf import HFRollout
 
-            # A Megatron actor's weights cannot generate: a plain HF copy, synced below.
-            module = self._own_hf_model(model) if self.megatron_actor else self.actor.module
+            # Its own plain HF copy (see own_copy), synced from the actor.
+            module = self._own_hf_model(model) if self.own_copy else self.actor.module
             self.engine: Any = HFRollout(
                 module,
                 tokenizer,
@@ -58,9 +63,9 @@ class RolloutWorker:
                 micro_batch_size=rollout_cfg.micro_batch_size,
                 logprobs=rollout_cfg.calculate_log_probs,
             )
-            self.owns_weights = self.megatron_actor
+            self.owns_weights = self.own_copy
             return
-        generation_config = _generation_config(model) if self.megatron_actor else self.actor.module
+        generation_config = _generation_config(model) if self.own_copy else self.actor.module
         # The engine holds what the actor pushes: the rollout dtype on accelerators,
         # float32 on CPU (where the actor trains in float32, see DeviceSpec.supports_bf16).
         engine_dtype = rollout_cfg.dtype if device.supports_bf16 else "float32"
@@ -73,7 +78,11 @@ class RolloutWorker:
             trust_remote_code=model.trust_remote_code,
             # The first generation pushes the actor's weights: no second read from disk.
             load_format="dummy",
-            local_world_size=cfg.trainer.n_gpus_per_node,
+            local_world_size=(
+                rollout_cfg.separate_n_gpus_per_node
+                if self.separate
+                else cfg.trainer.n_gpus_per_node
+            ),
             bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * 2**20,
             dtype=engine_dtype,
             kv_cache_bytes=(
@@ -96,7 +105,13 @@ class RolloutWorker:
         self.owns_weights = True
 
     def generate(self, request: GenerationRequest) -> GenerationOutput:
-        if self.owns_weights and self.synced_version != self.actor.weights_version:
+        if self.separate and self.synced_version is None:
+            raise EngineError("the rollout was asked to generate before any weights reached it")
+        if (
+            not self.separate
+            and self.owns_weights
+            and self.synced_version != self.actor.weights_version
+        ):
             self.sync_weights()
         self.engine.wake()
         try:
@@ -131,6 +146,19 @@ class RolloutWorker:
         self.engine.sync_weights(as_engine_names(pairs, ENGINE_NAME_MAPS[self.cfg.name]))
         self.synced_version = self.actor.weights_version
 
+    def receive_weights(self, address: Any) -> None:
+        """The actor's weights from the bridge, loaded into the engine as they come
+        (placement=separate; engine.controller.groups.SeparateGroups.push_weights)."""
+        import torch.distributed as dist
+
+        from engine.rollout.bridge import WeightBridge
+
+        if self._bridge is None:  # the rollout's ranks are 1.. (the actor's sender is 0)
+            self._bridge = WeightBridge(address, 1 + dist.get_rank(), self.device.torch_device())
+        names = ENGINE_NAME_MAPS[self.cfg.name]
+        self.engine.sync_weights(as_engine_names(self._bridge.receive(), names))
+        self.synced_version = (self.synced_version or 0) + 1
+
     @property
     def rollout_dtype(self) -> Any:
         return DTYPES[self.cfg.dtype] if self.device.supports_bf16 else None
@@ -154,7 +182,12 @@ def _cpu_kv_cache_bytes(cfg: EngineConfig, dtype: str, max_model_len: int) -> in
     model = cfg.actor_rollout_ref.model
     rollout = cfg.actor_rollout_ref.rollout
     hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    engines = max(1, cfg.world_size // rollout.tensor_model_parallel_size)
+    devices = (
+        rollout.separate_nnodes * rollout.separate_n_gpus_per_node
+        if rollout.placement == "separate"
+        else cfg.world_size
+    )
+    engines = max(1, devices // rollout.tensor_model_parallel_size)
     rows = -(-cfg.data.train_batch_size * rollout.n // engines)
     return kv_cache_bytes_for(hf_config, dtype, max_model_len, rows)
 

@@ -505,3 +505,22 @@ def test_multi_turn_rules_name_the_key_and_the_fix(tmp_path):
     # off: nothing is checked (the default config has no tools file)
     off = load_config([*REQUIRED, f"{key}.tool_config_path=/nope.yaml"])
     assert not off.actor_rollout_ref.rollout.multi_turn.enable
+
+
+def test_async_training_needs_the_rollout_on_its_own_workers():
+    """Overlapping generation with training needs rollout.placement=separate (named with
+    its pool's keys); DAPO's dynamic sampling is refused with it, for now."""
+    one_step = "async_training.mode=one_step_off"
+    with pytest.raises(ConfigError) as err:
+        load_config([*REQUIRED, one_step])
+    assert "set actor_rollout_ref.rollout.placement=separate" in "\n".join(err.value.problems)
+    separate = [
+        "actor_rollout_ref.rollout.placement=separate",
+        "actor_rollout_ref.rollout.separate_nnodes=1",
+        "actor_rollout_ref.rollout.separate_n_gpus_per_node=2",
+    ]
+    assert load_config([*REQUIRED, one_step, *separate]).async_training.mode == "one_step_off"
+    with pytest.raises(ConfigError, match="filter_groups"):
+        load_config([*REQUIRED, one_step, *separate, "algorithm.filter_groups.enable=true"])
+    with pytest.raises(ConfigError, match="'fully'"):
+        load_config([*REQUIRED, "async_training.mode=fully"])

@@ -446,6 +446,8 @@ trainer:
   max_consecutive_skipped_updates: 5
   export_hf_dir: null
   seed: 1
+async_training:
+  mode: sync
 RLCTL_ENGINE_YAML_END
   code=0
   /tmp/rlctl/golden/env/bin/python -m engine.main --config /tmp/rlctl/golden/engine.yaml || code=$?

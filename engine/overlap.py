@@ -1,0 +1,74 @@
+"""Generation overlapped with training (``async_training``; docs/async.md).
+
+``one_step_off`` (verl's one-step-off-policy trainer, after AReaL): the rollout has
+workers of its own (``rollout.placement=separate``), and while the actor trains on batch
+k the rollout already generates batch k+1, with the weights of the update before:
+
+    step 1   push v0, generate b0 | wait b0 | push v0, generate b1 ‖ train b0 -> v1
+    step 2                          wait b1 | push v1, generate b2 ‖ train b1 -> v2
+    step k                          wait bk-1 | push vk-1, generate bk ‖ train bk-1 -> vk
+
+So every batch is trained by weights one update newer than those that sampled it: the
+PPO ratio takes the current weights as π_old (the proximal policy), and
+``algorithm.rollout_correction`` corrects between them and the sampler when the engine's
+own log-probs come back (``rollout.calculate_log_probs``). The step's wait for its batch
+(``timing_s/gen``) is what generation costs beyond the training it hides behind.
+
+A checkpoint taken while a batch is generating records the prompt loader from before it
+drew that batch's prompts: a resume draws them again, so no prompt is lost or repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.types import GenerationRequest
+
+if TYPE_CHECKING:
+    from engine.data.dataset import PromptSample
+    from engine.metrics import StageTimer
+    from engine.trainer import Rollout, Trainer
+
+STALENESS = "training/staleness"  # policy versions between the sampler and the update
+
+
+@dataclass
+class Generating:
+    """A generation sent to the rollout and not yet waited for."""
+
+    expanded: list[PromptSample]  # each prompt n times, in the request's order
+    request: GenerationRequest
+    pending: Any  # engine.controller.worker_group.Pending
+    n: int
+    version: int  # the actor's weights version the rollout generates with
+
+
+class OneStepOff:
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.pending: Generating | None = None
+        self._loader_before: dict[str, Any] | None = None  # before the pending batch's prompts
+
+    def next_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Rollout:
+        """This step's batch (generated during the last step), after starting the next."""
+        t = self.trainer
+        if self.pending is None:  # the first step (or the first after a resume)
+            self.pending = self._start()
+        with timer("wait_prev_gen"):
+            rollout = t.finish_generation(self.pending, timer)
+        metrics[STALENESS] = float(t.weights_version - self.pending.version)
+        # the next batch generates while this one trains (none after the last step)
+        self.pending = self._start() if t.step < t.total_steps else None
+        return rollout
+
+    def loader_state(self) -> dict[str, Any]:
+        t = self.trainer
+        if self.pending is None or self._loader_before is None:
+            return t.train_loader.state_dict()
+        return self._loader_before
+
+    def _start(self) -> Generating:
+        t = self.trainer
+        self._loader_before = t.train_loader.state_dict()
+        return t.start_generation(t.next_prompts(), t.sampling)

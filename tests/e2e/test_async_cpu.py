@@ -1,0 +1,169 @@
+"""The rollout on workers of its own (rollout.placement=separate) and generation
+overlapped with training (async_training.mode=one_step_off), through the real command
+line on the two CPU cores: one worker trains, the other generates.
+
+- Separate and synchronous, a run's numbers are the colocated run's, step for step: the
+  actor's weights reach the rollout's own engine over the bridge after every update (a
+  push that did not land leaves the rollout sampling with old weights, and step 2
+  differs).
+- One step off, the synthetic task is learned with every batch one update stale.
+- A checkpoint taken while the next batch generates resumes without losing or repeating
+  a prompt: the data loader is saved from before that batch drew its prompts.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SEPARATE = [
+    "trainer.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.placement=separate",
+    "actor_rollout_ref.rollout.separate_nnodes=1",
+    "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+]
+ONE_STEP_OFF = [
+    *SEPARATE,
+    "async_training.mode=one_step_off",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "algorithm.rollout_correction.rollout_is=token",
+]
+COMPARED = ("critic/score/mean", "actor/grad_norm", "actor/entropy", "actor/pg_loss")
+
+
+def run(overrides: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    repo = str(Path(__file__).parents[2])
+    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, "-m", "engine.main", *overrides],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def common(tiny_model_dir, synthetic_data, base_overrides, run_dir, steps: int) -> list[str]:
+    train, val = synthetic_data
+    return [
+        *base_overrides,
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        "algorithm.adv_estimator=grpo",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[console]",
+    ]
+
+
+def steps_of(read_metrics, run_dir) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+
+
+def test_separate_and_synchronous_is_the_colocated_run(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    small = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # fmt: skip
+    runs = {}
+    for name, placement in (("colocated", ["trainer.n_gpus_per_node=1"]), ("separate", SEPARATE)):
+        run_dir = tmp_path / name
+        run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 3), *small,
+             *placement])  # fmt: skip
+        runs[name] = steps_of(read_metrics, run_dir)
+    for colocated, separate in zip(runs["colocated"], runs["separate"], strict=True):
+        assert [colocated[k] for k in COMPARED] == [separate[k] for k in COMPARED]
+    assert "training/staleness" not in runs["separate"][0]
+
+
+def test_one_step_off_learns_the_synthetic_task(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    run_dir = tmp_path / "run"
+    run(
+        [
+            *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 24),
+            *ONE_STEP_OFF,
+            "actor_rollout_ref.rollout.n=8",
+            "data.train_batch_size=32",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        ]
+    )
+    records = steps_of(read_metrics, run_dir)
+    assert [r["step"] for r in records] == list(range(1, 25))
+    scores = [r["critic/score/mean"] for r in records]
+    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    assert last > first + 0.04, f"score did not rise: {scores}"
+    # the first batch is on-policy; every later one was sampled one update before
+    assert [r["training/staleness"] for r in records] == [0.0] + [1.0] * 23
+    # π_old is the proximal policy (its own pass), the engine's log-probs the sampler's:
+    # once stale, the ratio between them is no longer 1
+    assert all("timing_s/old_log_prob" in r and "timing_s/wait_prev_gen" in r for r in records)
+    assert records[0]["training/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert any(abs(r["training/rollout_is_weight_mean"] - 1.0) > 1e-3 for r in records[1:])
+
+
+def test_one_step_off_resumes_without_losing_or_repeating_prompts(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    run_dir = tmp_path / "run"
+    small = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.save_freq=2"]  # fmt: skip
+
+    def loader_position(step: int) -> int:
+        state = json.loads((run_dir / f"global_step_{step}" / "trainer_state.json").read_text())
+        return state["loader"]["batches_done"]
+
+    args = [*ONE_STEP_OFF, *small]
+    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 4), *args])
+    # at step 2 the third batch was already generating: the loader is saved before it
+    assert loader_position(2) == 2
+    resumed = run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 6), *args])
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    assert loader_position(6) == 6  # six steps, six batches: none lost, none twice
+    records = steps_of(read_metrics, run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    # after the resume the first batch is generated anew with the restored weights
+    assert [r["training/staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+
+
+def test_a_dead_rollout_worker_stops_the_run_with_its_group_and_rank(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides
+):
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    repo = str(Path(__file__).parents[2])
+    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.main",
+         *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 200), *ONE_STEP_OFF,
+         "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        metrics = run_dir / "metrics.jsonl"
+        while not metrics.exists() or not metrics.read_text():  # training has started
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.5)
+        table = json.loads((run_dir / "workers.json").read_text())
+        (rollout,) = [w for w in table if w.get("group") == "rollout"]
+        os.kill(rollout["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.monotonic() - killed_at < 60, "the run hung on the dead rollout worker"
+    assert proc.returncode != 0
+    assert "worker rank 0 of the rollout group failed" in output, output[-2000:]
