@@ -611,6 +611,7 @@ def test_rollout_role_pushes_only_when_the_actors_weights_moved():
     role.cfg = SimpleNamespace(name="vllm", dtype="bfloat16")
     role.device = DEVICES["cpu"]
     role.owns_weights = True
+    role.separate = False  # the actor beside it (colocated)
     role.synced_version = None
     role.agent = None  # single-turn (no multi_turn config)
     role.actor = SimpleNamespace(
