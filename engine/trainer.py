@@ -236,7 +236,10 @@ class Trainer:
             # Off-policy (async_training): π_old is the proximal policy, the weights now,
             # not the ones that sampled; TIS corrects between the two (rollout_correction).
             off_policy = self.overlap is not None
-            if cfg.algorithm.use_kl_in_reward or (
+            if cfg.algorithm.rollout_correction.bypass_mode:
+                # verl's bypass mode: the sampler's own log-probs are π_old, no pass
+                old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
+            elif cfg.algorithm.use_kl_in_reward or (
                 updates_actor and (off_policy or not cfg.update_is_on_policy)
             ):
                 with timer("old_log_prob"):
@@ -274,7 +277,8 @@ class Trainer:
                         "critic", "update", batch, gather=reduce_rank_metrics
                     )
             is_weights = None
-            if rollout.rollout_logprobs is not None and old_logprobs is not None:
+            bypass = cfg.algorithm.rollout_correction.bypass_mode
+            if rollout.rollout_logprobs is not None and old_logprobs is not None and not bypass:
                 is_weights = self.rollout_correction(rollout, old_logprobs, metrics)
             if updates_actor:
                 with timer("update_actor"):

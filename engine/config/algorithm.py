@@ -67,6 +67,12 @@ class RolloutCorrectionConfig:
         " product), or null (off).",
     )
     rollout_is_threshold: float = setting(2.0, "C, the cap on π_old / π_rollout.")
+    bypass_mode: bool = setting(
+        False,
+        "Take the engine's own log-probs as π_old (two policies, verl's bypass mode): no"
+        " π_old pass; PPO's clip bounds the ratio to the sampler. Needs"
+        " rollout.calculate_log_probs; rollout_is stays null.",
+    )
 
 
 @dataclass
@@ -167,6 +173,17 @@ def _rollout_correction_rules(cfg: EngineConfig) -> list[str]:
             f"algorithm.rollout_correction.rollout_is={rc.rollout_is} weighs tokens by the"
             " rollout engine's own probabilities: set"
             " actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if rc.bypass_mode and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        p.append(
+            "algorithm.rollout_correction.bypass_mode takes the rollout engine's own"
+            " log-probs as π_old: set actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if rc.bypass_mode and rc.rollout_is is not None:
+        p.append(
+            f"algorithm.rollout_correction.bypass_mode with rollout_is={rc.rollout_is}: in"
+            " bypass mode π_old is the sampler's, so there is no second ratio to weigh;"
+            " set rollout_is=null (PPO's clip bounds the ratio) or bypass_mode=false"
         )
     if not rc.rollout_is_threshold > 0:
         p.append(

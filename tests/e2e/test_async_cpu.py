@@ -167,3 +167,20 @@ def test_a_dead_rollout_worker_stops_the_run_with_its_group_and_rank(
     assert time.monotonic() - killed_at < 60, "the run hung on the dead rollout worker"
     assert proc.returncode != 0
     assert "worker rank 0 of the rollout group failed" in output, output[-2000:]
+
+
+def test_one_step_off_in_bypass_mode_takes_the_samplers_log_probs_as_pi_old(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    """verl's bypass mode: no π_old pass of its own; the PPO ratio is to the sampler, so
+    it starts at 1 on the on-policy first batch and moves once the batches are stale."""
+    run_dir = tmp_path / "run"
+    bypass = [a for a in ONE_STEP_OFF if "rollout_is=" not in a]
+    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 4), *bypass,
+         "algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.n=4",
+         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])  # fmt: skip
+    records = steps_of(read_metrics, run_dir)
+    assert not any("timing_s/old_log_prob" in r for r in records)
+    assert [r["training/staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0]
+    assert abs(records[0]["actor/ppo_kl"]) < 1e-3  # the sampler's weights are the update's
+    assert all(abs(r["actor/ppo_kl"]) > 1e-6 for r in records[1:])

@@ -524,3 +524,13 @@ def test_async_training_needs_the_rollout_on_its_own_workers():
         load_config([*REQUIRED, one_step, *separate, "algorithm.filter_groups.enable=true"])
     with pytest.raises(ConfigError, match="'fully'"):
         load_config([*REQUIRED, "async_training.mode=fully"])
+
+
+def test_bypass_mode_needs_the_engines_log_probs_and_no_second_ratio():
+    bypass = "algorithm.rollout_correction.bypass_mode=true"
+    with pytest.raises(ConfigError, match="calculate_log_probs=true"):
+        load_config([*REQUIRED, bypass])
+    logprobs = "actor_rollout_ref.rollout.calculate_log_probs=true"
+    with pytest.raises(ConfigError, match="set rollout_is=null"):
+        load_config([*REQUIRED, bypass, logprobs, "algorithm.rollout_correction.rollout_is=token"])
+    assert load_config([*REQUIRED, bypass, logprobs]).algorithm.rollout_correction.bypass_mode

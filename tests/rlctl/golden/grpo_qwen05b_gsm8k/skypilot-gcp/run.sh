@@ -423,6 +423,7 @@ algorithm:
   rollout_correction:
     rollout_is: null
     rollout_is_threshold: 2.0
+    bypass_mode: false
 trainer:
   project_name: rlctl
   experiment_name: grpo-qwen05b-gsm8k
