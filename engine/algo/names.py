@@ -56,6 +56,9 @@ POLICY_LOSSES: tuple[str, ...] = (
     "clip_cov",
     "kl_cov",
     "geo_mean",  # GMPO
+    "sapo",  # soft gate instead of the clip
+    "dppo_tv",  # DPPO: binary total-variation trust region
+    "dppo_kl",  # DPPO: binary KL trust region
 )
 
 LOSS_AGG_MODES: tuple[str, ...] = (

@@ -7,16 +7,17 @@ minimises plus a few diagnostics::
     fn(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> PolicyLossOutput
 
 This module runs the one a config names (``compute_policy_loss``) and holds PPO and its
-relatives (vanilla, GSPO, GPG, CISPO, the covariance losses, GMPO); what they all
-share (the inputs, the registry, the clamped log-ratio, the metrics) is in
-``engine.algo.policy_loss_base``.
+relatives (vanilla, GSPO, GPG, CISPO, the covariance losses, GMPO); the losses that
+replace PPO's ratio clip with another trust region (SAPO, DPPO) are in
+``engine.algo.trust_region``, and what they all share (the inputs, the registry, the
+clamped log-ratio, the metrics) in ``engine.algo.policy_loss_base``.
 
 Notation used in the docstrings: l_t = log π_θ(o_t) − log π_old(o_t) is the token
 log-ratio, r_t = exp(l_t) the token ratio, A_t the advantage, ε_low = ``cfg.clip_low``
 and ε_high = ``cfg.clip_high`` (``clip_ratio_low``/``clip_ratio_high``, both defaulting
 to ``clip_ratio``), sg[·] stop-gradient. Per-token losses are reduced with
 ``aggregate_loss(..., cfg.loss_agg_mode, scale, cfg.loss_scale_factor)`` so that
-micro-batches sum to the mini-batch loss; the sequence-level losses (GSPO, GMPO)
+micro-batches sum to the mini-batch loss; the sequence-level losses (GSPO, GMPO, SAPO)
 say how they aggregate.
 
 The log-ratio is clamped to ±``MAX_LOG_RATIO`` before it is exponentiated, so a
@@ -31,6 +32,7 @@ import math
 
 import torch
 
+from engine.algo import trust_region  # noqa: F401  (registers SAPO's and DPPO's losses)
 from engine.algo.aggregate import LossScale
 from engine.algo.masked import masked_mean
 from engine.algo.policy_loss_base import (

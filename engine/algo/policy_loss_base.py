@@ -2,8 +2,10 @@
 are registered in, and the pieces they share (masking, the clamped log-ratio, PPO's
 clipped surrogate, the metrics and the aggregation).
 
-The losses themselves are in ``engine.algo.policy_loss``, whose ``compute_policy_loss``
-runs the one a config names. Notation is the one ``engine.algo.policy_loss`` describes.
+The losses themselves are in ``engine.algo.policy_loss`` (PPO and its relatives, the
+covariance losses, GMPO) and ``engine.algo.trust_region`` (SAPO's soft gate, DPPO's
+divergence masks); ``engine.algo.policy_loss.compute_policy_loss`` runs the one a config
+names. Notation is the one ``engine.algo.policy_loss`` describes.
 """
 
 from __future__ import annotations

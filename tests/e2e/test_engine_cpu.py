@@ -187,6 +187,28 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.clip_ratio_high=4e-4",
         "actor_rollout_ref.actor.ppo_epochs=2",
     ],
+    # The trust-region losses, with two epochs so that the ratio leaves 1.
+    "sapo": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
+        "actor_rollout_ref.actor.tau_pos=1.0",
+        "actor_rollout_ref.actor.tau_neg=1.05",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ],
+    "dppo_tv": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv",
+        "actor_rollout_ref.actor.clip_ratio=0.15",
+        "actor_rollout_ref.actor.clip_ratio_c=10000.0",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ],
+    "dppo_kl": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl",
+        "actor_rollout_ref.actor.clip_ratio=0.05",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ],
 }
 
 

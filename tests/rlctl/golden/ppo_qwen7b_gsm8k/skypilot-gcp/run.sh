@@ -240,6 +240,8 @@ actor_rollout_ref:
     clip_ratio_low: null
     clip_ratio_high: null
     clip_ratio_c: 3.0
+    tau_pos: 1.0
+    tau_neg: 1.05
     loss_agg_mode: token-mean
     loss_scale_factor: null
     entropy_coeff: 0.0
