@@ -314,3 +314,54 @@ def gpg(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     alpha = num_samples / num_informative if num_informative > 0 else 1.0
     adv = alpha * (scores - stats.mean_B) / std_scale(stats, cfg)
     return sequence_outputs(adv, mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("gdpo")
+@torch.no_grad()
+def gdpo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
+    """GDPO (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy
+    Optimization for Multi-reward RL Optimization", arXiv:2601.05242): normalise each
+    reward component within its group before summing, then whiten the sum over the batch.
+
+    With c_{b,k} the k-th reward component of sample b (``reward_components_BK``: the
+    reward function's values for ``algorithm.gdpo_reward_keys``) and w_k its weight
+    (``algorithm.gdpo_reward_weights``, 1 each when null)::
+
+        A_{b,k} = (c_{b,k} − mean_g(c_k)) / (std_g(c_k) + EPS)    (GRPO, one component)
+        A'_b    = Σ_k w_k A_{b,k}
+        A       = whiten(A') over the batch's valid tokens
+
+    without the division when ``cfg.norm_adv_by_std_in_grpo`` is False. GRPO on the
+    summed reward gives a group (0,1), (1,1) and a group (0,0), (1,1) the same
+    advantages, ±0.71; normalised per component, the second group's gap is twice the
+    first's (±1.41 against ±0.71 before whitening). The whitening, token-weighted like
+    ``reinforce_plus_plus``'s, keeps the scale from growing with K. A component equal
+    across its group contributes 0; singleton: A_{b,k} = c_{b,k}. The sequence score
+    s_b is not read (so neither is an in-reward KL penalty). Broadcast to tokens;
+    returns = advantages. Requires ``group_ids_B`` and ``reward_components_BK``.
+    """
+    rewards, mask = rewards_and_mask("gdpo", inputs)
+    batch = rewards.shape[0]
+    ids = require_group_ids("gdpo", inputs, batch)
+    components = inputs.reward_components_BK
+    if components is None or components.dim() != 2 or components.shape[0] != batch:
+        shape = None if components is None else tuple(components.shape)
+        raise ValueError(
+            f"advantage estimator 'gdpo' requires reward_components_BK of shape ({batch}, K),"
+            f" got {shape}"
+        )
+    count = components.shape[1]
+    weights = cfg.gdpo_reward_weights or [1.0] * count
+    if len(weights) != count:
+        raise ValueError(
+            f"advantage estimator 'gdpo': {len(weights)} gdpo_reward_weights for {count}"
+            " reward components"
+        )
+    valid = mask.any(dim=-1)
+    components = torch.where(valid.unsqueeze(-1), components.to(rewards.dtype), 0.0)
+    total = rewards.new_zeros(batch)
+    for k, weight in enumerate(weights):
+        stats = group_stats(components[:, k], ids, valid)
+        total += weight * (components[:, k] - stats.mean_B) / std_scale(stats, cfg)
+    adv = masked_whiten(broadcast(total, mask), mask)
+    return AdvantageOutputs(advantages_BT=adv, returns_BT=adv.clone())

@@ -35,6 +35,9 @@ class AdvantageInputs:
     values_BT: torch.Tensor | None = None
     # float (B,): ReMax baseline, the score of the greedy response to the same prompt.
     baseline_rewards_B: torch.Tensor | None = None
+    # float (B, K): GDPO's reward components, the reward function's value of each of
+    # ``algorithm.gdpo_reward_keys`` for each sample.
+    reward_components_BK: torch.Tensor | None = None
 
 
 @dataclass

@@ -17,6 +17,8 @@ class EstimatorNeeds:
     values: bool = False  # a value function: a critic worker
     greedy_baseline: bool = False  # each prompt's greedy response, scored (ReMax)
     group: bool = False  # the other samples of the same prompt: rollout.n >= 2
+    # the reward function's separate components (algorithm.gdpo_reward_keys), per sample
+    reward_components: bool = False
 
 
 _GROUP = EstimatorNeeds(group=True)
@@ -30,6 +32,7 @@ ADVANTAGE_ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
     "reinforce_plus_plus_baseline": _GROUP,
     "opo": _GROUP,
     "gpg": _GROUP,
+    "gdpo": EstimatorNeeds(group=True, reward_components=True),
 }
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = tuple(ADVANTAGE_ESTIMATOR_NEEDS)
 # Estimators whose baseline comes from the other samples of the same prompt.

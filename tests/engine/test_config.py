@@ -238,8 +238,11 @@ def test_inherited_critic_mini_batch_is_reported_once():
 
 @pytest.mark.parametrize("estimator", names.GROUP_ADVANTAGE_ESTIMATORS)
 def test_group_estimators_need_several_samples(estimator):
+    extra = ["algorithm.gdpo_reward_keys=[a]"]
+    if not names.estimator_needs(estimator).reward_components:
+        extra = []
     message = one_problem(
-        [*GRPO, f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=1"]
+        [*GRPO, f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=1", *extra]
     )
     assert f"adv_estimator={estimator}" in message and "rollout.n >= 2" in message
 
@@ -254,6 +257,36 @@ def test_single_sample_estimators_accept_n_1(estimator):
             "critic.ppo_micro_batch_size_per_gpu=2",
         ]
     )
+
+
+GDPO = [*GRPO, "algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[accuracy,format]"]
+
+
+def test_gdpo_takes_verl_keys():
+    cfg = load_config([*GDPO, "+algorithm.gdpo_reward_weights=[1.0,0.5]"])
+    assert cfg.algorithm.gdpo_reward_keys == ["accuracy", "format"]
+    assert cfg.algorithm.gdpo_reward_weights == [1.0, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            [*GRPO, "algorithm.adv_estimator=gdpo"],
+            "list them in algorithm.gdpo_reward_keys",
+        ),
+        (
+            [*GDPO, "algorithm.gdpo_reward_weights=[1.0]"],
+            "has 1 weights for 2 algorithm.gdpo_reward_keys",
+        ),
+        ([*GDPO, "algorithm.gdpo_reward_weights=[1.0,nan]"], "must be finite"),
+        ([*GDPO, "algorithm.gdpo_reward_keys=[a,a]"], "names a key twice"),
+        ([*GDPO, "algorithm.use_kl_in_reward=true"], "use_kl_loss=true instead"),
+        ([*GDPO, "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
+    ],
+)
+def test_gdpo_rules(overrides, expected):
+    assert expected in one_problem(overrides)
 
 
 def test_gae_needs_the_critic():
@@ -281,7 +314,9 @@ def test_unknown_names_list_the_valid_ones(override, expected):
 
 def test_every_registered_name_is_accepted():
     for estimator in names.ADVANTAGE_ESTIMATORS:
-        load_config([*GRPO, f"algorithm.adv_estimator={estimator}"])
+        needs = names.estimator_needs(estimator)
+        extra = ["algorithm.gdpo_reward_keys=[accuracy]"] if needs.reward_components else []
+        load_config([*GRPO, f"algorithm.adv_estimator={estimator}", *extra])
     for loss in names.POLICY_LOSSES:
         load_config([*GRPO, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"])
     for mode in names.LOSS_AGG_MODES:

@@ -422,6 +422,8 @@ algorithm:
     enable: false
     metric: acc
     max_num_gen_batches: 10
+  gdpo_reward_keys: null
+  gdpo_reward_weights: null
   rollout_correction:
     rollout_is: null
     rollout_is_threshold: 2.0
