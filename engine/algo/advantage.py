@@ -4,8 +4,9 @@ Every estimator is one registered function with the same signature,
 ``fn(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs``, looked up by
 the name in ``algorithm.adv_estimator`` (``compute_advantages``). Advantages are
 regression/policy-gradient targets, never differentiated: everything runs under
-``torch.no_grad()``. What the estimators share (the inputs, the registry, the group
-statistics) is in ``engine.algo.advantage_base``.
+``torch.no_grad()``. The optimal token baselines are in ``engine.algo.token_baseline``;
+what the estimators share (the inputs, the registry, the group statistics) is in
+``engine.algo.advantage_base``.
 
 Notation (shared by the docstrings below). ``r_t`` is the reward of response token t
 (the sequence score sits on the last valid token; an in-reward KL penalty is already
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.algo import token_baseline  # noqa: F401  (registers the optimal token baselines)
 from engine.algo.advantage_base import (
     ADVANTAGE_ESTIMATORS,
     EPS,

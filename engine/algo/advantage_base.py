@@ -1,8 +1,9 @@
 """What every advantage estimator is built from: its inputs and outputs, the registry
 the estimators are registered in, the input checks, and the group statistics they share.
 
-The estimators are in ``engine.algo.advantage``, which also states the notation and the
-conventions every estimator follows, and runs the one a config names.
+The estimators are in ``engine.algo.advantage`` (which also states the notation and the
+conventions every estimator follows, and runs the one a config names) and
+``engine.algo.token_baseline`` (the optimal token baseline).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ class AdvantageInputs:
     # float (B, K): GDPO's reward components, the reward function's value of each of
     # ``algorithm.gdpo_reward_keys`` for each sample.
     reward_components_BK: torch.Tensor | None = None
+    # float (B, T): log π_old of each response token and Σ_v π_old(v)² at its position,
+    # from the actor's π_old pass (the optimal token baseline requires both).
+    old_logprobs_BT: torch.Tensor | None = None
+    sum_pi_squared_BT: torch.Tensor | None = None
+    # float (B, T): truncated importance weights against the rollout engine, or None.
+    is_weights_BT: torch.Tensor | None = None
 
 
 @dataclass

@@ -19,6 +19,9 @@ class EstimatorNeeds:
     group: bool = False  # the other samples of the same prompt: rollout.n >= 2
     # the reward function's separate components (algorithm.gdpo_reward_keys), per sample
     reward_components: bool = False
+    # π_old of each response token and Σ_v π_old(v)² at its position, from the actor's π_old
+    # pass (the optimal token baseline); the actor does not compute Σπ² yet
+    sum_pi_squared: bool = False
 
 
 _GROUP = EstimatorNeeds(group=True)
@@ -33,6 +36,8 @@ ADVANTAGE_ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
     "opo": _GROUP,
     "gpg": _GROUP,
     "gdpo": EstimatorNeeds(group=True, reward_components=True),
+    "optimal_token_baseline": EstimatorNeeds(group=True, sum_pi_squared=True),
+    "tir_optimal_token_baseline": EstimatorNeeds(group=True, sum_pi_squared=True),
 }
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = tuple(ADVANTAGE_ESTIMATOR_NEEDS)
 # Estimators whose baseline comes from the other samples of the same prompt.

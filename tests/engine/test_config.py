@@ -236,15 +236,34 @@ def test_inherited_critic_mini_batch_is_reported_once():
     assert len(found) == 1 and found[0].startswith("actor_rollout_ref.actor.ppo_mini_batch_size")
 
 
-@pytest.mark.parametrize("estimator", names.GROUP_ADVANTAGE_ESTIMATORS)
-def test_group_estimators_need_several_samples(estimator):
+# The optimal token baselines are refused until the actor computes Σπ² (below).
+RUNNABLE_ESTIMATORS = [
+    e for e in names.ADVANTAGE_ESTIMATORS if not names.estimator_needs(e).sum_pi_squared
+]
+
+
+def estimator_overrides(estimator: str) -> list[str]:
+    """The estimator, and the keys it cannot run without."""
     extra = ["algorithm.gdpo_reward_keys=[a]"]
     if not names.estimator_needs(estimator).reward_components:
         extra = []
-    message = one_problem(
-        [*GRPO, f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=1", *extra]
-    )
+    return [f"algorithm.adv_estimator={estimator}", *extra]
+
+
+@pytest.mark.parametrize(
+    "estimator", [e for e in names.GROUP_ADVANTAGE_ESTIMATORS if e in RUNNABLE_ESTIMATORS]
+)
+def test_group_estimators_need_several_samples(estimator):
+    message = one_problem([*GRPO, *estimator_overrides(estimator), "actor_rollout_ref.rollout.n=1"])
     assert f"adv_estimator={estimator}" in message and "rollout.n >= 2" in message
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baselines_are_refused_until_the_actor_computes_sum_pi_squared(estimator):
+    assert names.estimator_needs(estimator).sum_pi_squared
+    message = one_problem([*GRPO, f"algorithm.adv_estimator={estimator}"])
+    assert f"adv_estimator={estimator} needs Σ_v π(v)²" in message
+    assert "calculate_sum_pi_squared" in message and "use grpo" in message
 
 
 @pytest.mark.parametrize("estimator", ["remax", "reinforce_plus_plus", "gae"])
@@ -313,10 +332,8 @@ def test_unknown_names_list_the_valid_ones(override, expected):
 
 
 def test_every_registered_name_is_accepted():
-    for estimator in names.ADVANTAGE_ESTIMATORS:
-        needs = names.estimator_needs(estimator)
-        extra = ["algorithm.gdpo_reward_keys=[accuracy]"] if needs.reward_components else []
-        load_config([*GRPO, f"algorithm.adv_estimator={estimator}", *extra])
+    for estimator in RUNNABLE_ESTIMATORS:
+        load_config([*GRPO, *estimator_overrides(estimator)])
     for loss in names.POLICY_LOSSES:
         load_config([*GRPO, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"])
     for mode in names.LOSS_AGG_MODES:

@@ -63,6 +63,8 @@ def full_inputs(rewards, mask, **kw) -> AdvantageInputs:
     kw.setdefault("baseline_rewards_B", torch.full((batch,), 0.5))
     scores = rewards.nan_to_num().sum(-1)  # a sample's components are finite numbers
     kw.setdefault("reward_components_BK", torch.stack([scores, scores**2], 1))
+    kw.setdefault("old_logprobs_BT", torch.full_like(rewards, math.log(0.5)))
+    kw.setdefault("sum_pi_squared_BT", torch.full_like(rewards, 0.375))
     return AdvantageInputs(token_rewards_BT=rewards, response_mask_BT=mask, **kw)
 
 
@@ -86,6 +88,8 @@ def test_declared_needs_are_what_each_estimator_requires(name):
         ("values_BT", needs.values),
         ("baseline_rewards_B", needs.greedy_baseline),
         ("reward_components_BK", needs.reward_components),
+        ("old_logprobs_BT", needs.sum_pi_squared),
+        ("sum_pi_squared_BT", needs.sum_pi_squared),
     ):
         inputs = full_inputs(rewards, mask, group_ids_B=groups, **{missing: None})
         if needed:
