@@ -69,6 +69,8 @@ class Rollout:
     scores_B: torch.Tensor
     acc_B: torch.Tensor
     preds: list[str | None]  # each sample's extracted answer, when the scorer gives one
+    # the other numbers each sample's reward function returned (None where it failed)
+    reward_extras: list[dict[str, float] | None]
     pad_token_id: int
     # The engine's log-prob of each response token (rollout.calculate_log_probs), or None
     rollout_logprobs: list[list[float]] | None = None
@@ -253,10 +255,12 @@ class Trainer:
                 with timer("values"):
                     values = self.workers.call_split("critic", "values", tokens)
             with timer("adv"):
+                needs = estimator_needs(cfg.algorithm.adv_estimator)
                 token_rewards = self.token_rewards(rollout, old_logprobs, ref_logprobs, metrics)
-                baseline = (
-                    self.greedy_baseline(rollout, timer)
-                    if estimator_needs(cfg.algorithm.adv_estimator).greedy_baseline
+                baseline = self.greedy_baseline(rollout, timer) if needs.greedy_baseline else None
+                components = (
+                    reward_components(rollout, cfg.algorithm.gdpo_reward_keys or [], metrics)
+                    if needs.reward_components
                     else None
                 )
                 adv = compute_advantages(
@@ -267,6 +271,7 @@ class Trainer:
                         group_ids_B=torch.tensor(rollout.meta.group_ids),
                         values_BT=values,
                         baseline_rewards_B=baseline,
+                        reward_components_BK=components,
                     ),
                     cfg.algorithm,
                 )
@@ -408,6 +413,7 @@ class Trainer:
             scores_B=torch.tensor([r.score for r in results], dtype=torch.float32),
             acc_B=torch.tensor([r.acc for r in results], dtype=torch.float32),
             preds=[r.pred for r in results],
+            reward_extras=[None if r.error else r.extras for r in results],
             pad_token_id=self.pad_token_id,
             rollout_logprobs=output.logprobs,
             response_masks=output.response_mask,
@@ -521,6 +527,35 @@ def sampling_params(
         max_new_tokens=max_new_tokens,
         ignore_eos=ignore_eos,
     )
+
+
+def reward_components(rollout: Rollout, keys: list[str], metrics: dict[str, float]) -> torch.Tensor:
+    """(B, K): each sample's value of each of ``keys`` among the numbers its reward
+    function returned (GDPO), with their mean, std, max and min in ``metrics``
+    (``gdpo/KEY/...``, verl's names). A sample whose scorer failed scores 0 on every key,
+    as its score is 0; a key missing from a sample that was scored is an error."""
+    rows = []
+    for i, extras in enumerate(rollout.reward_extras):
+        if extras is None:
+            rows.append([0.0] * len(keys))
+            continue
+        missing = [key for key in keys if key not in extras]
+        if missing:
+            raise EngineError(
+                f"algorithm.gdpo_reward_keys names {missing}, which the reward function did"
+                f" not return for a sample of {rollout.meta.data_source[i]!r} (it returned"
+                f" {sorted(extras)}): return each key as a number in the reward function's"
+                " dict, or fix algorithm.gdpo_reward_keys"
+            )
+        rows.append([extras[key] for key in keys])
+    components = torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(keys))
+    for k, key in enumerate(keys):
+        column = components[:, k]
+        metrics[f"gdpo/{key}/mean"] = float(column.mean())
+        metrics[f"gdpo/{key}/std"] = float(column.std()) if len(column) > 1 else 0.0
+        metrics[f"gdpo/{key}/max"] = float(column.max())
+        metrics[f"gdpo/{key}/min"] = float(column.min())
+    return components
 
 
 # -- group helpers (the n samples of a prompt are adjacent) -----------------

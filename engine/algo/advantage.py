@@ -4,7 +4,9 @@ Every estimator is one registered function with the same signature,
 ``fn(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs``, looked up by
 the name in ``algorithm.adv_estimator`` (``compute_advantages``). Advantages are
 regression/policy-gradient targets, never differentiated: everything runs under
-``torch.no_grad()``.
+``torch.no_grad()``. The optimal token baselines are in ``engine.algo.token_baseline``;
+what the estimators share (the inputs, the registry, the group statistics) is in
+``engine.algo.advantage_base``.
 
 Notation (shared by the docstrings below). ``r_t`` is the reward of response token t
 (the sequence score sits on the last valid token; an in-reward KL penalty is already
@@ -26,44 +28,36 @@ Conventions common to every estimator:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from engine.algo.masked import masked_sum, masked_whiten
-from engine.algo.registry import Registry
+from engine.algo import token_baseline  # noqa: F401  (registers the optimal token baselines)
+from engine.algo.advantage_base import (
+    ADVANTAGE_ESTIMATORS,
+    EPS,
+    AdvantageInputs,
+    AdvantageOutputs,
+    broadcast,
+    group_reduce,
+    group_stats,
+    require_group_ids,
+    require_input,
+    rewards_and_mask,
+    sequence_outputs,
+    sequence_scores,
+    std_scale,
+)
+from engine.algo.masked import masked_whiten
 from engine.config import AlgorithmConfig
 
-# Added to a group's standard deviation before dividing by it.
-EPS = 1e-6
-
-
-@dataclass
-class AdvantageInputs:
-    """What the advantage stage reads from a batch; all tensors on one device."""
-
-    # float (B, T): reward per response token (score on the last valid token, any
-    # in-reward KL penalty already subtracted per token).
-    token_rewards_BT: torch.Tensor
-    # float/bool (B, T): 1 for real response tokens (multi-turn: 0 for tool/env tokens).
-    response_mask_BT: torch.Tensor
-    # long (B,): samples of the same prompt share an id (group estimators require it).
-    group_ids_B: torch.Tensor | None = None
-    # float (B, T): critic values V(s_t) (GAE requires it).
-    values_BT: torch.Tensor | None = None
-    # float (B,): ReMax baseline, the score of the greedy response to the same prompt.
-    baseline_rewards_B: torch.Tensor | None = None
-
-
-@dataclass
-class AdvantageOutputs:
-    advantages_BT: torch.Tensor  # (B, T), zero on masked tokens
-    returns_BT: torch.Tensor  # (B, T), zero on masked tokens
-
-
-AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], AdvantageOutputs]
-ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "EPS",
+    "AdvantageInputs",
+    "AdvantageOutputs",
+    "compute_advantages",
+    "discounted_returns",
+    "gae_advantages_and_returns",
+]
 
 
 def compute_advantages(
@@ -71,136 +65,6 @@ def compute_advantages(
 ) -> AdvantageOutputs:
     """Run the estimator registered as ``name`` (``algorithm.adv_estimator``)."""
     return ADVANTAGE_ESTIMATORS.get(name)(inputs, cfg)
-
-
-# ---------------------------------------------------------------------------
-# input checks
-
-
-def _rewards_and_mask(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rewards as a float tensor and the mask as a bool tensor, shapes checked."""
-    rewards = inputs.token_rewards_BT
-    mask = inputs.response_mask_BT
-    if rewards.dim() != 2:
-        raise ValueError(
-            f"advantage estimator {name!r}: token_rewards_BT must be (B, T), got shape "
-            f"{tuple(rewards.shape)}"
-        )
-    if mask.shape != rewards.shape:
-        raise ValueError(
-            f"advantage estimator {name!r}: response_mask_BT has shape {tuple(mask.shape)}, "
-            f"token_rewards_BT has {tuple(rewards.shape)}; they must match"
-        )
-    if not rewards.is_floating_point():
-        rewards = rewards.float()
-    return rewards, mask.bool()
-
-
-def _require(
-    name: str, field_name: str, value: torch.Tensor | None, shape: tuple[int, ...]
-) -> torch.Tensor:
-    """``value``, or a ValueError naming the estimator and the missing or mis-shaped input."""
-    if value is None:
-        raise ValueError(f"advantage estimator {name!r} requires {field_name}, got None")
-    if tuple(value.shape) != shape:
-        raise ValueError(
-            f"advantage estimator {name!r}: {field_name} must have shape {shape}, "
-            f"got {tuple(value.shape)}"
-        )
-    return value
-
-
-def _group_ids(name: str, inputs: AdvantageInputs, batch: int) -> torch.Tensor:
-    return _require(name, "group_ids_B", inputs.group_ids_B, (batch,))
-
-
-# ---------------------------------------------------------------------------
-# shared pieces
-
-
-def sequence_scores(rewards_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """s_b = Σ_t m_t r_t, shape (B,)."""
-    return masked_sum(rewards_BT, mask_BT, dim=-1)
-
-
-def _broadcast(adv_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """A_b on every valid token of row b, 0 elsewhere."""
-    zero = torch.zeros((), dtype=adv_B.dtype, device=adv_B.device)
-    return torch.where(mask_BT, adv_B.unsqueeze(-1), zero)
-
-
-def _sequence_outputs(adv_B: torch.Tensor, mask_BT: torch.Tensor) -> AdvantageOutputs:
-    """Outputs of a sequence-level, critic-free estimator: returns equal advantages."""
-    adv_BT = _broadcast(adv_B, mask_BT)
-    return AdvantageOutputs(advantages_BT=adv_BT, returns_BT=adv_BT.clone())
-
-
-@dataclass
-class GroupStats:
-    """Statistics of each sample's group, gathered back per sample (all shape (B,)).
-
-    Rows with no valid token are left out of every statistic (they are padding, not
-    samples). ``mean_B`` and ``std_B`` follow the singleton convention: a group of one
-    sample has mean 0 and std 1.
-    """
-
-    index_B: torch.Tensor  # long: the group's position in 0..G-1
-    count_B: torch.Tensor  # float: n_g, the valid samples in the group
-    mean_B: torch.Tensor  # mean_g (0 for a singleton)
-    std_B: torch.Tensor  # unbiased std_g (1 for a singleton)
-    is_singleton_B: torch.Tensor  # bool: n_g <= 1
-    num_groups: int
-
-
-def group_stats(
-    scores_B: torch.Tensor, group_ids_B: torch.Tensor, valid_B: torch.Tensor
-) -> GroupStats:
-    """Per-group count, mean and unbiased std of ``scores_B`` over the ``valid_B`` rows."""
-    _, index_B = torch.unique(group_ids_B, return_inverse=True)
-    num_groups = int(index_B.max()) + 1 if index_B.numel() else 0
-    weight_B = valid_B.to(scores_B.dtype)
-    zeros_G = torch.zeros(num_groups, dtype=scores_B.dtype, device=scores_B.device)
-
-    count_G = zeros_G.index_add(0, index_B, weight_B)
-    sum_G = zeros_G.index_add(0, index_B, weight_B * scores_B)
-    mean_G = sum_G / count_G.clamp(min=1)
-    deviation_B = torch.where(valid_B, scores_B - mean_G[index_B], torch.zeros_like(scores_B))
-    sq_G = zeros_G.index_add(0, index_B, deviation_B**2)
-    std_G = (sq_G / (count_G - 1).clamp(min=1)).sqrt()
-
-    singleton_G = count_G <= 1
-    mean_G = torch.where(singleton_G, torch.zeros_like(mean_G), mean_G)
-    std_G = torch.where(singleton_G, torch.ones_like(std_G), std_G)
-    return GroupStats(
-        index_B=index_B,
-        count_B=count_G[index_B],
-        mean_B=mean_G[index_B],
-        std_B=std_G[index_B],
-        is_singleton_B=singleton_G[index_B],
-        num_groups=num_groups,
-    )
-
-
-def _group_reduce(
-    values_B: torch.Tensor, stats: GroupStats, include_B: torch.Tensor, reduce: str
-) -> torch.Tensor:
-    """``reduce`` ("amax", "amin") of ``values_B`` over the included rows of each group,
-    gathered back per row; a group with no included row gives 0."""
-    per_group = values_B.new_zeros(stats.num_groups).scatter_reduce(
-        0, stats.index_B[include_B], values_B[include_B], reduce=reduce, include_self=False
-    )
-    return per_group[stats.index_B]
-
-
-def _std_scale(stats: GroupStats, cfg: AlgorithmConfig) -> torch.Tensor:
-    """The divisor of group-normalised advantages: std_g + EPS, or 1.
-
-    1 when ``cfg.norm_adv_by_std_in_grpo`` is False (Dr.GRPO) and, exactly, for a
-    singleton group.
-    """
-    if not cfg.norm_adv_by_std_in_grpo:
-        return torch.ones_like(stats.std_B)
-    return torch.where(stats.is_singleton_B, torch.ones_like(stats.std_B), stats.std_B + EPS)
 
 
 # ---------------------------------------------------------------------------
@@ -278,8 +142,8 @@ def gae(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     A ← whiten(A) over the batch's valid tokens (mean 0, unbiased std 1). Requires
     ``values_BT``. γ = ``cfg.gamma``, λ = ``cfg.lam``.
     """
-    rewards, mask = _rewards_and_mask("gae", inputs)
-    values = _require("gae", "values_BT", inputs.values_BT, tuple(rewards.shape))
+    rewards, mask = rewards_and_mask("gae", inputs)
+    values = require_input("gae", "values_BT", inputs.values_BT, tuple(rewards.shape))
     adv, returns = gae_advantages_and_returns(rewards, values, mask, cfg.gamma, cfg.lam)
     return AdvantageOutputs(advantages_BT=masked_whiten(adv, mask), returns_BT=returns)
 
@@ -294,11 +158,11 @@ def grpo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     arXiv:2503.20783). A group with equal scores gets 0. Singleton: A_b = s_b.
     Broadcast to tokens; returns = advantages. Requires ``group_ids_B``.
     """
-    rewards, mask = _rewards_and_mask("grpo", inputs)
-    group_ids = _group_ids("grpo", inputs, rewards.shape[0])
+    rewards, mask = rewards_and_mask("grpo", inputs)
+    group_ids = require_group_ids("grpo", inputs, rewards.shape[0])
     scores = sequence_scores(rewards, mask)
     stats = group_stats(scores, group_ids, mask.any(dim=-1))
-    return _sequence_outputs((scores - stats.mean_B) / _std_scale(stats, cfg), mask)
+    return sequence_outputs((scores - stats.mean_B) / std_scale(stats, cfg), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo_passk")
@@ -317,23 +181,23 @@ def grpo_passk(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutput
     This is the margin rule, not the paper's closed-form pass@k advantage.
     Broadcast to tokens; returns = advantages. Requires ``group_ids_B``.
     """
-    rewards, mask = _rewards_and_mask("grpo_passk", inputs)
-    group_ids = _group_ids("grpo_passk", inputs, rewards.shape[0])
+    rewards, mask = rewards_and_mask("grpo_passk", inputs)
+    group_ids = require_group_ids("grpo_passk", inputs, rewards.shape[0])
     scores = sequence_scores(rewards, mask)
     valid = mask.any(dim=-1)
     stats = group_stats(scores, group_ids, valid)
 
     rows_B = torch.arange(scores.shape[0], device=scores.device)
-    max_B = _group_reduce(scores, stats, valid, "amax")
+    max_B = group_reduce(scores, stats, valid, "amax")
     is_max_B = valid & (scores == max_B)
     # The best sample: the first row (in batch order) that reaches the group's maximum.
-    best_row_B = _group_reduce(rows_B, stats, is_max_B, "amin")
+    best_row_B = group_reduce(rows_B, stats, is_max_B, "amin")
     is_best_B = is_max_B & (rows_B == best_row_B)
     others_B = torch.where(is_best_B, torch.full_like(scores, -torch.inf), scores)
-    runner_up_B = _group_reduce(others_B, stats, valid, "amax")
+    runner_up_B = group_reduce(others_B, stats, valid, "amax")
     runner_up_B = torch.where(stats.is_singleton_B, torch.zeros_like(scores), runner_up_B)
     adv = torch.where(is_best_B, scores - runner_up_B, torch.zeros_like(scores))
-    return _sequence_outputs(adv / _std_scale(stats, cfg), mask)
+    return sequence_outputs(adv / std_scale(stats, cfg), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
@@ -345,13 +209,13 @@ def rloo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     Singleton: no other sample, no baseline, A_b = s_b. No std division.
     Broadcast to tokens; returns = advantages. Requires ``group_ids_B``.
     """
-    rewards, mask = _rewards_and_mask("rloo", inputs)
-    group_ids = _group_ids("rloo", inputs, rewards.shape[0])
+    rewards, mask = rewards_and_mask("rloo", inputs)
+    group_ids = require_group_ids("rloo", inputs, rewards.shape[0])
     scores = sequence_scores(rewards, mask)
     stats = group_stats(scores, group_ids, mask.any(dim=-1))
     n = stats.count_B
     factor = torch.where(stats.is_singleton_B, torch.ones_like(n), n / (n - 1).clamp(min=1))
-    return _sequence_outputs(factor * (scores - stats.mean_B), mask)
+    return sequence_outputs(factor * (scores - stats.mean_B), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("remax")
@@ -362,12 +226,12 @@ def remax(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     A_b = s_b − s_b^greedy, with s^greedy in ``baseline_rewards_B`` (required).
     Broadcast to tokens; returns = advantages.
     """
-    rewards, mask = _rewards_and_mask("remax", inputs)
-    baseline = _require(
+    rewards, mask = rewards_and_mask("remax", inputs)
+    baseline = require_input(
         "remax", "baseline_rewards_B", inputs.baseline_rewards_B, (rewards.shape[0],)
     )
     scores = sequence_scores(rewards, mask)
-    return _sequence_outputs(scores - baseline.to(scores.dtype), mask)
+    return sequence_outputs(scores - baseline.to(scores.dtype), mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
@@ -378,7 +242,7 @@ def reinforce_plus_plus(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> Advant
     G_t = r_t + γ G_{t+1} over the valid tokens (masked ones skipped, as in GAE),
     A = whiten(G) over the batch's valid tokens; returns = G. γ = ``cfg.gamma``.
     """
-    rewards, mask = _rewards_and_mask("reinforce_plus_plus", inputs)
+    rewards, mask = rewards_and_mask("reinforce_plus_plus", inputs)
     returns = discounted_returns(rewards, mask, cfg.gamma)
     return AdvantageOutputs(advantages_BT=masked_whiten(returns, mask), returns_BT=returns)
 
@@ -392,11 +256,11 @@ def reinforce_plus_plus_baseline(inputs: AdvantageInputs, cfg: AlgorithmConfig) 
     tokens (global, not per-group, normalisation). Singleton: mean 0.
     Returns = advantages. Requires ``group_ids_B``.
     """
-    rewards, mask = _rewards_and_mask("reinforce_plus_plus_baseline", inputs)
-    group_ids = _group_ids("reinforce_plus_plus_baseline", inputs, rewards.shape[0])
+    rewards, mask = rewards_and_mask("reinforce_plus_plus_baseline", inputs)
+    group_ids = require_group_ids("reinforce_plus_plus_baseline", inputs, rewards.shape[0])
     scores = sequence_scores(rewards, mask)
     stats = group_stats(scores, group_ids, mask.any(dim=-1))
-    adv = masked_whiten(_broadcast(scores - stats.mean_B, mask), mask)
+    adv = masked_whiten(broadcast(scores - stats.mean_B, mask), mask)
     return AdvantageOutputs(advantages_BT=adv, returns_BT=adv.clone())
 
 
@@ -410,8 +274,8 @@ def opo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     A_b = s_b (the group convention; the formula itself would give 0).
     Broadcast to tokens; returns = advantages. Requires ``group_ids_B``.
     """
-    rewards, mask = _rewards_and_mask("opo", inputs)
-    group_ids = _group_ids("opo", inputs, rewards.shape[0])
+    rewards, mask = rewards_and_mask("opo", inputs)
+    group_ids = require_group_ids("opo", inputs, rewards.shape[0])
     scores = sequence_scores(rewards, mask)
     stats = group_stats(scores, group_ids, mask.any(dim=-1))
     lengths = mask.sum(dim=-1).to(scores.dtype)
@@ -420,7 +284,7 @@ def opo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     length_G = zeros_G.index_add(0, stats.index_B, lengths)
     baseline = (weighted_G / length_G.clamp(min=1))[stats.index_B]
     baseline = torch.where(stats.is_singleton_B, torch.zeros_like(baseline), baseline)
-    return _sequence_outputs(scores - baseline, mask)
+    return sequence_outputs(scores - baseline, mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("gpg")
@@ -436,19 +300,70 @@ def gpg(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
     and α ≤ B always. Singleton: mean 0, so A_b = α s_b.
     Broadcast to tokens; returns = advantages. Requires ``group_ids_B``.
     """
-    rewards, mask = _rewards_and_mask("gpg", inputs)
-    group_ids = _group_ids("gpg", inputs, rewards.shape[0])
+    rewards, mask = rewards_and_mask("gpg", inputs)
+    group_ids = require_group_ids("gpg", inputs, rewards.shape[0])
     scores = sequence_scores(rewards, mask)
     valid = mask.any(dim=-1)
     stats = group_stats(scores, group_ids, valid)
 
     # A group is informative when its scores are not all equal: max > min.
-    max_B = _group_reduce(scores, stats, valid, "amax")
-    min_B = _group_reduce(scores, stats, valid, "amin")
+    max_B = group_reduce(scores, stats, valid, "amax")
+    min_B = group_reduce(scores, stats, valid, "amin")
     informative_B = valid & (max_B > min_B)
 
     num_samples = int(valid.sum())
     num_informative = int(informative_B.sum())
     alpha = num_samples / num_informative if num_informative > 0 else 1.0
-    adv = alpha * (scores - stats.mean_B) / _std_scale(stats, cfg)
-    return _sequence_outputs(adv, mask)
+    adv = alpha * (scores - stats.mean_B) / std_scale(stats, cfg)
+    return sequence_outputs(adv, mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("gdpo")
+@torch.no_grad()
+def gdpo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> AdvantageOutputs:
+    """GDPO (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy
+    Optimization for Multi-reward RL Optimization", arXiv:2601.05242): normalise each
+    reward component within its group before summing, then whiten the sum over the batch.
+
+    With c_{b,k} the k-th reward component of sample b (``reward_components_BK``: the
+    reward function's values for ``algorithm.gdpo_reward_keys``) and w_k its weight
+    (``algorithm.gdpo_reward_weights``, 1 each when null)::
+
+        A_{b,k} = (c_{b,k} − mean_g(c_k)) / (std_g(c_k) + EPS)    (GRPO, one component)
+        A'_b    = Σ_k w_k A_{b,k}
+        A       = whiten(A') over the batch's valid tokens
+
+    without the division when ``cfg.norm_adv_by_std_in_grpo`` is False. GRPO on the
+    summed reward gives a group (0,1), (1,1) and a group (0,0), (1,1) the same
+    advantages, ±0.71; normalised per component, the second group's gap is twice the
+    first's (±1.41 against ±0.71 before whitening). The whitening, token-weighted like
+    ``reinforce_plus_plus``'s, keeps the scale from growing with K. A component equal
+    across its group contributes 0; singleton: A_{b,k} = c_{b,k}. The sequence score
+    s_b is not read (so neither is an in-reward KL penalty). Broadcast to tokens;
+    returns = advantages. Requires ``group_ids_B`` and ``reward_components_BK``.
+    """
+    rewards, mask = rewards_and_mask("gdpo", inputs)
+    batch = rewards.shape[0]
+    ids = require_group_ids("gdpo", inputs, batch)
+    components = inputs.reward_components_BK
+    if components is None or components.dim() != 2 or components.shape[0] != batch:
+        shape = None if components is None else tuple(components.shape)
+        raise ValueError(
+            f"advantage estimator 'gdpo' requires reward_components_BK of shape ({batch}, K),"
+            f" got {shape}"
+        )
+    count = components.shape[1]
+    weights = cfg.gdpo_reward_weights or [1.0] * count
+    if len(weights) != count:
+        raise ValueError(
+            f"advantage estimator 'gdpo': {len(weights)} gdpo_reward_weights for {count}"
+            " reward components"
+        )
+    valid = mask.any(dim=-1)
+    components = torch.where(valid.unsqueeze(-1), components.to(rewards.dtype), 0.0)
+    total = rewards.new_zeros(batch)
+    for k, weight in enumerate(weights):
+        stats = group_stats(components[:, k], ids, valid)
+        total += weight * (components[:, k] - stats.mean_B) / std_scale(stats, cfg)
+    adv = masked_whiten(broadcast(total, mask), mask)
+    return AdvantageOutputs(advantages_BT=adv, returns_BT=adv.clone())

@@ -48,6 +48,24 @@ def logprobs_from_logits(
     return _over_positions(_logprobs, chunk_size, logits_BTV, token_ids_BT)
 
 
+def sum_squared_probs_from_logits(
+    logits_BTV: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
+    """Σ_v softmax(z)_v² at every position, as exp(logsumexp(2z) − 2·logsumexp(z)).
+
+    The optimal token baseline's Logit-Gradient Proxy (``engine.algo.token_baseline``)
+    reads it: the squared norm of ∇_z log softmax(z)[o] is 1 − 2π(o) + Σ_v π(v)². Exact
+    for logits of ±1e4 (both logsumexps shift by the maximum); a ``-inf`` logit counts as
+    probability 0. Memory as ``logprobs_from_logits``: a (…, V) temporary for 2z and the
+    logsumexps' internal ones, bounded by ``chunk_size`` positions.
+    """
+    return _over_positions(_sum_squared_probs, chunk_size, logits_BTV)
+
+
+def _sum_squared_probs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))
+
+
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
     # The shift is a constant: H(z − c) = H(z) for any c, so its gradient is not needed.
     shifted = logits - logits.detach().amax(dim=-1, keepdim=True)

@@ -17,6 +17,11 @@ class EstimatorNeeds:
     values: bool = False  # a value function: a critic worker
     greedy_baseline: bool = False  # each prompt's greedy response, scored (ReMax)
     group: bool = False  # the other samples of the same prompt: rollout.n >= 2
+    # the reward function's separate components (algorithm.gdpo_reward_keys), per sample
+    reward_components: bool = False
+    # π_old of each response token and Σ_v π_old(v)² at its position, from the actor's π_old
+    # pass (the optimal token baseline); the actor does not compute Σπ² yet
+    sum_pi_squared: bool = False
 
 
 _GROUP = EstimatorNeeds(group=True)
@@ -30,6 +35,9 @@ ADVANTAGE_ESTIMATOR_NEEDS: dict[str, EstimatorNeeds] = {
     "reinforce_plus_plus_baseline": _GROUP,
     "opo": _GROUP,
     "gpg": _GROUP,
+    "gdpo": EstimatorNeeds(group=True, reward_components=True),
+    "optimal_token_baseline": EstimatorNeeds(group=True, sum_pi_squared=True),
+    "tir_optimal_token_baseline": EstimatorNeeds(group=True, sum_pi_squared=True),
 }
 ADVANTAGE_ESTIMATORS: tuple[str, ...] = tuple(ADVANTAGE_ESTIMATOR_NEEDS)
 # Estimators whose baseline comes from the other samples of the same prompt.
@@ -56,6 +64,9 @@ POLICY_LOSSES: tuple[str, ...] = (
     "clip_cov",
     "kl_cov",
     "geo_mean",  # GMPO
+    "sapo",  # soft gate instead of the clip
+    "dppo_tv",  # DPPO: binary total-variation trust region
+    "dppo_kl",  # DPPO: binary KL trust region
 )
 
 LOSS_AGG_MODES: tuple[str, ...] = (

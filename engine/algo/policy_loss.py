@@ -6,13 +6,19 @@ minimises plus a few diagnostics::
 
     fn(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> PolicyLossOutput
 
+This module runs the one a config names (``compute_policy_loss``) and holds PPO and its
+relatives (vanilla, GSPO, GPG, CISPO, the covariance losses, GMPO); the losses that
+replace PPO's ratio clip with another trust region (SAPO, DPPO) are in
+``engine.algo.trust_region``, and what they all share (the inputs, the registry, the
+clamped log-ratio, the metrics) in ``engine.algo.policy_loss_base``.
+
 Notation used in the docstrings: l_t = log π_θ(o_t) − log π_old(o_t) is the token
 log-ratio, r_t = exp(l_t) the token ratio, A_t the advantage, ε_low = ``cfg.clip_low``
 and ε_high = ``cfg.clip_high`` (``clip_ratio_low``/``clip_ratio_high``, both defaulting
 to ``clip_ratio``), sg[·] stop-gradient. Per-token losses are reduced with
 ``aggregate_loss(..., cfg.loss_agg_mode, scale, cfg.loss_scale_factor)`` so that
-micro-batches sum to the mini-batch loss; the sequence-level losses (GSPO, GMPO) say
-how they aggregate.
+micro-batches sum to the mini-batch loss; the sequence-level losses (GSPO, GMPO, SAPO)
+say how they aggregate.
 
 The log-ratio is clamped to ±``MAX_LOG_RATIO`` before it is exponentiated, so a
 policy that drifted far from the sampler (or a padding slot with garbage log-probs)
@@ -23,47 +29,46 @@ gradient; every clipped loss has already stopped that token's gradient long befo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from engine.algo.aggregate import LossScale, aggregate_loss
+from engine.algo import trust_region  # noqa: F401  (registers SAPO's and DPPO's losses)
+from engine.algo.aggregate import LossScale
 from engine.algo.masked import masked_mean
-from engine.algo.registry import Registry
+from engine.algo.policy_loss_base import (
+    MAX_LOG_RATIO,
+    PG_CLIPFRAC,
+    PG_CLIPFRAC_LOWER,
+    POLICY_LOSSES,
+    PPO_KL,
+    PolicyLossInputs,
+    PolicyLossOutput,
+    aggregate,
+    clamped_log_ratio,
+    clipped_surrogate,
+    fraction,
+    masked_logprobs,
+    ppo_kl,
+    valid_tokens,
+    weighted_advantages,
+)
 from engine.config import ActorConfig
 
-# |log π_θ − log π_old| beyond this is treated as this: exp(20) ≈ 4.9e8 is finite in
-# float32 and bfloat16, and no clip range comes anywhere near it.
-MAX_LOG_RATIO = 20.0
+__all__ = [
+    "CLIP_COV_FRAC",
+    "KL_COV_FRAC",
+    "MAX_LOG_RATIO",
+    "PG_CLIPFRAC",
+    "PG_CLIPFRAC_LOWER",
+    "POLICY_LOSSES",
+    "PPO_KL",
+    "PolicyLossInputs",
+    "PolicyLossOutput",
+    "compute_policy_loss",
+]
 
-PG_CLIPFRAC = "actor/pg_clipfrac"
-PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
-PPO_KL = "actor/ppo_kl"
 CLIP_COV_FRAC = "actor/clip_cov_frac"
 KL_COV_FRAC = "actor/kl_cov_frac"
-
-
-@dataclass
-class PolicyLossInputs:
-    """One (micro-)batch of response tokens, all tensors of shape (B, T), right-padded."""
-
-    logprobs_BT: torch.Tensor  # log π_θ(o_t) of the current policy (requires grad)
-    old_logprobs_BT: torch.Tensor  # log π_old(o_t) at sampling time (no grad)
-    advantages_BT: torch.Tensor
-    response_mask_BT: torch.Tensor  # 1 for a response token, 0 for padding
-    # Truncated importance weights w_t against the rollout engine (no grad), or None
-    is_weights_BT: torch.Tensor | None = None
-
-
-@dataclass
-class PolicyLossOutput:
-    loss: torch.Tensor  # scalar, aggregated over ``scale``
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-PolicyLossFn = Callable[[PolicyLossInputs, ActorConfig, LossScale | None], PolicyLossOutput]
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def compute_policy_loss(
@@ -91,88 +96,7 @@ def compute_policy_loss(
 
 
 # ---------------------------------------------------------------------------
-# shared pieces
-
-
-def _valid(inputs: PolicyLossInputs) -> torch.Tensor:
-    return inputs.response_mask_BT.bool()
-
-
-def _advantages(inputs: PolicyLossInputs) -> torch.Tensor:
-    """A_t, 0 on padding (so a NaN there cannot reach a gradient through a product),
-    times the token's importance weight w_t when TIS is on. Weighting the advantage is
-    weighting the token's loss: A enters every loss as a factor of its policy-gradient
-    term, and w_t ≥ 0 passes through the clip's min/max unchanged."""
-    adv = inputs.advantages_BT
-    if inputs.is_weights_BT is not None:
-        adv = adv * inputs.is_weights_BT
-    return torch.where(_valid(inputs), adv, torch.zeros_like(adv))
-
-
-def _logprobs(inputs: PolicyLossInputs) -> torch.Tensor:
-    """log π_θ(o_t), 0 on padding."""
-    logp = inputs.logprobs_BT
-    return torch.where(_valid(inputs), logp, torch.zeros_like(logp))
-
-
-def _log_ratio(inputs: PolicyLossInputs) -> torch.Tensor:
-    """l_t, 0 on padding, clamped to ±MAX_LOG_RATIO."""
-    diff = inputs.logprobs_BT - inputs.old_logprobs_BT
-    diff = torch.where(_valid(inputs), diff, torch.zeros_like(diff))
-    return diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-
-
-def _frac(flags_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
-    """Fraction of the valid tokens where ``flags_BT`` holds (0 for no valid token)."""
-    return float(masked_mean(flags_BT.float(), mask_BT))
-
-
-def _ppo_kl(inputs: PolicyLossInputs) -> float:
-    """Approximate KL(π_old ‖ π_θ): the mean over valid tokens of log π_old − log π_θ."""
-    with torch.no_grad():
-        diff = inputs.old_logprobs_BT - inputs.logprobs_BT
-        return float(masked_mean(diff, inputs.response_mask_BT))
-
-
-def _aggregate(
-    loss_BT: torch.Tensor,
-    inputs: PolicyLossInputs,
-    cfg: ActorConfig,
-    scale: LossScale | None,
-    mode: str | None = None,
-) -> torch.Tensor:
-    """Reduce with ``mode`` (default ``cfg.loss_agg_mode``) over ``scale``."""
-    return aggregate_loss(
-        loss_BT,
-        inputs.response_mask_BT,
-        cfg.loss_agg_mode if mode is None else mode,
-        scale,
-        cfg.loss_scale_factor,
-    )
-
-
-@dataclass
-class _ClippedSurrogate:
-    loss_BT: torch.Tensor
-    clipped_BT: torch.Tensor  # the clipped term was the active one
-    dual_clipped_BT: torch.Tensor  # dual-clip's bound was the active one
-
-
-def _clipped_surrogate(inputs: PolicyLossInputs, cfg: ActorConfig) -> _ClippedSurrogate:
-    """Per-token PPO loss with asymmetric clip and dual-clip (see ``vanilla``)."""
-    adv = _advantages(inputs)
-    ratio = torch.exp(_log_ratio(inputs))
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    surrogate = torch.maximum(unclipped, clipped)
-    dual_bound = -adv * cfg.clip_ratio_c
-    negative = adv < 0
-    loss = torch.where(negative, torch.minimum(surrogate, dual_bound), surrogate)
-    return _ClippedSurrogate(
-        loss_BT=loss,
-        clipped_BT=clipped > unclipped,
-        dual_clipped_BT=negative & (surrogate > dual_bound),
-    )
+# shared by the covariance losses
 
 
 def _centred_covariance(inputs: PolicyLossInputs) -> torch.Tensor:
@@ -180,10 +104,10 @@ def _centred_covariance(inputs: PolicyLossInputs) -> torch.Tensor:
     of this micro-batch; detached, 0 on padding."""
     mask = inputs.response_mask_BT
     with torch.no_grad():
-        adv = torch.where(_valid(inputs), inputs.advantages_BT, 0.0)
-        logp = _logprobs(inputs)
+        adv = torch.where(valid_tokens(inputs), inputs.advantages_BT, 0.0)
+        logp = masked_logprobs(inputs)
         cov = (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
-        return torch.where(_valid(inputs), cov, torch.zeros_like(cov))
+        return torch.where(valid_tokens(inputs), cov, torch.zeros_like(cov))
 
 
 def _count_to_select(ratio: float, num_valid: int) -> int:
@@ -223,13 +147,13 @@ def vanilla(
     ``pg_clipfrac_lower`` (valid tokens where dual-clip was active), ``ppo_kl``.
     """
     mask = inputs.response_mask_BT
-    s = _clipped_surrogate(inputs, cfg)
+    s = clipped_surrogate(inputs, cfg)
     return PolicyLossOutput(
-        loss=_aggregate(s.loss_BT, inputs, cfg, scale),
+        loss=aggregate(s.loss_BT, inputs, cfg, scale),
         metrics={
-            PG_CLIPFRAC: _frac(s.clipped_BT, mask),
-            PG_CLIPFRAC_LOWER: _frac(s.dual_clipped_BT, mask),
-            PPO_KL: _ppo_kl(inputs),
+            PG_CLIPFRAC: fraction(s.clipped_BT, mask),
+            PG_CLIPFRAC_LOWER: fraction(s.dual_clipped_BT, mask),
+            PPO_KL: ppo_kl(inputs),
         },
     )
 
@@ -257,21 +181,21 @@ def gspo(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) ->
     Metrics: ``pg_clipfrac`` (valid tokens whose sequence ratio was clipped), ``ppo_kl``.
     """
     mask = inputs.response_mask_BT
-    adv = _advantages(inputs)
+    adv = weighted_advantages(inputs)
     token_log_ratio = inputs.logprobs_BT - inputs.old_logprobs_BT
-    token_log_ratio = torch.where(_valid(inputs), token_log_ratio, torch.zeros_like(adv))
+    token_log_ratio = torch.where(valid_tokens(inputs), token_log_ratio, torch.zeros_like(adv))
     seq_log_ratio_B = masked_mean(token_log_ratio, mask, dim=-1).clamp(
         -MAX_LOG_RATIO, MAX_LOG_RATIO
     )
-    logp = _logprobs(inputs)
+    logp = masked_logprobs(inputs)
     log_s_BT = seq_log_ratio_B.detach().unsqueeze(-1) + (logp - logp.detach())
     ratio = torch.exp(log_s_BT)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     loss_BT = torch.maximum(unclipped, clipped)
     return PolicyLossOutput(
-        loss=_aggregate(loss_BT, inputs, cfg, scale, mode="seq-mean-token-mean"),
-        metrics={PG_CLIPFRAC: _frac(clipped > unclipped, mask), PPO_KL: _ppo_kl(inputs)},
+        loss=aggregate(loss_BT, inputs, cfg, scale, mode="seq-mean-token-mean"),
+        metrics={PG_CLIPFRAC: fraction(clipped > unclipped, mask), PPO_KL: ppo_kl(inputs)},
     )
 
 
@@ -285,10 +209,10 @@ def gpg(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -> 
     Aggregated with ``loss_agg_mode``. On-policy by construction (one update per batch);
     ``pg_clipfrac`` is always 0.
     """
-    loss_BT = -_advantages(inputs) * _logprobs(inputs)
+    loss_BT = -weighted_advantages(inputs) * masked_logprobs(inputs)
     return PolicyLossOutput(
-        loss=_aggregate(loss_BT, inputs, cfg, scale),
-        metrics={PG_CLIPFRAC: 0.0, PPO_KL: _ppo_kl(inputs)},
+        loss=aggregate(loss_BT, inputs, cfg, scale),
+        metrics={PG_CLIPFRAC: 0.0, PPO_KL: ppo_kl(inputs)},
     )
 
 
@@ -309,12 +233,12 @@ def cispo(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -
     Metrics: ``pg_clipfrac`` (valid tokens whose weight was truncated), ``ppo_kl``.
     """
     mask = inputs.response_mask_BT
-    ratio = torch.exp(_log_ratio(inputs)).detach()
+    ratio = torch.exp(clamped_log_ratio(inputs)).detach()
     weight = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    loss_BT = -weight * _advantages(inputs) * _logprobs(inputs)
+    loss_BT = -weight * weighted_advantages(inputs) * masked_logprobs(inputs)
     return PolicyLossOutput(
-        loss=_aggregate(loss_BT, inputs, cfg, scale),
-        metrics={PG_CLIPFRAC: _frac(weight != ratio, mask), PPO_KL: _ppo_kl(inputs)},
+        loss=aggregate(loss_BT, inputs, cfg, scale),
+        metrics={PG_CLIPFRAC: fraction(weight != ratio, mask), PPO_KL: ppo_kl(inputs)},
     )
 
 
@@ -343,7 +267,7 @@ def clip_cov(
     vanilla clip keys. Metrics: vanilla's, and ``clip_cov_frac`` (tokens detached).
     """
     mask = inputs.response_mask_BT
-    valid = _valid(inputs)
+    valid = valid_tokens(inputs)
     pl = cfg.policy_loss
     cov = _centred_covariance(inputs)
     window = valid & (cov >= pl.clip_cov_lb) & (cov <= pl.clip_cov_ub)
@@ -354,15 +278,15 @@ def clip_cov(
     detached[chosen] = True
     detached = detached.view(mask.shape)
 
-    s = _clipped_surrogate(inputs, cfg)
+    s = clipped_surrogate(inputs, cfg)
     loss_BT = torch.where(detached, s.loss_BT.detach(), s.loss_BT)
     return PolicyLossOutput(
-        loss=_aggregate(loss_BT, inputs, cfg, scale),
+        loss=aggregate(loss_BT, inputs, cfg, scale),
         metrics={
-            PG_CLIPFRAC: _frac(s.clipped_BT, mask),
-            PG_CLIPFRAC_LOWER: _frac(s.dual_clipped_BT, mask),
-            PPO_KL: _ppo_kl(inputs),
-            CLIP_COV_FRAC: _frac(detached, mask),
+            PG_CLIPFRAC: fraction(s.clipped_BT, mask),
+            PG_CLIPFRAC_LOWER: fraction(s.dual_clipped_BT, mask),
+            PPO_KL: ppo_kl(inputs),
+            CLIP_COV_FRAC: fraction(detached, mask),
         },
     )
 
@@ -385,7 +309,7 @@ def kl_cov(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) 
     ``pg_clipfrac`` (always 0), ``ppo_kl``, ``kl_cov_frac`` (tokens penalised).
     """
     mask = inputs.response_mask_BT
-    valid = _valid(inputs)
+    valid = valid_tokens(inputs)
     pl = cfg.policy_loss
     cov = _centred_covariance(inputs)
     count = _count_to_select(pl.kl_cov_ratio, int(valid.sum()))
@@ -397,14 +321,14 @@ def kl_cov(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) 
 
     diff = inputs.logprobs_BT - inputs.old_logprobs_BT
     diff = torch.where(valid, diff, torch.zeros_like(diff))
-    pg = -_advantages(inputs) * torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    pg = -weighted_advantages(inputs) * torch.exp(diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     loss_BT = torch.where(penalised, pg + pl.ppo_kl_coef * diff.abs(), pg)
     return PolicyLossOutput(
-        loss=_aggregate(loss_BT, inputs, cfg, scale),
+        loss=aggregate(loss_BT, inputs, cfg, scale),
         metrics={
             PG_CLIPFRAC: 0.0,
-            PPO_KL: _ppo_kl(inputs),
-            KL_COV_FRAC: _frac(penalised, mask),
+            PPO_KL: ppo_kl(inputs),
+            KL_COV_FRAC: fraction(penalised, mask),
         },
     )
 
@@ -439,9 +363,9 @@ def geo_mean(
     Metrics: ``pg_clipfrac`` (valid tokens whose log-ratio was clipped), ``ppo_kl``.
     """
     mask = inputs.response_mask_BT
-    valid = _valid(inputs)
-    log_ratio = _log_ratio(inputs)
-    seq_adv_B = masked_mean(_advantages(inputs), mask, dim=-1)
+    valid = valid_tokens(inputs)
+    log_ratio = clamped_log_ratio(inputs)
+    seq_adv_B = masked_mean(weighted_advantages(inputs), mask, dim=-1)
     sign_BT = torch.sign(seq_adv_B).unsqueeze(-1).expand_as(log_ratio)
     upper = torch.minimum(log_ratio, torch.full_like(log_ratio, cfg.clip_high))
     lower = torch.maximum(log_ratio, torch.full_like(log_ratio, -cfg.clip_low))
@@ -451,6 +375,6 @@ def geo_mean(
     loss_BT = loss_B.unsqueeze(-1).expand_as(log_ratio)
     clipped = valid & (clipped_log_ratio != log_ratio)
     return PolicyLossOutput(
-        loss=_aggregate(loss_BT, inputs, cfg, scale, mode="seq-mean-token-mean"),
-        metrics={PG_CLIPFRAC: _frac(clipped, mask), PPO_KL: _ppo_kl(inputs)},
+        loss=aggregate(loss_BT, inputs, cfg, scale, mode="seq-mean-token-mean"),
+        metrics={PG_CLIPFRAC: fraction(clipped, mask), PPO_KL: ppo_kl(inputs)},
     )

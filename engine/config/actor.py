@@ -81,7 +81,9 @@ class ActorConfig:
     )
     grad_clip: float = setting(1.0, "Clip the global gradient norm to this before each step.")
     clip_ratio: float = setting(
-        0.2, "ε of PPO's clip, both sides unless `clip_ratio_low`/`clip_ratio_high` are set."
+        0.2,
+        "ε of PPO's clip, both sides unless `clip_ratio_low`/`clip_ratio_high` are set"
+        " (dppo_tv/dppo_kl: the divergence threshold δ).",
     )
     clip_ratio_low: float | None = setting(
         None, "Lower ε: the ratio is clipped at 1 - ε; null: `clip_ratio`."
@@ -91,7 +93,17 @@ class ActorConfig:
         "Upper ε: the ratio is clipped at 1 + ε; null: `clip_ratio` (DAPO's clip-higher: 0.28).",
     )
     clip_ratio_c: float = setting(
-        3.0, "Dual clip: the loss of a negative advantage is at most clip_ratio_c × |A| (> 1)."
+        3.0,
+        "Dual clip: the loss of a negative advantage is at most clip_ratio_c × |A| (> 1);"
+        " dppo_tv/dppo_kl: the cap on the importance ratio.",
+    )
+    tau_pos: float = setting(
+        1.0,
+        "sapo: temperature τ of the soft gate for tokens with a positive advantage (> 0;"
+        " larger narrows the trust region).",
+    )
+    tau_neg: float = setting(
+        1.05, "sapo: τ for tokens with a negative or zero advantage (> 0; the paper: > tau_pos)."
     )
     loss_agg_mode: str = setting(
         "token-mean",
@@ -199,6 +211,13 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"{key}.clip_ratio_c {actor.clip_ratio_c} must be > 1: dual-clip"
             " bounds the loss of negative advantages at clip_ratio_c × |A| (3.0 is usual)"
         )
+    for name in ("tau_pos", "tau_neg"):
+        tau = getattr(actor, name)
+        if not tau > 0 or tau == float("inf"):
+            p.append(
+                f"{key}.{name} must be a positive number (SAPO's gate is σ(τ(r − 1))·4/τ),"
+                f" got {tau}; the paper uses tau_pos=1.0, tau_neg=1.05"
+            )
     if actor.loss_scale_factor is not None and actor.loss_scale_factor <= 0:
         p.append(f"{key}.loss_scale_factor must be > 0, got {actor.loss_scale_factor}")
     if not arr.model.path:

@@ -5,6 +5,7 @@ rollout (``rollout.n``) and the critic."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -99,6 +100,14 @@ class AlgorithmConfig:
     kl_penalty: str = setting("kl", f"Estimator of that penalty: {KL_ESTIMATOR_HELP}")
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    gdpo_reward_keys: list[str] | None = setting(
+        None,
+        "gdpo: the reward components to normalise separately: keys of the dict the reward"
+        " function returns (e.g. [accuracy_reward, format_reward]); required by gdpo.",
+    )
+    gdpo_reward_weights: list[float] | None = setting(
+        None, "gdpo: the weight of each of `gdpo_reward_keys` in the sum; null: 1 each."
+    )
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
@@ -137,6 +146,14 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"algorithm.adv_estimator={algo.adv_estimator} needs a value function: set"
             " critic.enable=true (or null), or pick a critic-free estimator such as grpo"
         )
+    p += _gdpo_rules(cfg)
+    if names.estimator_needs(algo.adv_estimator).sum_pi_squared:
+        p.append(
+            f"algorithm.adv_estimator={algo.adv_estimator} needs Σ_v π(v)² of every response"
+            " token from the actor's log-prob pass (verl's"
+            " actor_rollout_ref.actor.calculate_sum_pi_squared), which this engine's actor"
+            " does not compute yet: use grpo, or opo (a length-weighted optimal baseline)"
+        )
     if not 0.0 <= algo.gamma <= 1.0:
         p.append(f"algorithm.gamma must be in [0, 1], got {algo.gamma}")
     if not 0.0 <= algo.lam <= 1.0:
@@ -158,6 +175,38 @@ def rules(cfg: EngineConfig) -> list[str]:
     if algo.filter_groups.max_num_gen_batches < 0:
         p.append("algorithm.filter_groups.max_num_gen_batches must be >= 0 (0: no cap)")
     return p + _rollout_correction_rules(cfg)
+
+
+def _gdpo_rules(cfg: EngineConfig) -> list[str]:
+    """The reward components of an estimator that normalises them separately (GDPO)."""
+    algo = cfg.algorithm
+    keys = list(algo.gdpo_reward_keys or [])
+    weights = algo.gdpo_reward_weights
+    p = []
+    if weights is not None and len(weights) != len(keys):
+        p.append(
+            f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(keys)}"
+            f" algorithm.gdpo_reward_keys: give one weight per key, or null for 1 each"
+        )
+    if weights is not None and not all(math.isfinite(w) for w in weights):
+        p.append(f"algorithm.gdpo_reward_weights must be finite numbers, got {list(weights)}")
+    if len(set(keys)) != len(keys):
+        p.append(f"algorithm.gdpo_reward_keys names a key twice: {keys}")
+    if not names.estimator_needs(algo.adv_estimator).reward_components:
+        return p
+    if not keys:
+        p.append(
+            f"algorithm.adv_estimator={algo.adv_estimator} normalises each reward component"
+            " separately: list them in algorithm.gdpo_reward_keys, keys of the dict your"
+            " reward function returns (e.g. algorithm.gdpo_reward_keys=[accuracy,format])"
+        )
+    if algo.use_kl_in_reward:
+        p.append(
+            f"algorithm.use_kl_in_reward=true has no effect with adv_estimator="
+            f"{algo.adv_estimator}, which reads the reward components, not the penalised"
+            " reward: set it false and use actor_rollout_ref.actor.use_kl_loss=true instead"
+        )
+    return p
 
 
 def _rollout_correction_rules(cfg: EngineConfig) -> list[str]:

@@ -88,9 +88,12 @@ The critic follows the same rules with its own sizes (its mini-batch defaults to
 
 **Algorithms**: estimator, policy loss, aggregation mode, KL estimator and controller names
 must be registered (the message lists the valid ones); group estimators (`grpo`, `rloo`,
-`grpo_passk`, `reinforce_plus_plus_baseline`, `opo`, `gpg`) and DAPO's `filter_groups` need
-`rollout.n >= 2`; `gae` needs the critic; `clip_ratio_low` in (0, 1), `clip_ratio_high > 0`,
-`clip_ratio_c > 1`; `gamma`, `lam` in [0, 1]; the overlong buffer must be shorter than
+`grpo_passk`, `reinforce_plus_plus_baseline`, `opo`, `gpg`, `gdpo`) and DAPO's `filter_groups`
+need `rollout.n >= 2`; `gae` needs the critic; `gdpo` needs `algorithm.gdpo_reward_keys`
+(with one `gdpo_reward_weights` entry per key when set) and no `use_kl_in_reward`; the
+optimal token baselines are refused until the actor computes Σπ²; `clip_ratio_low` in
+(0, 1), `clip_ratio_high > 0`, `clip_ratio_c > 1`; SAPO's `tau_pos` and `tau_neg` > 0;
+`gamma`, `lam` in [0, 1]; the overlong buffer must be shorter than
 `data.max_response_length`; `algorithm.rollout_correction.rollout_is` is `token`, `sequence`
 or null, needs `actor_rollout_ref.rollout.calculate_log_probs=true`, and its
 `rollout_is_threshold` must be > 0.

@@ -187,6 +187,34 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.clip_ratio_high=4e-4",
         "actor_rollout_ref.actor.ppo_epochs=2",
     ],
+    # The trust-region losses, with two epochs so that the ratio leaves 1.
+    "sapo": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
+        "actor_rollout_ref.actor.tau_pos=1.0",
+        "actor_rollout_ref.actor.tau_neg=1.05",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ],
+    "dppo_tv": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv",
+        "actor_rollout_ref.actor.clip_ratio=0.15",
+        "actor_rollout_ref.actor.clip_ratio_c=10000.0",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ],
+    "dppo_kl": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl",
+        "actor_rollout_ref.actor.clip_ratio=0.05",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    ],
+    # Two of the synthetic scorer's numbers as separately normalised rewards.
+    "gdpo": [
+        "algorithm.adv_estimator=gdpo",
+        "algorithm.gdpo_reward_keys=[close,leading]",
+        "+algorithm.gdpo_reward_weights=[1.0,0.5]",
+    ],
 }
 
 
@@ -236,6 +264,8 @@ def test_algorithm_runs(
         assert last["actor/reward_kl_penalty_coeff"] > 0
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         assert last["actor/kl_loss"] >= 0  # k3 is non-negative
+    for key in cfg.algorithm.gdpo_reward_keys or []:
+        assert 0.0 <= last[f"gdpo/{key}/mean"] <= 1.0
     if cfg.algorithm.filter_groups.enable:
         assert 1 <= last["training/gen_batches"] <= 3
     if cfg.actor_rollout_ref.rollout.calculate_log_probs:

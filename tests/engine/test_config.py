@@ -236,12 +236,34 @@ def test_inherited_critic_mini_batch_is_reported_once():
     assert len(found) == 1 and found[0].startswith("actor_rollout_ref.actor.ppo_mini_batch_size")
 
 
-@pytest.mark.parametrize("estimator", names.GROUP_ADVANTAGE_ESTIMATORS)
+# The optimal token baselines are refused until the actor computes Σπ² (below).
+RUNNABLE_ESTIMATORS = [
+    e for e in names.ADVANTAGE_ESTIMATORS if not names.estimator_needs(e).sum_pi_squared
+]
+
+
+def estimator_overrides(estimator: str) -> list[str]:
+    """The estimator, and the keys it cannot run without."""
+    extra = ["algorithm.gdpo_reward_keys=[a]"]
+    if not names.estimator_needs(estimator).reward_components:
+        extra = []
+    return [f"algorithm.adv_estimator={estimator}", *extra]
+
+
+@pytest.mark.parametrize(
+    "estimator", [e for e in names.GROUP_ADVANTAGE_ESTIMATORS if e in RUNNABLE_ESTIMATORS]
+)
 def test_group_estimators_need_several_samples(estimator):
-    message = one_problem(
-        [*GRPO, f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=1"]
-    )
+    message = one_problem([*GRPO, *estimator_overrides(estimator), "actor_rollout_ref.rollout.n=1"])
     assert f"adv_estimator={estimator}" in message and "rollout.n >= 2" in message
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baselines_are_refused_until_the_actor_computes_sum_pi_squared(estimator):
+    assert names.estimator_needs(estimator).sum_pi_squared
+    message = one_problem([*GRPO, f"algorithm.adv_estimator={estimator}"])
+    assert f"adv_estimator={estimator} needs Σ_v π(v)²" in message
+    assert "calculate_sum_pi_squared" in message and "use grpo" in message
 
 
 @pytest.mark.parametrize("estimator", ["remax", "reinforce_plus_plus", "gae"])
@@ -254,6 +276,36 @@ def test_single_sample_estimators_accept_n_1(estimator):
             "critic.ppo_micro_batch_size_per_gpu=2",
         ]
     )
+
+
+GDPO = [*GRPO, "algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[accuracy,format]"]
+
+
+def test_gdpo_takes_verl_keys():
+    cfg = load_config([*GDPO, "+algorithm.gdpo_reward_weights=[1.0,0.5]"])
+    assert cfg.algorithm.gdpo_reward_keys == ["accuracy", "format"]
+    assert cfg.algorithm.gdpo_reward_weights == [1.0, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            [*GRPO, "algorithm.adv_estimator=gdpo"],
+            "list them in algorithm.gdpo_reward_keys",
+        ),
+        (
+            [*GDPO, "algorithm.gdpo_reward_weights=[1.0]"],
+            "has 1 weights for 2 algorithm.gdpo_reward_keys",
+        ),
+        ([*GDPO, "algorithm.gdpo_reward_weights=[1.0,nan]"], "must be finite"),
+        ([*GDPO, "algorithm.gdpo_reward_keys=[a,a]"], "names a key twice"),
+        ([*GDPO, "algorithm.use_kl_in_reward=true"], "use_kl_loss=true instead"),
+        ([*GDPO, "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
+    ],
+)
+def test_gdpo_rules(overrides, expected):
+    assert expected in one_problem(overrides)
 
 
 def test_gae_needs_the_critic():
@@ -280,8 +332,8 @@ def test_unknown_names_list_the_valid_ones(override, expected):
 
 
 def test_every_registered_name_is_accepted():
-    for estimator in names.ADVANTAGE_ESTIMATORS:
-        load_config([*GRPO, f"algorithm.adv_estimator={estimator}"])
+    for estimator in RUNNABLE_ESTIMATORS:
+        load_config([*GRPO, *estimator_overrides(estimator)])
     for loss in names.POLICY_LOSSES:
         load_config([*GRPO, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"])
     for mode in names.LOSS_AGG_MODES:
@@ -298,6 +350,9 @@ def test_every_registered_name_is_accepted():
         ("actor_rollout_ref.actor.clip_ratio=0", "clip_ratio_low 0.0 must be in (0, 1)"),
         ("actor_rollout_ref.actor.clip_ratio_high=-0.1", "clip_ratio_high must be > 0"),
         ("actor_rollout_ref.actor.clip_ratio_c=1.0", "clip_ratio_c 1.0 must be > 1"),
+        ("actor_rollout_ref.actor.tau_pos=0", "actor.tau_pos must be a positive number"),
+        ("actor_rollout_ref.actor.tau_neg=-1", "actor.tau_neg must be a positive number"),
+        ("actor_rollout_ref.actor.tau_neg=inf", "tau_pos=1.0, tau_neg=1.05"),
         ("algorithm.gamma=1.5", "algorithm.gamma must be in [0, 1]"),
         ("algorithm.lam=-0.1", "algorithm.lam must be in [0, 1]"),
         ("actor_rollout_ref.rollout.top_p=0", "rollout.top_p must be in (0, 1]"),

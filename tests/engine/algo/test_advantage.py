@@ -61,6 +61,10 @@ def full_inputs(rewards, mask, **kw) -> AdvantageInputs:
     kw.setdefault("group_ids_B", torch.zeros(batch, dtype=torch.long))
     kw.setdefault("values_BT", torch.full_like(rewards, 0.25))
     kw.setdefault("baseline_rewards_B", torch.full((batch,), 0.5))
+    scores = rewards.nan_to_num().sum(-1)  # a sample's components are finite numbers
+    kw.setdefault("reward_components_BK", torch.stack([scores, scores**2], 1))
+    kw.setdefault("old_logprobs_BT", torch.full_like(rewards, math.log(0.5)))
+    kw.setdefault("sum_pi_squared_BT", torch.full_like(rewards, 0.375))
     return AdvantageInputs(token_rewards_BT=rewards, response_mask_BT=mask, **kw)
 
 
@@ -83,6 +87,9 @@ def test_declared_needs_are_what_each_estimator_requires(name):
     for missing, needed in (
         ("values_BT", needs.values),
         ("baseline_rewards_B", needs.greedy_baseline),
+        ("reward_components_BK", needs.reward_components),
+        ("old_logprobs_BT", needs.sum_pi_squared),
+        ("sum_pi_squared_BT", needs.sum_pi_squared),
     ):
         inputs = full_inputs(rewards, mask, group_ids_B=groups, **{missing: None})
         if needed:
@@ -125,6 +132,8 @@ def test_compute_advantages_dispatches_by_name():
         ("opo", "group_ids_B"),
         ("gpg", "group_ids_B"),
         ("remax", "baseline_rewards_B"),
+        ("gdpo", "group_ids_B"),
+        ("gdpo", "reward_components_BK"),
     ],
 )
 def test_missing_input_names_estimator_and_field(name, missing):
@@ -450,3 +459,82 @@ def test_gpg_alpha_counts_singletons_and_ignores_padding_rows():
     inputs = full_inputs(rewards, mask, group_ids_B=ids([0, 0, 1, 2]))
     out = compute_advantages("gpg", inputs, AlgorithmConfig(norm_adv_by_std_in_grpo=False))
     assert torch.allclose(per_row(out.advantages_BT, mask), t([0.75, -0.75, 0.75, 0.0]))
+
+
+# ---------------------------------------------------------------------------
+# GDPO
+
+
+def gdpo_inputs(components, lengths, groups):
+    rewards, mask = score_rows([0.0] * len(lengths), lengths)
+    return AdvantageInputs(
+        token_rewards_BT=rewards,
+        response_mask_BT=mask,
+        group_ids_B=ids(groups),
+        reward_components_BK=t(components),
+    )
+
+
+def test_gdpo_hand_computed_keeps_reward_combinations_apart():
+    # Two groups of two one-token samples, two 0/1 rewards:
+    #   group 0: (0,1), (1,1)    group 1: (0,0), (1,1)
+    # GRPO on the sums (1, 2 | 0, 2) gives both groups ±0.7071. Per component (n = 2,
+    # unbiased std of {0, 1} = 0.7071, so a 0/1 pair normalises to ∓0.7071):
+    #   group 0: c1 → (−0.7071, +0.7071), c2 equal → 0;       A' = (−0.7071, +0.7071)
+    #   group 1: c1 → (−0.7071, +0.7071), c2 → (−0.7071, +0.7071); A' = (−1.4142, +1.4142)
+    # Whitened over the 4 tokens: mean 0, unbiased var = (2·0.5 + 2·2) / 3 = 5/3,
+    # std = 1.290994 → (∓0.547723 | ∓1.095445).
+    inputs = gdpo_inputs([[0, 1], [1, 1], [0, 0], [1, 1]], [1, 1, 1, 1], [0, 0, 1, 1])
+    out = compute_advantages("gdpo", inputs, AlgorithmConfig())
+    expected = t([-0.547723, 0.547723, -1.095445, 1.095445])
+    assert torch.allclose(per_row(out.advantages_BT, inputs.response_mask_BT), expected, atol=ATOL)
+    assert torch.equal(out.returns_BT, out.advantages_BT)
+    grpo_inputs = AdvantageInputs(
+        token_rewards_BT=score_rows([1.0, 2.0, 0.0, 2.0], [1] * 4)[0],
+        response_mask_BT=inputs.response_mask_BT,
+        group_ids_B=ids([0, 0, 1, 1]),
+    )
+    grpo_adv = per_row(
+        compute_advantages("grpo", grpo_inputs, AlgorithmConfig()).advantages_BT,
+        inputs.response_mask_BT,
+    )
+    assert torch.allclose(grpo_adv[:2], grpo_adv[2:])  # GRPO cannot tell the groups apart
+
+
+def test_gdpo_weights_and_dr_grpo_switch():
+    # One group of three one-token samples, components (c1, c2), weights (2, 0.5), no std:
+    #   c1 = (1, 0, 2): mean 1 → (0, −1, 1)       c2 = (0, 4, 2): mean 2 → (−2, 2, 0)
+    #   A' = 2·(0, −1, 1) + 0.5·(−2, 2, 0) = (−1, −1, 2)
+    # Whitened: mean 0, unbiased var = (1 + 1 + 4) / 2 = 3, std = 1.732051
+    #   → (−0.577350, −0.577350, 1.154701)
+    inputs = gdpo_inputs([[1, 0], [0, 4], [2, 2]], [1, 1, 1], [0, 0, 0])
+    cfg = AlgorithmConfig(norm_adv_by_std_in_grpo=False, gdpo_reward_weights=[2.0, 0.5])
+    out = compute_advantages("gdpo", inputs, cfg)
+    expected = t([-0.577350, -0.577350, 1.154701])
+    assert torch.allclose(per_row(out.advantages_BT, inputs.response_mask_BT), expected, atol=ATOL)
+
+
+def test_gdpo_whitening_weighs_tokens():
+    # One component; group 0 = rows 0, 1 (c = 1, 0), row 2 a singleton with c = 0.
+    # A' = (0.7071, −0.7071 | 0) before whitening; row 0 has 2 tokens, rows 1, 2 one each.
+    # Tokens: (0.7071, 0.7071, −0.7071, 0): mean 0.176777, unbiased var = Σ(x − m)² / 3
+    #   = (2·0.530330² + 0.883883² + 0.176777²) / 3 = (0.5625 + 0.78125 + 0.03125) / 3 = 0.458333
+    #   std = 0.677003 → row 0: 0.783349, row 1: −1.305582, row 2: −0.261116
+    inputs = gdpo_inputs([[1.0], [0.0], [0.0]], [2, 1, 1], [0, 0, 1])
+    out = compute_advantages("gdpo", inputs, AlgorithmConfig())
+    expected = t([0.783349, -1.305582, -0.261116])
+    assert torch.allclose(per_row(out.advantages_BT, inputs.response_mask_BT), expected, atol=ATOL)
+
+
+def test_gdpo_equal_components_give_zero_and_padding_rows_are_ignored():
+    # Every component equal within its group: all advantages 0 (not NaN). Row 2 has no
+    # valid token and NaN components: it counts in no group and gets 0.
+    inputs = gdpo_inputs([[1, 3], [1, 3], [float("nan"), float("nan")]], [1, 2, 0], [0, 0, 0])
+    out = compute_advantages("gdpo", inputs, AlgorithmConfig())
+    assert torch.equal(out.advantages_BT, torch.zeros_like(out.advantages_BT))
+
+
+def test_gdpo_weights_must_match_the_components():
+    inputs = gdpo_inputs([[1, 0], [0, 1]], [1, 1], [0, 0])
+    with pytest.raises(ValueError, match="3 gdpo_reward_weights for 2 reward components"):
+        compute_advantages("gdpo", inputs, AlgorithmConfig(gdpo_reward_weights=[1.0, 1.0, 1.0]))

@@ -3,7 +3,11 @@ import math
 import pytest
 import torch
 
-from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
+from engine.algo.entropy import (
+    entropy_from_logits,
+    logprobs_from_logits,
+    sum_squared_probs_from_logits,
+)
 
 INF = float("inf")
 
@@ -146,3 +150,33 @@ def test_bad_arguments():
         logprobs_from_logits(logits, torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="chunk_size"):
         logprobs_from_logits(logits, torch.zeros(2, 3, dtype=torch.long), chunk_size=0)
+
+
+# ---------------------------------------------------------------------------
+# Σ_v π(v)², the optimal token baseline's Logit-Gradient Proxy
+
+
+def test_sum_squared_probs_hand_computed():
+    # z = (0, 0):       π = (1/2, 1/2)            Σπ² = 1/4 + 1/4 = 0.5
+    # z = (ln 3, 0):    π = (3/4, 1/4)            Σπ² = 9/16 + 1/16 = 0.625
+    # z = (0, 0, -inf): π = (1/2, 1/2, 0)         Σπ² = 0.5 (the masked entry counts as 0)
+    # z = (1e4, 0, 0):  π ≈ (1, 0, 0)             Σπ² = 1 (no overflow)
+    logits = torch.tensor(
+        [[0.0, 0.0, -INF], [math.log(3.0), 0.0, -INF], [0.0, 0.0, -INF], [1e4, 0.0, 0.0]]
+    )
+    got = sum_squared_probs_from_logits(logits)
+    torch.testing.assert_close(got, torch.tensor([0.5, 0.625, 0.5, 1.0]))
+
+
+def test_sum_squared_probs_matches_softmax_and_chunks():
+    logits = random_logits(2, 5, 11)
+    expected = (torch.softmax(logits, dim=-1) ** 2).sum(dim=-1)
+    torch.testing.assert_close(sum_squared_probs_from_logits(logits), expected)
+    torch.testing.assert_close(sum_squared_probs_from_logits(logits, chunk_size=2), expected)
+    # The squared gradient norm of log π(o) w.r.t. the logits is 1 − 2π(o) + Σπ²:
+    z = logits[0, 0].clone().requires_grad_(True)
+    torch.log_softmax(z, dim=-1)[3].backward()
+    pi = torch.softmax(logits[0, 0], dim=-1)
+    assert z.grad.square().sum().item() == pytest.approx(
+        1 - 2 * pi[3].item() + expected[0, 0].item(), rel=1e-5
+    )

@@ -447,7 +447,9 @@ def test_zero_advantages_give_zero_loss_and_gradient(mode):
     assert torch.equal(grad, torch.zeros_like(grad))
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "gpg", "cispo", "geo_mean"])
+@pytest.mark.parametrize(
+    "mode", ["vanilla", "gspo", "gpg", "cispo", "geo_mean", "sapo", "dppo_tv", "dppo_kl"]
+)
 @pytest.mark.parametrize("agg", sorted(names.LOSS_AGG_MODES))
 def test_micro_batches_add_up_to_the_mini_batch(mode, agg):
     # Clip-Cov / KL-Cov select tokens per micro-batch, so only the others are exact.
