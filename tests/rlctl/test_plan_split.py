@@ -81,8 +81,9 @@ def test_one_step_off_on_8_h100_splits_6_train_2_generate():
     #   5 + 3: 1536 / 5 no
     #   4 + 4: max(GEN_1 / 4, 3 GEN_1 / 4) = 0.75 GEN_1 = 545.0 s
     #   3 + 5: the batch's 6144 samples do not split over 5 generating devices
-    #   2 + 6: actor + reference on 2 devices: (4 + 4 + 2 + 4) B × 7.6 B / 2 = 49.6 GiB of
-    #          weights, gradients and Adam... with the 6.2 GiB gathered: 79.6 GiB > 72.6
+    #   2 + 6: actor + reference sharded over 2 devices: weights (4 + 4) B / 2 = 4 B/param,
+    #          gradients 2 B, Adam 4 B: 10 B × 7.6 B = 71.0 GiB, + 6.2 GiB gathered + 2.5
+    #          GiB of activations = 79.6 GiB > the 72.6 GiB budget
     #   1 + 7: more still
     assert pytest.approx(726.7, abs=0.05) == GEN_1 and pytest.approx(3 * GEN_1) == TRAIN_1
     plan = make_plan(request("Qwen/Qwen2.5-7B-Instruct", "H100", 8, ONE_STEP_OFF, **GRPO_7B))
