@@ -15,6 +15,7 @@ planner's FLOPs model, generation's FLOPs weighted by ``GENERATION_TIME_FACTOR``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rlctl.hardware import Accelerator
@@ -241,12 +242,20 @@ def _check_pinned(c: _Split, fixed: _Layout | None, acc_name: str) -> None:
 
 
 def _no_candidate(s: _Settings, where: str) -> InfeasiblePlanError:
-    pins = ", ".join(f"{k} {v}" for k, v in _pins(s).items())
+    pins = _pins(s)
+    if not pins:
+        return InfeasiblePlanError(
+            f"{where} cannot be split between training and the rollout's own devices: each"
+            " group needs at least one",
+            hint="give the job at least 2 devices (hardware.accelerators), or keep the rollout"
+            " colocated (async_training.mode=sync, rollout.placement=colocate)",
+        )
+    pinned = ", ".join(f"{k} {v}" for k, v in pins.items())
     return InfeasiblePlanError(
         f"no split of {where} between training and the rollout's own devices keeps the"
-        f" pinned {pins} (each group gets at least one device; a node is shared, r of its"
+        f" pinned {pinned} (each group gets at least one device; a node is shared, r of its"
         " devices generating, or each group takes whole nodes)",
-        hint=f"unpin {', '.join(_pins(s))} and let the planner split, or change the hardware",
+        hint=f"unpin {', '.join(pins)} and let the planner split, or change the hardware",
     )
 
 
@@ -287,13 +296,21 @@ def _search_splits(
     more devices before offload on fewer); and why the others did not."""
     budget = _budget_bytes(acc)
     rollouts: dict[_Layout, tuple[_RolloutFit | None, str]] = {}
-    options = {c.train: _train_options(m, s, c.train) for g in groups for c in g}
+    options: dict[_Layout, list] = {}  # the training configurations of a group, once
+
+    def options_of(lay: _Layout) -> list:
+        if lay not in options:
+            options[lay] = _train_options(m, s, lay)
+        return options[lay]
+
+    # every layout has as many tiers (offload levels) as the settings allow
+    tiers = len(_train_options(m, s, groups[0][0].train))
     reasons: dict[_Split, str] = {}
-    for tier in range(max(len(o) for o in options.values())):
+    for tier in range(tiers):
         for group in groups:
             fits = []
             for c in group:
-                fit, why = _evaluate_split(m, s, acc, c, options[c.train], tier, budget, rollouts)
+                fit, why = _evaluate_split(m, s, acc, c, options_of, tier, budget, rollouts)
                 if fit is not None:
                     fits.append(fit)
                 elif why and (c not in reasons or why.startswith("rollout")):
@@ -311,18 +328,11 @@ def _evaluate_split(
     s: _Settings,
     acc: Accelerator,
     c: _Split,
-    options: list,
+    options_of: Callable[[_Layout], list],
     tier: int,
     budget: float,
     rollouts: dict[_Layout, tuple[_RolloutFit | None, str]],
 ) -> tuple[_SplitFit | None, str]:
-    if tier >= len(options):
-        return None, ""
-    if not options[tier] and s.cp is not None:
-        return None, (
-            f"training: the pinned context_parallel_size {s.cp} does not divide"
-            f" {c.train.devices} / (TP × PP) for any TP and PP the model allows"
-        )
     if s.samples % c.rollout.devices:  # the engine hands each rollout rank an equal share
         return None, (
             f"rollout: the {s.samples} samples of a batch ({s.train_batch} prompts × {s.n}) do"
@@ -338,6 +348,14 @@ def _evaluate_split(
         return None, (
             f"training: no mini-batch of the {s.train_batch} prompts × {s.n} samples splits"
             f" evenly over {c.train.devices} devices"
+        )
+    options = options_of(c.train)
+    if tier >= len(options):
+        return None, ""
+    if not options[tier] and s.cp is not None:
+        return None, (
+            f"training: the pinned context_parallel_size {s.cp} does not divide"
+            f" {c.train.devices} / (TP × PP) for any TP and PP the model allows"
         )
     why = ""
     for group in options[tier]:

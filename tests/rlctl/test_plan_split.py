@@ -289,6 +289,12 @@ def test_contradictory_pins_are_refused_naming_the_key(keys, match):
         make_plan(request("Qwen/Qwen2.5-7B-Instruct", "H100", 8, keys, **GRPO_7B))
 
 
+def test_one_device_cannot_be_split():
+    with pytest.raises(InfeasiblePlanError, match="1 × H100 on 1 node cannot be split") as info:
+        make_plan(request("Qwen/Qwen2.5-0.5B-Instruct", "H100", 1, ONE_STEP_OFF))
+    assert "at least 2 devices" in info.value.hint
+
+
 # ---------------------------------------------------------------------------
 # nodes
 
