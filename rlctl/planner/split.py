@@ -217,7 +217,10 @@ def _check_pinned(c: _Split, fixed: _Layout | None, acc_name: str) -> None:
         return
     t, r = c.train.per_node, c.rollout.per_node
     if c.shares_nodes:
-        why = f"{t} + {r} ≤ {c.node_size} devices share each node, on max({c.train.nodes}, {c.rollout.nodes}) nodes"
+        why = (
+            f"{t} + {r} ≤ {c.node_size} devices share each node, on"
+            f" max({c.train.nodes}, {c.rollout.nodes}) nodes"
+        )
     else:
         why = (
             f"{t} + {r} > {c.node_size} devices per node, so each group takes nodes of its"
