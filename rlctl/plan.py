@@ -61,6 +61,7 @@ from rlctl.planner.model import (
     MemoryEstimate,
     Plan,
     PlanRequest,
+    RolloutSplit,
 )
 from rlctl.planner.search import (
     _auto_layouts,
@@ -74,6 +75,7 @@ from rlctl.planner.settings import (
     _Settings,
     _settings,
 )
+from rlctl.planner.split import separate_plan
 
 # ---------------------------------------------------------------------------
 # the entry point
@@ -92,6 +94,8 @@ def make_plan(req: PlanRequest) -> Plan:
             _tp_heads_message(m, s.rollout_tp),
             hint=f"use a rollout tensor_model_parallel_size of {_tp_choices(m)}",
         )
+    if s.separate:  # the rollout on devices of its own: split them (planner/split.py)
+        return separate_plan(req, s, m, acc)
 
     fixed = _fixed_layout(req, s, acc.name)
     if fixed is not None:
@@ -221,4 +225,12 @@ def _infeasible(
     return InfeasiblePlanError(message, hint="; or ".join(hints))
 
 
-__all__ = ["GIB", "InfeasiblePlanError", "MemoryEstimate", "Plan", "PlanRequest", "make_plan"]
+__all__ = [
+    "GIB",
+    "InfeasiblePlanError",
+    "MemoryEstimate",
+    "Plan",
+    "PlanRequest",
+    "RolloutSplit",
+    "make_plan",
+]

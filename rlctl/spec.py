@@ -160,9 +160,21 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
     cfg = engine_config(merged, recipe.source, model)
     trainer = cfg.trainer
     cpu = trainer.device == "cpu" or recipe.hardware.is_cpu
+    nodes, per_node = trainer.nnodes, trainer.n_gpus_per_node
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.placement == "separate":  # the rollout's own devices too, on shared nodes or not
+        from rlctl.planner.model import job_nodes
+
+        nodes, per_node = job_nodes(
+            trainer.nnodes,
+            trainer.n_gpus_per_node,
+            rollout.separate_nnodes,
+            rollout.separate_n_gpus_per_node,
+            plan.split.node_size if plan.split is not None else plan.devices_per_node,
+        )
     layout = Layout(
-        nodes=trainer.nnodes,
-        devices_per_node=trainer.n_gpus_per_node,
+        nodes=nodes,
+        devices_per_node=per_node,
         accelerator=None if cpu else plan.accelerator,
         accelerator_named=not cpu and recipe.hardware.accelerators != "auto",
         cpus_per_worker=trainer.cpus_per_worker,

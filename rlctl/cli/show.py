@@ -17,6 +17,13 @@ def show_plan(prepared) -> None:
     )
     typer.secho(f"{recipe.name}: {recipe.algorithm} on {recipe.model}", bold=True)
     typer.echo(f"  where:    {where}")
+    if plan.split is not None:
+        sp = plan.split
+        typer.echo(
+            f"  split:    training {sp.train_nodes} node(s) × {sp.train_devices_per_node},"
+            f" rollout {sp.rollout_nodes} node(s) × {sp.rollout_devices_per_node}"
+            f" (async_training.mode={sp.mode})"
+        )
     params = plan.model.num_params
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.2f}M"
     typer.echo(f"  model:    {size} parameters ({plan.model.source})")

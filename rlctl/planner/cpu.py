@@ -11,6 +11,7 @@ from rlctl.planner.fit import (
     _fmt,
     _fmt_params,
     _gib,
+    _Layout,
 )
 from rlctl.planner.memory import (
     _divisors,
@@ -28,6 +29,7 @@ from rlctl.planner.model import (
     MemoryEstimate,
     Plan,
     PlanRequest,
+    RolloutSplit,
 )
 from rlctl.planner.multi_turn import multi_turn_lines
 from rlctl.planner.settings import (
@@ -37,6 +39,7 @@ from rlctl.planner.settings import (
     _Settings,
     pinned_values,
 )
+from rlctl.planner.split import cpu_split, cpu_split_lines
 
 # ---------------------------------------------------------------------------
 # CPU (the local quickstart)
@@ -49,27 +52,17 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
             hint="set train_backend=fsdp2, or give an accelerator",
         )
     # workers per node (cpu:N), over the requested nodes (hardware.nodes: num_devices is
-    # nodes × N); the recipe's trainer.nnodes / n_gpus_per_node win where pinned
-    total = req.num_devices
-    if s.per_node is not None:
-        per_node = s.per_node
-    elif s.nodes is not None and total:
-        per_node = max(1, total // s.nodes)
-    else:
-        per_node = min(total or CPU_WORKERS, max(1, req.max_devices_per_node))
-    nodes = s.nodes if s.nodes is not None else max(1, math.ceil((total or per_node) / per_node))
-    if per_node < 1 or nodes < 1:
-        raise InfeasiblePlanError(
-            f"CPU plan for {nodes} node(s) × {per_node} workers: both must be at least 1"
-        )
-    if total and s.nodes is None and s.per_node is None and nodes * per_node != total:
-        raise InfeasiblePlanError(
-            f"{total} CPU workers do not split evenly over nodes of {per_node}",
-            hint="give a worker count that is a multiple of the workers per node",
-        )
+    # nodes × N); the recipe's trainer.nnodes / n_gpus_per_node win where pinned (with the
+    # rollout on workers of its own they size the training group: split below)
+    given = replace(s, nodes=None, per_node=None) if s.separate else s
+    nodes, per_node = _cpu_workers(req, given)
+    split = cpu_split(s, _Layout(nodes, per_node)) if s.separate else None
+    if split is not None:
+        nodes, per_node = split.train.nodes, split.train.per_node
     _check_device_count(s, nodes, per_node)
     workers = nodes * per_node
     lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
+    lines += cpu_split_lines(s, split) if split is not None else []
     pinned_vllm = pinned_values(req).get(f"{_ARR}.rollout.name") == "vllm"
     if s.rollout_backend == "vllm" and pinned_vllm:
         lines.append(
@@ -102,8 +95,10 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
     activations = _train_activations(m, c, tokens, s.seq_len)
     act, logits = activations.total, activations.logits
     weights_rollout = 4 * m.num_params  # hf generate() on the gathered fp32 model
-    kv = m.kv_cache_bytes_per_token(4) * s.seq_len * math.ceil(s.samples / workers)
-    peak = max(st.peak(act), st.resident + weights_rollout + kv)
+    generating = split.rollout.devices if split is not None else workers
+    kv = m.kv_cache_bytes_per_token(4) * s.seq_len * math.ceil(s.samples / generating)
+    resident = 0.0 if split is not None else st.resident  # none where the rollout has its own
+    peak = max(st.peak(act), resident + weights_rollout + kv)
     lines.append(
         f"devices: CPU, {workers} FSDP workers (gloo) on"
         f" {f'{nodes} nodes × {per_node}' if nodes > 1 else '1 node'}; fp32 throughout (no"
@@ -135,13 +130,14 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         train_gathered_gib=_gib(st.gathered),
         train_activations_gib=_gib(act),
         train_logits_gib=_gib(logits),
-        rollout_resident_gib=_gib(st.resident),
+        rollout_resident_gib=_gib(resident),
         rollout_weights_gib=_gib(weights_rollout),
         rollout_kv_cache_gib=_gib(kv),
     )
+    job = split.job() if split is not None else _Layout(nodes, per_node)
     return Plan(
-        nodes=nodes,
-        devices_per_node=per_node,
+        nodes=job.nodes,
+        devices_per_node=job.per_node,
         accelerator=None,
         rollout_tp=1,
         train_backend=c.backend,
@@ -161,4 +157,36 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         reasoning=lines,
         **_made_for(s),
         log_prob_micro_batch_size_per_device=micro,
+        split=None
+        if split is None
+        else RolloutSplit(
+            mode=s.async_mode,
+            train_nodes=split.train.nodes,
+            train_devices_per_node=split.train.per_node,
+            rollout_nodes=split.rollout.nodes,
+            rollout_devices_per_node=split.rollout.per_node,
+            node_size=split.node_size,
+        ),
     )
+
+
+def _cpu_workers(req: PlanRequest, s: _Settings) -> tuple[int, int]:
+    """(nodes, workers per node) of a CPU job."""
+    total = req.num_devices
+    if s.per_node is not None:
+        per_node = s.per_node
+    elif s.nodes is not None and total:
+        per_node = max(1, total // s.nodes)
+    else:
+        per_node = min(total or CPU_WORKERS, max(1, req.max_devices_per_node))
+    nodes = s.nodes if s.nodes is not None else max(1, math.ceil((total or per_node) / per_node))
+    if per_node < 1 or nodes < 1:
+        raise InfeasiblePlanError(
+            f"CPU plan for {nodes} node(s) × {per_node} workers: both must be at least 1"
+        )
+    if total and s.nodes is None and s.per_node is None and nodes * per_node != total:
+        raise InfeasiblePlanError(
+            f"{total} CPU workers do not split evenly over nodes of {per_node}",
+            hint="give a worker count that is a multiple of the workers per node",
+        )
+    return nodes, per_node

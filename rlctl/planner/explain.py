@@ -15,6 +15,7 @@ from rlctl.planner.fit import (
     _fmt,
     _fmt_params,
     _gib,
+    _Layout,
     _TrainFit,
 )
 from rlctl.planner.memory import (
@@ -115,7 +116,11 @@ def _reasoning(
     step_1: float,
     floor: int,
     auto: bool,
+    layout_lines: list[str] | None = None,
 ) -> list[str]:
+    """The plan's reasoning. ``layout_lines``, when given, say how the devices were chosen
+    in place of the colocated step-compute, floor and devices lines (the rollout on
+    devices of its own: planner/split.py); ``fit.layout`` is then the training group."""
     c, t, lay = fit.train, fit.fitted, fit.layout
     lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
     lines.append(
@@ -123,26 +128,10 @@ def _reasoning(
         f" {_fmt(_budget_bytes(acc))} per device ({FRAGMENTATION:.0%} lost to allocator"
         f" fragmentation, {RESERVED_GIB:g} GiB for the runtime context and collective buffers)"
     )
-    parts = f"generate 2, old log-probs 2, update {8 if s.grad_ckpt else 6}"
-    parts += ", reference 2" if s.reference else ""
-    parts += f", critic {2 + (8 if s.grad_ckpt else 6)}" if s.critic else ""
-    lines.append(
-        f"step compute: {s.train_batch} prompts × {s.n} samples × {s.seq_len} tokens ="
-        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {_fmt_params(m.compute_params)}"
-        f"{' active' if m.is_moe else ''} params × {_flops_per_param_token(s)} FLOPs ({parts})"
-        f" = {_duration(step_1)} on one {acc.name} at {ASSUMED_MFU:.0%} of"
-        f" {acc.bf16_tflops:g} TFLOPS → ~{_duration(step_1 / lay.devices)} per step on"
-        f" {lay.devices} (an upper bound: every response at its maximum length)"
-    )
-    if floor > 1:
-        lines.append(
-            f"step-time floor: a step under {s.target_s / 60:g} min needs ≥ {floor} devices"
-        )
-    how = "the smallest layout" if auto else "the requested layout"
-    lines.append(
-        f"devices: {lay.describe(acc.name)} — {how} where training and rollout fit"
-        + (f" (tried: {'; '.join(tried[:4])})" if tried else "")
-    )
+    if layout_lines is not None:
+        lines += layout_lines
+    else:
+        lines += _layout_lines(s, m, acc, lay, tried, step_1, floor, auto)
     lines += _train_lines(m, s, c, t)
     if c.backend == "megatron":
         lines += _context_parallel_lines(m, s, c, _budget_bytes(acc), lay.per_node)
@@ -198,6 +187,40 @@ def _reasoning(
         f"image: {image.ref}: {image.contents}"
         if image.public
         else f"image: {image.ref}, on no public registry: {image.build}"
+    )
+    return lines
+
+
+def _layout_lines(
+    s: _Settings,
+    m: ModelShape,
+    acc: Accelerator,
+    lay: _Layout,
+    tried: list[str],
+    step_1: float,
+    floor: int,
+    auto: bool,
+) -> list[str]:
+    """The step's compute, the step-time floor and the layout chosen (colocated)."""
+    parts = f"generate 2, old log-probs 2, update {8 if s.grad_ckpt else 6}"
+    parts += ", reference 2" if s.reference else ""
+    parts += f", critic {2 + (8 if s.grad_ckpt else 6)}" if s.critic else ""
+    lines = [
+        f"step compute: {s.train_batch} prompts × {s.n} samples × {s.seq_len} tokens ="
+        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {_fmt_params(m.compute_params)}"
+        f"{' active' if m.is_moe else ''} params × {_flops_per_param_token(s)} FLOPs ({parts})"
+        f" = {_duration(step_1)} on one {acc.name} at {ASSUMED_MFU:.0%} of"
+        f" {acc.bf16_tflops:g} TFLOPS → ~{_duration(step_1 / lay.devices)} per step on"
+        f" {lay.devices} (an upper bound: every response at its maximum length)"
+    ]
+    if floor > 1:
+        lines.append(
+            f"step-time floor: a step under {s.target_s / 60:g} min needs ≥ {floor} devices"
+        )
+    how = "the smallest layout" if auto else "the requested layout"
+    lines.append(
+        f"devices: {lay.describe(acc.name)} — {how} where training and rollout fit"
+        + (f" (tried: {'; '.join(tried[:4])})" if tried else "")
     )
     return lines
 

@@ -256,6 +256,12 @@ def _fit_rollout(
                 f" ({_fmt(kv_seq)})"
             )
         micro = min(per_device, int(room // kv_seq))
+        on = (
+            f"its own bf16 copy of the weights ({_fmt(weights_total)}) on each of the rollout's"
+            f" {_count(devices, 'device')}, where no training state stays"
+            if s.separate
+            else f"the actor's gathered bf16 weights ({_fmt(weights_total)})"
+        )
         return _RolloutFit(
             tp=1,
             fraction=0.0,
@@ -264,16 +270,26 @@ def _fit_rollout(
             pool=0.0,
             hf_micro=micro,
             lines=(
-                f"rollout (hf): generate() runs on the actor's gathered bf16 weights"
-                f" ({_fmt(weights_total)}); {micro} sequences per call ({_fmt(micro * kv_seq)}"
-                f" of KV cache at {m.kv_cache_bytes_per_token() // 1024} KiB/token) next to"
-                f" {_fmt(state.resident)} of resident training state",
+                f"rollout (hf): generate() runs on {on}; {micro} sequences per call"
+                f" ({_fmt(micro * kv_seq)} of KV cache at"
+                f" {m.kv_cache_bytes_per_token() // 1024} KiB/token)"
+                + (
+                    ""
+                    if s.separate
+                    else f" next to {_fmt(state.resident)} of resident training state"
+                ),
             ),
         ), ""
 
     room = (budget - state.resident) / mem
     f_max = min(MAX_FRACTION, math.floor(room * 20 + 1e-9) / 20)
     if s.fraction is not None:
+        if s.fraction > room + 1e-9 and s.separate:
+            return None, (
+                f"pinned gpu_memory_utilization {s.fraction} asks for"
+                f" {_fmt(s.fraction * mem)} of a device whose budget is {_fmt(budget)}: at most"
+                f" {max(f_max, 0):.2f} fits"
+            )
         if s.fraction > room + 1e-9:
             return None, (
                 f"pinned gpu_memory_utilization {s.fraction} asks for"
@@ -283,6 +299,11 @@ def _fit_rollout(
         fraction = s.fraction
     else:
         fraction = f_max
+    if fraction < MIN_FRACTION and s.separate:
+        return None, (
+            f"gpu_memory_utilization {fraction} is below {MIN_FRACTION}: too little for a"
+            " rollout engine"
+        )
     if fraction < MIN_FRACTION:
         return None, (
             f"training state left on the device while generating ({_fmt(state.resident)})"
@@ -306,10 +327,12 @@ def _fit_rollout(
     if s.rollout_tp is not None:
         tp = s.rollout_tp
         if tp not in replicas_of:
-            return None, (
-                f"pinned rollout tensor_model_parallel_size {tp} must divide the {devices}"
-                " devices the rollout shares with the actor"
+            where = (
+                f"the rollout's own {layout.describe(acc.name)}"
+                if s.separate
+                else f"the {devices} devices the rollout shares with the actor"
             )
+            return None, f"pinned rollout tensor_model_parallel_size {tp} must divide {where}"
         if not fits(tp):
             return None, (
                 f"pinned rollout TP {tp}: weights {_fmt(weights_total / tp)} + KV for"
@@ -369,17 +392,31 @@ def _fit_rollout(
     weights = weights_total / tp
     kv = pool - weights - overhead
     holds = int(kv // per_seq)
-    lines = [
-        f"rollout ({s.rollout_backend}): {_fmt(state.resident)} of training state stays on"
-        f" each device while generating ({_RESIDENT[s.train_backend == 'megatron']})"
-        f" → gpu_memory_utilization {fraction:.2f}"
-        + (
-            " (pinned)"
-            if s.fraction is not None
-            else f" = ⌊(budget {_fmt(budget)} − {_fmt(state.resident)}) / {acc.memory_gib:g} GiB⌋"
-            " to 0.05"
+    if s.separate:
+        first = (
+            f"rollout ({s.rollout_backend}, on its own {_count(devices, 'device')}): no training"
+            f" state there → gpu_memory_utilization {fraction:.2f}"
+            + (
+                " (pinned)"
+                if s.fraction is not None
+                else f" = ⌊budget {_fmt(budget)} / {acc.memory_gib:g} GiB⌋ to 0.05, at most"
+                f" {MAX_FRACTION:g}"
+            )
         )
-        + f", a {_fmt(pool)} pool",
+    else:
+        first = (
+            f"rollout ({s.rollout_backend}): {_fmt(state.resident)} of training state stays on"
+            f" each device while generating ({_RESIDENT[s.train_backend == 'megatron']})"
+            f" → gpu_memory_utilization {fraction:.2f}"
+            + (
+                " (pinned)"
+                if s.fraction is not None
+                else f" = ⌊(budget {_fmt(budget)} − {_fmt(state.resident)}) /"
+                f" {acc.memory_gib:g} GiB⌋ to 0.05"
+            )
+        )
+    lines = [
+        first + f", a {_fmt(pool)} pool",
         f"rollout TP {tp}: {why}; divides {m.num_attention_heads} heads"
         + ("" if m.kv_latent_dim else f" and suits {m.num_kv_heads} KV heads")
         + f"; {_count(devices // tp, 'replica')}",
@@ -412,14 +449,14 @@ def _tp_heads_message(m: ModelShape, tp: int) -> str:
     )
 
 
-def _evaluate(
+def _evaluate_train(
     m: ModelShape,
     s: _Settings,
-    acc: Accelerator,
     layout: _Layout,
     c: _TrainCfg,
-) -> tuple[_Fit | None, str]:
-    budget = _budget_bytes(acc)
+    budget: float,
+) -> tuple[tuple[int, _TrainFit] | None, str]:
+    """(mini-batch, training fit) on ``layout`` with ``c``; (None, why) when none fits."""
     mini, why = _pick_mini(s, layout.devices)
     if mini is None or why:
         return None, why or "no mini-batch"
@@ -430,6 +467,21 @@ def _evaluate(
     train, why = _fit_train(m, s, c, budget, mini, layout.per_node)
     if train is None:
         return None, why
+    return (mini, train), ""
+
+
+def _evaluate(
+    m: ModelShape,
+    s: _Settings,
+    acc: Accelerator,
+    layout: _Layout,
+    c: _TrainCfg,
+) -> tuple[_Fit | None, str]:
+    budget = _budget_bytes(acc)
+    trained, why = _evaluate_train(m, s, layout, c, budget)
+    if trained is None:
+        return None, why
+    mini, train = trained
     rollout, why = _fit_rollout(m, s, acc, layout, train.state, budget)
     if rollout is None:
         return None, why

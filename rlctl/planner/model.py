@@ -35,6 +35,11 @@ MAX_NODES = 64  # the largest layout the search considers
 MAX_THROUGHPUT_NODES = 32  # the step-time floor never asks for more than this
 HOST_RAM_GIB = 1024  # host RAM assumed per node (8-GPU servers carry 1–2 TiB)
 HOST_RAM_USABLE = 0.8  # offload may take this share of it (the rest: OS, data, checkpoint)
+# The rollout on devices of its own (planner/split.py): decoding is bound by memory
+# bandwidth and waits for a batch's longest response, so generation takes more time per
+# FLOP than training. verl's published one-step-off runs (DAPO, Qwen2.5-Math-7B, 4 of 16
+# devices generating) put it at 1.7-1.8x, their synchronous runs at 1.75-3.3x.
+GENERATION_TIME_FACTOR = 2.0
 # Multi-turn rollouts (planner/multi_turn.py): the response budget's rule of thumb.
 MIN_TURN_TOKENS = 256  # a model turn that reasons a little and writes a call or an answer
 CHARS_PER_TOKEN = 4  # a tool result's characters per token (English text and code)
@@ -85,7 +90,9 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per device, GiB. Training and rollout alternate on the same devices."""
+    """Per device, GiB. Training and rollout alternate on the same devices (colocated), or
+    each peaks on its own group's devices (the rollout on devices of its own: nothing of
+    the training stays resident where it generates)."""
 
     device_gib: float | None  # nominal device memory; None on CPU (host RAM)
     budget_gib: float | None  # what the plan may use: device × (1 − 8 %) − 1 GiB
@@ -132,8 +139,67 @@ class MemoryEstimate:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
+def job_nodes(
+    train_nodes: int, train_per_node: int, rollout_nodes: int, rollout_per_node: int, node_size: int
+) -> tuple[int, int]:
+    """(nodes, devices per node) a job with the rollout on devices of its own asks for.
+    The two groups share nodes when their per-node counts fit one node of ``node_size``
+    (then max of their node counts), else they take nodes of their own (the sum); the
+    request per node is what the busiest node holds (verl's rule for its
+    one-step-off trainer, whose resource pools are placed the same way)."""
+    if train_per_node + rollout_per_node <= node_size:
+        return max(train_nodes, rollout_nodes), train_per_node + rollout_per_node
+    return train_nodes + rollout_nodes, max(train_per_node, rollout_per_node)
+
+
+@dataclass(frozen=True)
+class RolloutSplit:
+    """The rollout on devices of its own (``rollout.placement=separate``): how many
+    devices train and how many generate, and the estimates the split was chosen by."""
+
+    mode: str  # async_training.mode: sync | one_step_off
+    train_nodes: int
+    train_devices_per_node: int
+    rollout_nodes: int
+    rollout_devices_per_node: int
+    node_size: int  # devices a node has: the groups share nodes when both fit one
+    generate_seconds: float | None = None  # estimated, every response at full length
+    train_seconds: float | None = None
+
+    @property
+    def train_devices(self) -> int:
+        return self.train_nodes * self.train_devices_per_node
+
+    @property
+    def rollout_devices(self) -> int:
+        return self.rollout_nodes * self.rollout_devices_per_node
+
+    @property
+    def shares_nodes(self) -> bool:
+        return self.train_devices_per_node + self.rollout_devices_per_node <= self.node_size
+
+    def job(self) -> tuple[int, int]:
+        """(nodes, devices per node) the job asks for."""
+        return job_nodes(
+            self.train_nodes,
+            self.train_devices_per_node,
+            self.rollout_nodes,
+            self.rollout_devices_per_node,
+            self.node_size,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RolloutSplit:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
 @dataclass(frozen=True)
 class Plan:
+    # The job's layout: every node it asks for and the devices on each (with the rollout
+    # on devices of its own, both groups: ``split`` has each group's share).
     nodes: int
     devices_per_node: int
     accelerator: str | None
@@ -166,6 +232,7 @@ class Plan:
     log_prob_micro_batch_size_per_device: int = 1
     hf_rollout_micro_batch_size: int | None = None  # hf rollout: sequences per generate call
     estimated_step_seconds: float | None = None
+    split: RolloutSplit | None = None  # None: the rollout shares the actor's devices
 
     @property
     def num_devices(self) -> int:
@@ -176,9 +243,12 @@ class Plan:
         arr = "actor_rollout_ref"
         fsdp = self.train_backend in ("fsdp", "fsdp2")
         cpu = self.accelerator is None
+        split = self.split
         out: dict[str, Any] = {
-            "trainer.nnodes": self.nodes,
-            "trainer.n_gpus_per_node": self.devices_per_node,
+            "trainer.nnodes": split.train_nodes if split else self.nodes,
+            "trainer.n_gpus_per_node": split.train_devices_per_node
+            if split
+            else self.devices_per_node,
             "trainer.device": "cpu" if cpu else get_accelerator(self.accelerator).torch_device,
             "data.train_batch_size": self.train_batch_size,
             "data.max_prompt_length": self.max_prompt_length,
@@ -201,6 +271,11 @@ class Plan:
             out[f"{arr}.rollout.gpu_memory_utilization"] = self.rollout_memory_fraction
         if self.hf_rollout_micro_batch_size is not None:
             out[f"{arr}.rollout.micro_batch_size"] = self.hf_rollout_micro_batch_size
+        if split is not None:
+            out[f"{arr}.rollout.placement"] = "separate"
+            out[f"{arr}.rollout.separate_nnodes"] = split.rollout_nodes
+            out[f"{arr}.rollout.separate_n_gpus_per_node"] = split.rollout_devices_per_node
+            out["async_training.mode"] = split.mode
         if fsdp:
             out[f"{arr}.actor.fsdp_config.param_offload"] = self.param_offload
             out[f"{arr}.actor.fsdp_config.optimizer_offload"] = self.optimizer_offload
@@ -237,7 +312,9 @@ class Plan:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("memory", "model"):
+            if f.name == "split" and value is None:
+                continue  # colocated plans read as they did before the split existed
+            if f.name in ("memory", "model", "split"):
                 value = value.to_json()
             elif f.name == "reasoning":
                 value = list(value)
@@ -253,4 +330,6 @@ class Plan:
         model = data["model"]
         values["model"] = ModelShape(**{k: model[k] for k in ModelShape.__dataclass_fields__})
         values["reasoning"] = list(data["reasoning"])
+        if data.get("split") is not None:
+            values["split"] = RolloutSplit.from_json(data["split"])
         return cls(**values)

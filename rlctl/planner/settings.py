@@ -46,8 +46,15 @@ _HONOURED = frozenset(
         *(f"{role}.megatron.context_parallel_size" for role in _MEGATRON_ROLES),
         f"{_ARR}.actor.use_kl_loss",
         "algorithm.use_kl_in_reward",
+        # the rollout on devices of its own (planner/split.py): with it, trainer.nnodes and
+        # trainer.n_gpus_per_node size the training group only
+        "async_training.mode",
+        f"{_ARR}.rollout.placement",
+        f"{_ARR}.rollout.separate_nnodes",
+        f"{_ARR}.rollout.separate_n_gpus_per_node",
     }
 )
+_MODES = ("sync", "one_step_off")  # engine/config/async_training.py's ASYNC_MODES
 
 
 def pinned_values(req: PlanRequest) -> dict[str, Any]:
@@ -88,6 +95,14 @@ class _Settings:
     # on when the config turns multi_turn on (read whether pinned or default): the
     # response budget spans every turn and tool result (planner/multi_turn.py)
     multi_turn: MultiTurn | None = None
+    # The rollout on devices of its own (rollout.placement=separate, which an async mode
+    # needs): the planner splits the devices (planner/split.py). nodes/per_node then
+    # size the training group, rollout_nodes/rollout_per_node the rollout's (pinned or
+    # None).
+    separate: bool = False
+    async_mode: str = "sync"
+    rollout_nodes: int | None = None
+    rollout_per_node: int | None = None
 
     @property
     def seq_len(self) -> int:
@@ -120,6 +135,7 @@ def _settings(req: PlanRequest) -> _Settings:
         or bool(pinned.get(f"{_ARR}.actor.use_kl_loss"))
         or bool(pinned.get("algorithm.use_kl_in_reward"))
     )
+    placement = _placement(req, pinned, notes)
     s = _Settings(
         train_batch=take("data.train_batch_size", req.train_batch_size),
         n=take(f"{_ARR}.rollout.n", req.rollout_n),
@@ -144,6 +160,7 @@ def _settings(req: PlanRequest) -> _Settings:
         cp=_pinned_cp(pinned),
         notes=tuple(notes),
         multi_turn=multi_turn_of(req.config),
+        **placement,
     )
     _check_settings(s, req)
     if s.multi_turn is not None:
@@ -158,6 +175,46 @@ def _settings(req: PlanRequest) -> _Settings:
             ),
         )
     return s
+
+
+def _placement(req: PlanRequest, pinned: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
+    """Where the rollout runs: ``async_training.mode`` and ``rollout.placement`` as the
+    config has them (pinned or the engine's defaults, sync and colocate). An async mode
+    needs the rollout on devices of its own, so asking for one is asking for the split;
+    a recipe that pins colocate beside it is refused (the engine would refuse it too)."""
+    if req.config is None:
+        return {}
+    mode = req.config.async_training.mode
+    placement = req.config.actor_rollout_ref.rollout.placement
+    placement_key = f"{_ARR}.rollout.placement"
+    if mode not in _MODES:
+        raise InfeasiblePlanError(
+            f"async_training.mode: unknown mode {mode!r}", hint=f"use {' or '.join(_MODES)}"
+        )
+    if mode != "sync" and placement == "colocate" and placement_key in pinned:
+        raise InfeasiblePlanError(
+            f"async_training.mode={mode} generates the next batch while this one trains, which"
+            f" needs the rollout on devices of its own, but the recipe pins {placement_key}="
+            "colocate",
+            hint=f"drop {placement_key} (the planner then splits the devices between the"
+            f" groups), or set async_training.mode=sync",
+        )
+    separate = mode != "sync" or placement == "separate"
+    sizes = [k for k in (f"{_ARR}.rollout.separate_nnodes",
+                         f"{_ARR}.rollout.separate_n_gpus_per_node") if k in pinned]  # fmt: skip
+    if sizes and not separate:
+        notes.append(
+            f"{' and '.join(sizes)} pinned by the recipe size the rollout's own devices; with"
+            f" {placement_key}=colocate and async_training.mode=sync the engine ignores them"
+        )
+    if not separate:
+        return {}
+    return {
+        "separate": True,
+        "async_mode": mode,
+        "rollout_nodes": pinned.get(f"{_ARR}.rollout.separate_nnodes"),
+        "rollout_per_node": pinned.get(f"{_ARR}.rollout.separate_n_gpus_per_node"),
+    }
 
 
 def _pinned_cp(pinned: Mapping[str, Any]) -> int | None:
@@ -196,6 +253,8 @@ def _check_settings(s: _Settings, req: PlanRequest) -> None:
         ("trainer.n_gpus_per_node", s.per_node),
         ("num_devices", req.num_devices),
         ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp),
+        ("actor_rollout_ref.rollout.separate_nnodes", s.rollout_nodes),
+        ("actor_rollout_ref.rollout.separate_n_gpus_per_node", s.rollout_per_node),
     ):
         if value is not None and value < 1:
             raise InfeasiblePlanError(f"{key} must be a positive integer, got {value}")
@@ -209,6 +268,8 @@ def _check_settings(s: _Settings, req: PlanRequest) -> None:
         ("trainer.n_gpus_per_node", s.per_node, MAX_COUNT),
         ("hardware.accelerators (devices per node)", req.max_devices_per_node, MAX_COUNT),
         ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp, MAX_COUNT),
+        ("actor_rollout_ref.rollout.separate_nnodes", s.rollout_nodes, MAX_COUNT),
+        ("actor_rollout_ref.rollout.separate_n_gpus_per_node", s.rollout_per_node, MAX_COUNT),
         ("data.max_prompt_length", s.prompt_len, MAX_TOKENS),
         ("data.max_response_length", s.response_len, MAX_TOKENS),
         ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", s.token_len, MAX_TOKENS),

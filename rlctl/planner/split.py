@@ -1,0 +1,584 @@
+"""The rollout on devices of its own (``rollout.placement=separate``, which
+``async_training.mode=one_step_off`` needs): how many devices train and how many
+generate, the nodes the two groups take, and why (docs/planner.md, "Separate rollout and
+asynchronous training").
+
+Every candidate split is checked with the colocated planner's own parts: the training
+group as training on that many devices (``_evaluate_train``: the same memory model, the
+same batch rules), the rollout group as a rollout engine with no training state beside
+it (``_fit_rollout``: weights and KV in its pool). Among the splits that fit, the one
+with the shortest estimated step wins: one_step_off overlaps generation with training,
+so a step takes the longer of the two; sync takes them in turn. The estimates are the
+planner's FLOPs model, generation's FLOPs weighted by ``GENERATION_TIME_FACTOR``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from rlctl.hardware import Accelerator
+from rlctl.models import ModelShape
+from rlctl.planner.explain import _assemble, _duration, _reasoning
+from rlctl.planner.fit import (
+    _count,
+    _evaluate_train,
+    _Fit,
+    _fit_rollout,
+    _fmt,
+    _fmt_params,
+    _Layout,
+    _RolloutFit,
+)
+from rlctl.planner.memory import _budget_bytes, _pick_mini, _TrainMem
+from rlctl.planner.model import (
+    ASSUMED_MFU,
+    GENERATION_TIME_FACTOR,
+    MAX_NODES,
+    MAX_THROUGHPUT_NODES,
+    InfeasiblePlanError,
+    Plan,
+    PlanRequest,
+    RolloutSplit,
+    job_nodes,
+)
+from rlctl.planner.search import (
+    _auto_layouts,
+    _fixed_layout,
+    _flops_per_param_token,
+    _train_options,
+)
+from rlctl.planner.settings import _ARR, _Settings
+
+_NOTHING = _TrainMem(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # no training state on the rollout's
+_KEYS = (  # the split's keys, in the order a reader names them
+    ("trainer.nnodes", "nodes", "train", "nodes"),
+    ("trainer.n_gpus_per_node", "per_node", "train", "per_node"),
+    (f"{_ARR}.rollout.separate_nnodes", "rollout_nodes", "rollout", "nodes"),
+    (f"{_ARR}.rollout.separate_n_gpus_per_node", "rollout_per_node", "rollout", "per_node"),
+)
+
+
+@dataclass(frozen=True)
+class _Split:
+    train: _Layout
+    rollout: _Layout
+    node_size: int  # devices a node has
+
+    @property
+    def shares_nodes(self) -> bool:
+        """Both groups' devices per node fit one node: they share nodes."""
+        return self.train.per_node + self.rollout.per_node <= self.node_size
+
+    def job(self) -> _Layout:
+        nodes, per_node = job_nodes(
+            self.train.nodes,
+            self.train.per_node,
+            self.rollout.nodes,
+            self.rollout.per_node,
+            self.node_size,
+        )
+        return _Layout(nodes, per_node)
+
+    @property
+    def label(self) -> str:
+        """Devices training + generating: per node when the groups share nodes."""
+        if not self.shares_nodes:
+            return f"{_group(self.train)} + {_group(self.rollout)}"
+        each = f"{self.train.per_node} + {self.rollout.per_node}"
+        return each if self.train.nodes == 1 else f"{each} on each of {self.train.nodes} nodes"
+
+    def describe(self) -> str:
+        return f"training {_group(self.train)} + rollout {_group(self.rollout)}"
+
+
+def _group(lay: _Layout) -> str:
+    return f"{_count(lay.nodes, 'node')} × {lay.per_node}"
+
+
+@dataclass(frozen=True)
+class _SplitFit:
+    split: _Split
+    fit: _Fit  # fit.layout is the training group; fit.rollout is on the rollout group
+    generate_s: float
+    train_s: float
+    step_s: float
+
+
+def separate_plan(req: PlanRequest, s: _Settings, m: ModelShape, acc: Accelerator) -> Plan:
+    """The plan with the rollout on devices of its own; raises ``InfeasiblePlanError``
+    with the reason and what would fit."""
+    node_size = req.max_devices_per_node  # the hardware's node (8 for auto)
+    one = _one_device_seconds(m, s, acc)
+    pinned = _pinned_split(s, node_size)
+    fixed = _hardware(req, s, acc)
+    floor = 1
+    if pinned is not None:
+        _check_pinned(pinned, fixed, acc.name)
+        groups = [[pinned]]
+    elif fixed is not None:
+        groups = [_candidates(fixed, s, node_size)]
+        if not groups[0]:
+            raise _no_candidate(s, fixed.describe(acc.name))
+    else:
+        # Auto: the step-time floor for a step of both phases at a balanced split.
+        floor = min(math.ceil(sum(one) / s.target_s), MAX_THROUGHPUT_NODES * node_size)
+        everything = [lay for lay in _auto_layouts(node_size) if lay.devices >= 2]
+        totals = [lay for lay in everything if lay.devices >= floor] or everything[-1:]
+        groups = [g for g in (_candidates(lay, s, node_size) for lay in totals) if g]
+        if not groups:
+            raise _no_candidate(s, f"up to {MAX_NODES} nodes of {acc.name}")
+    fits, tried = _search_splits(m, s, acc, groups)
+    if not fits:
+        raise _infeasible(req, s, m, acc, fixed, pinned, groups, tried)
+    best = _choose(fits)
+    layout_lines = _split_lines(s, m, acc, best, fits, tried, one, floor, fixed)
+    chosen = best.fit
+    lines = _reasoning(s, m, acc, chosen, [], 0.0, floor, auto=False, layout_lines=layout_lines)
+    plan = _assemble(s, m, acc, chosen, lines, 0.0)
+    job = best.split.job()
+    sp = best.split
+    return replace(
+        plan,
+        nodes=job.nodes,
+        devices_per_node=job.per_node,
+        # nothing of the training stays where the rollout generates
+        memory=replace(plan.memory, rollout_resident_gib=0.0),
+        estimated_step_seconds=round(best.step_s, 1),
+        split=RolloutSplit(
+            mode=s.async_mode,
+            train_nodes=sp.train.nodes,
+            train_devices_per_node=sp.train.per_node,
+            rollout_nodes=sp.rollout.nodes,
+            rollout_devices_per_node=sp.rollout.per_node,
+            node_size=sp.node_size,
+            generate_seconds=round(best.generate_s, 1),
+            train_seconds=round(best.train_s, 1),
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# candidates
+
+
+def _hardware(req: PlanRequest, s: _Settings, acc: Accelerator) -> _Layout | None:
+    """The devices the recipe's hardware gives the job (both groups), or None (auto)."""
+    if req.num_devices is None:
+        return None
+    # trainer.nnodes / n_gpus_per_node size the training group here, not the job
+    return _fixed_layout(req, replace(s, nodes=None, per_node=None), acc.name)
+
+
+def _pinned_split(s: _Settings, node_size: int) -> _Split | None:
+    if None in (s.nodes, s.per_node, s.rollout_nodes, s.rollout_per_node):
+        return None
+    return _Split(
+        _Layout(s.nodes or 1, s.per_node or 1),
+        _Layout(s.rollout_nodes or 1, s.rollout_per_node or 1),
+        node_size,
+    )
+
+
+def _candidates(total: _Layout, s: _Settings, node_size: int) -> list[_Split]:
+    """The splits of ``total`` that use all of it and keep the recipe's pins: every node
+    shared (r of its devices generate, the rest train), or whole nodes for each group."""
+    n, p = total.nodes, total.per_node
+    out = [_Split(_Layout(n, p - r), _Layout(n, r), node_size) for r in range(1, p)]
+    out += [_Split(_Layout(n - k, p), _Layout(k, p), node_size) for k in range(1, n)]
+    return [c for c in out if all(_value(c, k) == v for k, v in _pins(s).items())]
+
+
+def _pins(s: _Settings) -> dict[str, int]:
+    """The split's keys the recipe pinned, with their values."""
+    return {key: getattr(s, attr) for key, attr, _, _ in _KEYS if getattr(s, attr) is not None}
+
+
+def _value(c: _Split, key: str) -> int:
+    for k, _, group, part in _KEYS:
+        if k == key:
+            return int(getattr(getattr(c, group), part))
+    raise KeyError(key)
+
+
+def _check_pinned(c: _Split, fixed: _Layout | None, acc_name: str) -> None:
+    """A split the recipe pinned whole: each group's devices per node within a node, and
+    the nodes it takes within the recipe's hardware."""
+    for lay, key in ((c.train, "trainer.n_gpus_per_node"),
+                     (c.rollout, f"{_ARR}.rollout.separate_n_gpus_per_node")):  # fmt: skip
+        if lay.per_node > c.node_size:
+            raise InfeasiblePlanError(
+                f"{key} {lay.per_node} is more than the {c.node_size} devices a node has",
+                hint=f"use at most {c.node_size} devices per node, and more nodes",
+            )
+    job = c.job()
+    if fixed is None or job.nodes <= fixed.nodes:
+        return
+    t, r = c.train.per_node, c.rollout.per_node
+    if c.shares_nodes:
+        why = (
+            f"{t} + {r} ≤ {c.node_size} devices share each node, on"
+            f" max({c.train.nodes}, {c.rollout.nodes}) nodes"
+        )
+    else:
+        why = (
+            f"{t} + {r} > {c.node_size} devices per node, so each group takes nodes of its"
+            f" own: {c.train.nodes} + {c.rollout.nodes}"
+        )
+    room = c.node_size - t
+    hints = [f"use hardware.nodes: {job.nodes}"]
+    if room >= 1 and max(c.train.nodes, c.rollout.nodes) <= fixed.nodes and not c.shares_nodes:
+        hints.insert(
+            0,
+            f"set {_ARR}.rollout.separate_n_gpus_per_node {room} ({t} + {room} ="
+            f" {c.node_size}: the groups then share each node)",
+        )
+    hints.append("unpin the four keys and let the planner split")
+    raise InfeasiblePlanError(
+        f"the pinned split, {c.describe()} (trainer.nnodes × trainer.n_gpus_per_node +"
+        f" {_ARR}.rollout.separate_nnodes × {_ARR}.rollout.separate_n_gpus_per_node), needs"
+        f" {_count(job.nodes, 'node')} ({why}); the recipe's hardware is"
+        f" {fixed.describe(acc_name)}",
+        hint="; or ".join(hints),
+    )
+
+
+def _no_candidate(s: _Settings, where: str) -> InfeasiblePlanError:
+    pins = _pins(s)
+    if not pins:
+        return InfeasiblePlanError(
+            f"{where} cannot be split between training and the rollout's own devices: each"
+            " group needs at least one",
+            hint="give the job at least 2 devices (hardware.accelerators), or keep the rollout"
+            " colocated (async_training.mode=sync, rollout.placement=colocate)",
+        )
+    pinned = ", ".join(f"{k} {v}" for k, v in pins.items())
+    return InfeasiblePlanError(
+        f"no split of {where} between training and the rollout's own devices keeps the"
+        f" pinned {pinned} (each group gets at least one device; a node is shared, r of its"
+        " devices generating, or each group takes whole nodes)",
+        hint=f"unpin {', '.join(pins)} and let the planner split, or change the hardware",
+    )
+
+
+def cpu_split(s: _Settings, total: _Layout) -> _Split:
+    """The CPU quickstart's split of its workers: no time model there (a CPU has no
+    FLOPS figure in the table), so the rollout takes the fewest workers a split allows
+    (the HF rollout generates on one as well as on several) and training the rest;
+    a split the recipe pins is taken as it is."""
+    pinned = _pinned_split(s, total.per_node)
+    if pinned is not None:
+        _check_pinned(pinned, total, "CPU")
+        return pinned
+    candidates = _candidates(total, s, total.per_node)
+    if not candidates:
+        raise _no_candidate(s, total.describe("CPU workers"))
+    return min(candidates, key=lambda c: (c.rollout.devices, c.train.nodes))
+
+
+def cpu_split_lines(s: _Settings, c: _Split) -> list[str]:
+    how = "pinned by the recipe" if len(_pins(s)) == len(_KEYS) else "the fewest for the rollout"
+    return [
+        f"placement: the rollout on workers of its own (async_training.mode={s.async_mode})",
+        f"split: {c.train.devices} train + {c.rollout.devices} generate ({c.label}) — {how}"
+        " (no time model on CPU)",
+        _nodes_line(c, "CPU workers", None, unit="workers"),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# the search and the rule
+
+
+def _search_splits(
+    m: ModelShape, s: _Settings, acc: Accelerator, groups: list[list[_Split]]
+) -> tuple[list[_SplitFit], list[tuple[_Split, str]]]:
+    """The splits that fit in the first group of candidates (one group per total layout,
+    smallest first) where any does, tier by tier like the colocated search (no offload on
+    more devices before offload on fewer); and why the others did not."""
+    budget = _budget_bytes(acc)
+    rollouts: dict[_Layout, tuple[_RolloutFit | None, str]] = {}
+    options: dict[_Layout, list] = {}  # the training configurations of a group, once
+
+    def options_of(lay: _Layout) -> list:
+        if lay not in options:
+            options[lay] = _train_options(m, s, lay)
+        return options[lay]
+
+    # every layout has as many tiers (offload levels) as the settings allow
+    tiers = len(_train_options(m, s, groups[0][0].train))
+    reasons: dict[_Split, str] = {}
+    for tier in range(tiers):
+        for group in groups:
+            fits = []
+            for c in group:
+                fit, why = _evaluate_split(m, s, acc, c, options_of, tier, budget, rollouts)
+                if fit is not None:
+                    fits.append(fit)
+                elif why and (c not in reasons or why.startswith("rollout")):
+                    # the first tier's reason; but a rollout that does not fit is the
+                    # reason at every tier (offload frees only the training's devices)
+                    reasons[c] = why
+            if fits:
+                fitted = {f.split for f in fits}
+                return fits, [(c, reasons[c]) for c in group if c in reasons and c not in fitted]
+    return [], list(reasons.items())
+
+
+def _evaluate_split(
+    m: ModelShape,
+    s: _Settings,
+    acc: Accelerator,
+    c: _Split,
+    options_of: Callable[[_Layout], list],
+    tier: int,
+    budget: float,
+    rollouts: dict[_Layout, tuple[_RolloutFit | None, str]],
+) -> tuple[_SplitFit | None, str]:
+    if s.samples % c.rollout.devices:  # the engine hands each rollout rank an equal share
+        return None, (
+            f"rollout: the {s.samples} samples of a batch ({s.train_batch} prompts × {s.n}) do"
+            f" not split evenly over {c.rollout.devices} generating devices"
+        )
+    mini, why = _pick_mini(s, c.train.devices)
+    if why:  # said shortly: every split of a layout is listed with its reason
+        if s.mini is not None:
+            return None, (
+                f"training: the pinned ppo_mini_batch_size {s.mini} × rollout.n {s.n} ="
+                f" {s.mini * s.n} samples do not split evenly over {c.train.devices} devices"
+            )
+        return None, (
+            f"training: no mini-batch of the {s.train_batch} prompts × {s.n} samples splits"
+            f" evenly over {c.train.devices} devices"
+        )
+    options = options_of(c.train)
+    if tier >= len(options):
+        return None, ""
+    if not options[tier] and s.cp is not None:
+        return None, (
+            f"training: the pinned context_parallel_size {s.cp} does not divide"
+            f" {c.train.devices} / (TP × PP) for any TP and PP the model allows"
+        )
+    why = ""
+    for group in options[tier]:
+        for cfg in group:  # the least offload first
+            trained, reason = _evaluate_train(m, s, c.train, cfg, budget)
+            if trained is None:
+                why = why or reason
+                continue
+            if c.rollout not in rollouts:
+                rollouts[c.rollout] = _fit_rollout(m, s, acc, c.rollout, _NOTHING, budget)
+            rollout, reason = rollouts[c.rollout]
+            if rollout is None:
+                return None, reason if reason.startswith("rollout") else f"rollout: {reason}"
+            if rollout.tp > c.rollout.per_node and c.shares_nodes:
+                return None, (
+                    f"rollout: TP {rollout.tp} would span nodes that hold"
+                    f" {_count(c.rollout.per_node, 'rollout device')} each"
+                )
+            mini, train = trained
+            gen, tr = _split_seconds(m, s, acc, c)
+            step = max(gen, tr) if s.async_mode != "sync" else gen + tr
+            return _SplitFit(c, _Fit(c.train, cfg, mini, train, rollout), gen, tr, step), ""
+    return None, f"training: {why}" if why else ""
+
+
+def _one_device_seconds(m: ModelShape, s: _Settings, acc: Accelerator) -> tuple[float, float]:
+    """(generation, training) of one step on one device: the planner's FLOPs (2 to
+    generate; old log-probs, update, reference and critic to train), generation's weighted
+    by ``GENERATION_TIME_FACTOR``, at ``ASSUMED_MFU`` of the device's bf16 peak."""
+    work = s.samples * s.seq_len * m.compute_params
+    rate = acc.bf16_tflops * 1e12 * ASSUMED_MFU
+    generate = work * 2 * GENERATION_TIME_FACTOR / rate
+    train = work * (_flops_per_param_token(s) - 2) / rate
+    return generate, train
+
+
+def _split_seconds(m: ModelShape, s: _Settings, acc: Accelerator, c: _Split) -> tuple[float, float]:
+    generate, train = _one_device_seconds(m, s, acc)
+    return generate / c.rollout.devices, train / c.train.devices
+
+
+def _choose(fits: list[_SplitFit]) -> _SplitFit:
+    """The shortest estimated step; at a tie (within 0.1 %), the fewer rollout devices
+    (more for training's memory), then the training group on fewer nodes (its
+    collectives stay within nodes)."""
+    best = min(f.step_s for f in fits)
+    tied = [f for f in fits if f.step_s <= best * 1.001]
+    return min(tied, key=lambda f: (f.split.rollout.devices, f.split.train.nodes))
+
+
+# ---------------------------------------------------------------------------
+# the explanation
+
+
+def _split_lines(
+    s: _Settings,
+    m: ModelShape,
+    acc: Accelerator,
+    best: _SplitFit,
+    fits: list[_SplitFit],
+    tried: list[tuple[_Split, str]],
+    one: tuple[float, float],
+    floor: int,
+    fixed: _Layout | None,
+) -> list[str]:
+    c = best.split
+    overlap = s.async_mode != "sync"
+    if overlap:
+        placement = (
+            f"placement: the rollout on devices of its own (async_training.mode={s.async_mode}:"
+            " batch k+1 is generated while batch k trains, so a step takes the longer of the"
+            " two; docs/async.md)"
+        )
+    else:
+        placement = (
+            "placement: the rollout on devices of its own (rollout.placement=separate,"
+            " async_training.mode=sync: generation and training take turns, so a step takes"
+            " both; one_step_off would overlap them)"
+        )
+    train_parts = f"old log-probs 2, update {8 if s.grad_ckpt else 6}"
+    train_parts += ", reference 2" if s.reference else ""
+    train_parts += f", critic {2 + (8 if s.grad_ckpt else 6)}" if s.critic else ""
+    gen_1, train_1 = one
+    lines = [
+        placement,
+        f"step compute: {s.train_batch} prompts × {s.n} samples × {s.seq_len} tokens ="
+        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {_fmt_params(m.compute_params)}"
+        f"{' active' if m.is_moe else ''} params; generation 2 FLOPs × {GENERATION_TIME_FACTOR:g}"
+        " (decoding is bound by memory bandwidth and waits for the longest response: about"
+        f" {GENERATION_TIME_FACTOR:g}× training's time per FLOP) = {_duration(gen_1)}, training"
+        f" {_flops_per_param_token(s) - 2} FLOPs ({train_parts}) = {_duration(train_1)}, on one"
+        f" {acc.name} at {ASSUMED_MFU:.0%} of {acc.bf16_tflops:g} TFLOPS (upper bounds: every"
+        " response at its maximum length)",
+    ]
+    if floor > 1:
+        lines.append(
+            f"step-time floor: a step under {s.target_s / 60:g} min needs ≥ {floor} devices in all"
+        )
+    combine = "max" if overlap else "sum"
+    pins = _pins(s)
+    if len(pins) == len(_KEYS):
+        how = "pinned by the recipe"
+    else:
+        how = "the split with the shortest estimated step" + (
+            f" that keeps the pinned {', '.join(f'{k} {v}' for k, v in pins.items())}"
+            if pins
+            else ""
+        )
+    where = fixed.describe(acc.name) if fixed is not None else c.job().describe(acc.name)
+    line = (
+        f"split: {c.train.devices} train + {c.rollout.devices} generate on {where} — {how},"
+        f" {combine}(generate {_duration(best.generate_s)} on {c.rollout.devices}, train"
+        f" {_duration(best.train_s)} on {c.train.devices}) = {_duration(best.step_s)}"
+    )
+    shown = [
+        (f.split, f"{combine}({_duration(f.generate_s)}, {_duration(f.train_s)}) ="
+                  f" {_duration(f.step_s)}" + _tie(f, best))
+        for f in fits if f is not best
+    ]  # fmt: skip
+    shown += tried[:4]
+    if shown:
+        shown.sort(key=lambda x: (x[0].rollout.devices, x[0].train.nodes))
+        line += "; the others: " + "; ".join(f"{c.label}: {text}" for c, text in shown)
+        if len(tried) > 4:
+            line += f"; and {len(tried) - 4} more that do not fit"
+    lines.append(line)
+    if overlap and best.generate_s > best.train_s * 1.001:
+        lines.append(
+            f"note: generation ({_duration(best.generate_s)}) outlasts training"
+            f" ({_duration(best.train_s)}): the training waits for each batch"
+            " (timing_s/wait_prev_gen); more devices for the rollout shorten it"
+        )
+    lines.append(_nodes_line(c, acc.name, fixed))
+    when = "once per step, before it generates the next batch" if overlap else "after every update"
+    lines.append(
+        f"weights: the actor's first rank sends the bf16 weights ({_fmt(2 * m.num_params)}) to"
+        f" the rollout's {_count(c.rollout.devices, 'device')} {when}, bucket by bucket"
+        f" ({_ARR}.rollout.update_weights_bucket_megabytes; docs/async.md); not in the estimate"
+    )
+    return lines
+
+
+def _nodes_line(c: _Split, what: str, fixed: _Layout | None, unit: str = "devices") -> str:
+    """The nodes the job asks for: verl's rule (``job_nodes``) with the numbers."""
+    job = c.job()
+    if c.shares_nodes:
+        nodes = (
+            f"nodes: {c.train.per_node} + {c.rollout.per_node} ≤ {c.node_size} {unit} per node,"
+            f" so the groups share nodes: max({c.train.nodes}, {c.rollout.nodes}) ="
+            f" {_count(job.nodes, 'node')} × {job.per_node}"
+        )
+    else:
+        nodes = (
+            f"nodes: {c.train.per_node} + {c.rollout.per_node} > {c.node_size} {unit} per node,"
+            f" so each group takes nodes of its own: {c.train.nodes} + {c.rollout.nodes} ="
+            f" {_count(job.nodes, 'node')} × {job.per_node}"
+        )
+    nodes += f" {what} for the job (training {_group(c.train)}, rollout {_group(c.rollout)})"
+    used = c.train.devices + c.rollout.devices
+    if job.devices > used:  # a node's request is what its busiest node holds
+        nodes += f"; {job.devices - used} of the {unit} it asks for stay idle"
+    if fixed is not None and fixed.devices > job.devices:
+        nodes += f"; the recipe's hardware gives {fixed.devices}, {job.devices} of them used"
+    return nodes
+
+
+def _tie(f: _SplitFit, best: _SplitFit) -> str:
+    if f.step_s > best.step_s * 1.001:
+        return ""
+    if f.split.rollout.devices > best.split.rollout.devices:
+        return " (a tie: the fewer rollout devices win)"
+    return " (a tie: the training group on fewer nodes wins)"
+
+
+# ---------------------------------------------------------------------------
+# no split fits
+
+
+def _infeasible(
+    req: PlanRequest,
+    s: _Settings,
+    m: ModelShape,
+    acc: Accelerator,
+    fixed: _Layout | None,
+    pinned: _Split | None,
+    groups: list[list[_Split]],
+    tried: list[tuple[_Split, str]],
+) -> InfeasiblePlanError:
+    if pinned is not None:
+        where = f"the pinned split, {pinned.describe()}"
+    elif fixed is not None:
+        where = f"any split of {fixed.describe(acc.name)}"
+    else:
+        where = f"any split of up to {MAX_NODES} nodes of {acc.name}"
+    shown = tried if len(tried) <= 4 else [*tried[:2], *tried[-2:]]
+    message = f"{m.name} with the rollout on devices of its own does not fit on {where}: " + (
+        "; ".join(f"{c.label}: {why}" for c, why in shown) or "nothing to try"
+    )
+    hints: list[str] = []
+    pins = _pins(s)
+    if pins:
+        free = replace(s, nodes=None, per_node=None, rollout_nodes=None, rollout_per_node=None)
+        totals = [fixed] if fixed is not None else [g[0].job() for g in groups]
+        retry = [_candidates(t, free, req.max_devices_per_node) for t in totals]
+        fits, _ = _search_splits(m, free, acc, [g for g in retry if g])
+        there = f" (fits as {_choose(fits).split.describe()})" if fits else ""
+        hints.append(f"unpin {', '.join(pins)} and let the planner split{there}")
+    if fixed is not None or pinned is not None:
+        free = replace(s, nodes=None, per_node=None, rollout_nodes=None, rollout_per_node=None)
+        node_size = req.max_devices_per_node
+        auto = [lay for lay in _auto_layouts(node_size) if lay.devices >= 2]
+        fits, _ = _search_splits(
+            m, free, acc, [g for g in (_candidates(t, free, node_size) for t in auto) if g]
+        )
+        given = fixed if fixed is not None else pinned.job() if pinned is not None else None
+        if fits and given is not None and _choose(fits).split.job().devices > given.devices:
+            best = _choose(fits).split
+            hints.append(f"needs ~{best.job().describe(acc.name)} ({best.describe()})")
+    hints.append(
+        f"shorten the sequences (now {s.prompt_len} + {s.response_len} tokens), or use an"
+        " accelerator with more memory"
+    )
+    return InfeasiblePlanError(message, hint="; or ".join(hints))
