@@ -240,6 +240,8 @@ actor_rollout_ref:
     clip_ratio_low: null
     clip_ratio_high: null
     clip_ratio_c: 3.0
+    tau_pos: 1.0
+    tau_neg: 1.05
     loss_agg_mode: token-mean
     loss_scale_factor: null
     entropy_coeff: 0.0
@@ -420,9 +422,12 @@ algorithm:
     enable: false
     metric: acc
     max_num_gen_batches: 10
+  gdpo_reward_keys: null
+  gdpo_reward_weights: null
   rollout_correction:
     rollout_is: token
     rollout_is_threshold: 2.0
+    bypass_mode: false
 trainer:
   project_name: rlctl
   experiment_name: grpo-qwen7b-gsm8k-async
