@@ -148,4 +148,19 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"{key}.placement=separate needs the rollout pool's size:"
             " set rollout.separate_nnodes and rollout.separate_n_gpus_per_node"
         )
+    elif rollout.placement == "separate":
+        pool = rollout.separate_nnodes * rollout.separate_n_gpus_per_node
+        if tp >= 1 and (pool % tp or rollout.separate_n_gpus_per_node % tp):
+            p.append(
+                f"{key}.tensor_model_parallel_size {tp} must divide the rollout's own"
+                f" {rollout.separate_n_gpus_per_node} devices per node"
+                f" ({key}.separate_n_gpus_per_node): an engine stays within a node"
+            )
+        samples = cfg.data.train_batch_size * rollout.n
+        if samples % pool:
+            p.append(
+                f"data.train_batch_size {cfg.data.train_batch_size} × {key}.n {rollout.n} ="
+                f" {samples} samples do not split evenly over the rollout's {pool} devices"
+                f" ({key}.separate_nnodes × separate_n_gpus_per_node): change one of them"
+            )
     return p

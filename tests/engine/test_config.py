@@ -589,3 +589,23 @@ def test_bypass_mode_needs_the_engines_log_probs_and_no_second_ratio():
     with pytest.raises(ConfigError, match="set rollout_is=null"):
         load_config([*REQUIRED, bypass, logprobs, "algorithm.rollout_correction.rollout_is=token"])
     assert load_config([*REQUIRED, bypass, logprobs]).algorithm.rollout_correction.bypass_mode
+
+
+def test_a_separate_rollout_pool_must_hold_its_tp_and_split_the_batch_evenly():
+    separate = [
+        "actor_rollout_ref.rollout.placement=separate",
+        "actor_rollout_ref.rollout.separate_nnodes=1",
+        "actor_rollout_ref.rollout.separate_n_gpus_per_node=3",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    ]
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            [*REQUIRED, *separate, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+        )
+    text = "\n".join(err.value.problems)
+    assert "tensor_model_parallel_size 2 must divide the rollout's own 3 devices" in text
+    assert "32 samples do not split evenly over the rollout's 3 devices" in text
+    ok = [*separate[:2], "actor_rollout_ref.rollout.separate_n_gpus_per_node=2", *separate[3:]]
+    assert load_config([*REQUIRED, *ok]).actor_rollout_ref.rollout.placement == "separate"
