@@ -3,7 +3,7 @@
 One step, top to bottom:
 
     prompts ─► generate ─► score ─► old log-probs ─► ref log-probs ─► values
-            ─► advantages ─► critic update ─► actor update ─► metrics
+            ─► rollout correction ─► advantages ─► critic update ─► actor update ─► metrics
 
 The controller holds the algorithm's control flow and the typed batches; the
 worker group (``engine.controller.worker_group``) holds the weights and does
@@ -234,13 +234,19 @@ class Trainer:
                 metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
             tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
             updates_actor = self.step > cfg.trainer.critic_warmup
+            needs = estimator_needs(cfg.algorithm.adv_estimator)
             old_logprobs = None  # on-policy: the update's own log-probs serve as π_old
+            sum_pi_squared = None  # Σ_v π_old(v)², only for an estimator that reads it
             # Off-policy (async_training): π_old is the proximal policy, the weights now,
             # not the ones that sampled; TIS corrects between the two (rollout_correction).
             off_policy = self.overlap is not None
             if cfg.algorithm.rollout_correction.bypass_mode:
                 # verl's bypass mode: the sampler's own log-probs are π_old, no pass
                 old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
+            elif needs.sum_pi_squared:  # the optimal token baseline: always a π_old pass
+                with timer("old_log_prob"):
+                    probs = self.workers.call_split("actor", "log_probs_sum_pi_squared", tokens)
+                old_logprobs, sum_pi_squared = probs.logprobs_BR, probs.sum_pi_squared_BR
             elif cfg.algorithm.use_kl_in_reward or (
                 updates_actor and (off_policy or not cfg.update_is_on_policy)
             ):
@@ -254,8 +260,11 @@ class Trainer:
             if cfg.use_critic:
                 with timer("values"):
                     values = self.workers.call_split("critic", "values", tokens)
+            is_weights = None  # TIS weights first: the optimal token baseline reads them
+            bypass = cfg.algorithm.rollout_correction.bypass_mode
+            if rollout.rollout_logprobs is not None and old_logprobs is not None and not bypass:
+                is_weights = self.rollout_correction(rollout, old_logprobs, metrics)
             with timer("adv"):
-                needs = estimator_needs(cfg.algorithm.adv_estimator)
                 token_rewards = self.token_rewards(rollout, old_logprobs, ref_logprobs, metrics)
                 baseline = self.greedy_baseline(rollout, timer) if needs.greedy_baseline else None
                 components = (
@@ -272,6 +281,9 @@ class Trainer:
                         values_BT=values,
                         baseline_rewards_B=baseline,
                         reward_components_BK=components,
+                        old_logprobs_BT=old_logprobs if needs.sum_pi_squared else None,
+                        sum_pi_squared_BT=sum_pi_squared,
+                        is_weights_BT=is_weights,
                     ),
                     cfg.algorithm,
                 )
@@ -281,10 +293,6 @@ class Trainer:
                     metrics |= self.workers.call_split(
                         "critic", "update", batch, gather=reduce_rank_metrics
                     )
-            is_weights = None
-            bypass = cfg.algorithm.rollout_correction.bypass_mode
-            if rollout.rollout_logprobs is not None and old_logprobs is not None and not bypass:
-                is_weights = self.rollout_correction(rollout, old_logprobs, metrics)
             if updates_actor:
                 with timer("update_actor"):
                     batch = ActorBatch(

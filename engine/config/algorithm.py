@@ -147,12 +147,13 @@ def rules(cfg: EngineConfig) -> list[str]:
             " critic.enable=true (or null), or pick a critic-free estimator such as grpo"
         )
     p += _gdpo_rules(cfg)
-    if names.estimator_needs(algo.adv_estimator).sum_pi_squared:
+    if names.estimator_needs(algo.adv_estimator).sum_pi_squared and (
+        algo.rollout_correction.bypass_mode
+    ):
         p.append(
-            f"algorithm.adv_estimator={algo.adv_estimator} needs Σ_v π(v)² of every response"
-            " token from the actor's log-prob pass (verl's"
-            " actor_rollout_ref.actor.calculate_sum_pi_squared), which this engine's actor"
-            " does not compute yet: use grpo, or opo (a length-weighted optimal baseline)"
+            f"algorithm.adv_estimator={algo.adv_estimator} reads Σ_v π_old(v)² from the"
+            " actor's π_old pass, which algorithm.rollout_correction.bypass_mode=true skips:"
+            " set bypass_mode=false, or pick another estimator such as grpo"
         )
     if not 0.0 <= algo.gamma <= 1.0:
         p.append(f"algorithm.gamma must be in [0, 1], got {algo.gamma}")

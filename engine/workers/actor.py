@@ -18,7 +18,7 @@ from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train.engines import actor_engine
 from engine.train.forward import forward_in_micro_batches, micro_batches, plan_micro_batches
-from engine.types import ActorBatch, TokenBatch
+from engine.types import ActorBatch, PolicyProbs, TokenBatch
 
 
 class ActorWorker:
@@ -58,6 +58,24 @@ class ActorWorker:
             self.device.torch_device(),
             lambda micro: self.engine.response_logprobs(micro, self.rollout_cfg.temperature)[0],
         )
+
+    @torch.no_grad()
+    def log_probs_sum_pi_squared(self, tokens: TokenBatch) -> PolicyProbs:
+        """``log_probs`` and, from the same forward, Σ_v π_θ(v)² at each response position
+        (the optimal token baseline's inputs; asked for by the trainer only then)."""
+        self.engine.eval()
+        both = forward_in_micro_batches(
+            tokens,
+            self.rollout_cfg.log_prob_micro_batch_size_per_gpu,
+            self.log_prob_budget,
+            self.device.torch_device(),
+            lambda micro: torch.stack(
+                self.engine.response_logprobs_sum_pi_squared(micro, self.rollout_cfg.temperature),
+                dim=-1,
+            ),
+        )
+        logprobs, sum_sq = (t.contiguous() for t in both.unbind(-1))
+        return PolicyProbs(logprobs_BR=logprobs, sum_pi_squared_BR=sum_sq)
 
     def update(self, batch: ActorBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's shard; one optimizer step per

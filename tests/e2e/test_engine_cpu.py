@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.algo.names import estimator_needs
 from engine.config import load_config
 
 pytestmark = pytest.mark.slow
@@ -209,6 +210,18 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.clip_ratio=0.05",
         "actor_rollout_ref.actor.ppo_epochs=2",
     ],
+    # The optimal token baseline: Σπ² from the actor's π_old pass, which runs although
+    # one mini-batch would otherwise be on-policy without it.
+    "optimal_token_baseline": [
+        "algorithm.adv_estimator=optimal_token_baseline",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    ],
+    # Its multi-turn form, with the rollout's TIS weights (HF's own log-probs) in W.
+    "tir_optimal_token_baseline_tis": [
+        "algorithm.adv_estimator=tir_optimal_token_baseline",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=token",
+    ],
     # Two of the synthetic scorer's numbers as separately normalised rewards.
     "gdpo": [
         "algorithm.adv_estimator=gdpo",
@@ -264,6 +277,8 @@ def test_algorithm_runs(
         assert last["actor/reward_kl_penalty_coeff"] > 0
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         assert last["actor/kl_loss"] >= 0  # k3 is non-negative
+    if estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared:
+        assert all("timing_s/old_log_prob" in r for r in records)
     for key in cfg.algorithm.gdpo_reward_keys or []:
         assert 0.0 <= last[f"gdpo/{key}/mean"] <= 1.0
     if cfg.algorithm.filter_groups.enable:
