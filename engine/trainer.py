@@ -3,7 +3,7 @@
 One step, top to bottom:
 
     prompts ─► generate ─► score ─► old log-probs ─► ref log-probs ─► values
-            ─► advantages ─► critic update ─► actor update ─► metrics
+            ─► rollout correction ─► advantages ─► critic update ─► actor update ─► metrics
 
 The controller holds the algorithm's control flow and the typed batches; the
 worker group (``engine.controller.worker_group``) holds the weights and does
@@ -23,12 +23,7 @@ from engine.algo.advantage import AdvantageInputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
 from engine.algo.masked import last_valid_index
 from engine.algo.names import estimator_needs
-from engine.algo.rollout_correction import (
-    is_weight_metrics,
-    mismatch_metrics,
-    ragged_to_padded,
-    rollout_is_weights,
-)
+from engine.algo.rollout_correction import Correction, correct_rollout, ragged_to_padded
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
 from engine.controller.dispatch import concat, split
@@ -234,13 +229,19 @@ class Trainer:
                 metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
             tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
             updates_actor = self.step > cfg.trainer.critic_warmup
+            needs = estimator_needs(cfg.algorithm.adv_estimator)
             old_logprobs = None  # on-policy: the update's own log-probs serve as π_old
+            sum_pi_squared = None  # Σ_v π_old(v)², only for an estimator that reads it
             # Off-policy (async_training): π_old is the proximal policy, the weights now,
             # not the ones that sampled; TIS corrects between the two (rollout_correction).
             off_policy = self.overlap is not None
             if cfg.algorithm.rollout_correction.bypass_mode:
                 # verl's bypass mode: the sampler's own log-probs are π_old, no pass
                 old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
+            elif needs.sum_pi_squared:  # the optimal token baseline: always a π_old pass
+                with timer("old_log_prob"):
+                    probs = self.workers.call_split("actor", "log_probs_sum_pi_squared", tokens)
+                old_logprobs, sum_pi_squared = probs.logprobs_BR, probs.sum_pi_squared_BR
             elif cfg.algorithm.use_kl_in_reward or (
                 updates_actor and (off_policy or not cfg.update_is_on_policy)
             ):
@@ -254,8 +255,9 @@ class Trainer:
             if cfg.use_critic:
                 with timer("values"):
                     values = self.workers.call_split("critic", "values", tokens)
+            # Weights and rejection first: the optimal token baseline reads the weights.
+            correction = self.rollout_correction(rollout, old_logprobs, metrics)
             with timer("adv"):
-                needs = estimator_needs(cfg.algorithm.adv_estimator)
                 token_rewards = self.token_rewards(rollout, old_logprobs, ref_logprobs, metrics)
                 baseline = self.greedy_baseline(rollout, timer) if needs.greedy_baseline else None
                 components = (
@@ -272,6 +274,9 @@ class Trainer:
                         values_BT=values,
                         baseline_rewards_B=baseline,
                         reward_components_BK=components,
+                        old_logprobs_BT=old_logprobs if needs.sum_pi_squared else None,
+                        sum_pi_squared_BT=sum_pi_squared,
+                        is_weights_BT=correction.is_weights_BT,
                     ),
                     cfg.algorithm,
                 )
@@ -281,14 +286,14 @@ class Trainer:
                     metrics |= self.workers.call_split(
                         "critic", "update", batch, gather=reduce_rank_metrics
                     )
-            is_weights = None
-            bypass = cfg.algorithm.rollout_correction.bypass_mode
-            if rollout.rollout_logprobs is not None and old_logprobs is not None and not bypass:
-                is_weights = self.rollout_correction(rollout, old_logprobs, metrics)
             if updates_actor:
                 with timer("update_actor"):
                     batch = ActorBatch(
-                        tokens, old_logprobs, adv.advantages_BT, ref_logprobs, is_weights
+                        correction.actor_tokens(tokens),  # rejected tokens out of the loss
+                        old_logprobs,
+                        adv.advantages_BT,
+                        ref_logprobs,
+                        correction.is_weights_BT,
                     )
                     metrics |= self.workers.call_split(
                         "actor", "update", batch, gather=reduce_rank_metrics
@@ -314,21 +319,19 @@ class Trainer:
     # -- stages -------------------------------------------------------------
 
     def rollout_correction(
-        self, rollout: Rollout, old_logprobs: torch.Tensor, metrics: dict[str, float]
-    ) -> torch.Tensor | None:
-        """The rollout engine's probabilities against the training forward's: the
-        mismatch metrics, and TIS weights when ``algorithm.rollout_correction`` asks."""
-        mask = rollout.tokens.response_mask_BR
-        engine_logprobs = ragged_to_padded(rollout.rollout_logprobs, rollout.tokens.response_length)
-        metrics |= mismatch_metrics(old_logprobs, engine_logprobs, mask)
+        self, rollout: Rollout, old_logprobs: torch.Tensor | None, metrics: dict[str, float]
+    ) -> Correction:
+        """Decoupled mode: the rollout engine's probabilities against π_old's, the mismatch
+        metrics, and the weights and rejection ``algorithm.rollout_correction`` asks for
+        (bypass mode corrects in the actor's loss instead)."""
         rc = self.cfg.algorithm.rollout_correction
-        if rc.rollout_is is None:
-            return None
-        weights = rollout_is_weights(
-            old_logprobs, engine_logprobs, mask, rc.rollout_is, rc.rollout_is_threshold
-        )
-        metrics |= is_weight_metrics(weights, mask, rc.rollout_is_threshold)
-        return weights
+        if rollout.rollout_logprobs is None or old_logprobs is None or rc.bypass_mode:
+            return Correction()
+        tokens = rollout.tokens
+        engine_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
+        correction = correct_rollout(old_logprobs, engine_logprobs, tokens.response_mask_BR, rc)
+        metrics |= correction.metrics
+        return correction
 
     def next_prompts(self) -> list[PromptSample]:
         """The next batch of prompts; a new epoch starts when one runs out."""

@@ -8,6 +8,7 @@ P the prompt length (left-padded), R the response length (right-padded).
     prompts ──► GenerationRequest ──►  rollout.generate  ──► GenerationOutput (ragged)
     TokenBatch (padded once, here)
              ──► TokenBatch        ──►  actor/ref.log_probs, critic.values  ──► per-token tensors
+                                        actor.log_probs_sum_pi_squared      ──► PolicyProbs
              ──► ActorBatch        ──►  actor.update     ──► metrics
              ──► CriticBatch       ──►  critic.update    ──► metrics
 
@@ -131,6 +132,15 @@ class ActorBatch:
     ref_logprobs_BR: torch.Tensor | None = None  # present when the KL loss is on
     # Truncated importance weights vs the rollout engine (algorithm.rollout_correction)
     rollout_is_weights_BR: torch.Tensor | None = None
+
+
+@dataclass
+class PolicyProbs:
+    """The actor's π_old pass when the advantage estimator reads more than the log-probs
+    (the optimal token baseline): per response token, 0 on padding."""
+
+    logprobs_BR: torch.Tensor  # log π_old(o_t)
+    sum_pi_squared_BR: torch.Tensor  # Σ_v π_old(v)² at the token's position
 
 
 @dataclass

@@ -20,7 +20,7 @@ class EstimatorNeeds:
     # the reward function's separate components (algorithm.gdpo_reward_keys), per sample
     reward_components: bool = False
     # π_old of each response token and Σ_v π_old(v)² at its position, from the actor's π_old
-    # pass (the optimal token baseline); the actor does not compute Σπ² yet
+    # pass (the optimal token baseline): the pass runs every step, and computes Σπ² only then
     sum_pi_squared: bool = False
 
 

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 
 from engine.algo import names
 from engine.algo.registry import unknown_name_message
+from engine.algo.rollout_spec import IS_LEVELS, LOSS_TYPES, parse_is_threshold, parse_rejection
 from engine.config.fields import choice, one_of, setting
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
 
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
-ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_IS_LEVELS = IS_LEVELS
 
 KL_ESTIMATOR_HELP = (
     f"{one_of(names.KL_ESTIMATORS)} (kl is k1, mse k2, low_var_kl k3 clamped); a '+'"
@@ -59,20 +60,48 @@ class FilterGroupsConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """Truncated importance sampling against the rollout engine's own probabilities
-    (engine.algo.rollout_correction); needs ``rollout.calculate_log_probs``."""
+    """Importance weights and rejection against the rollout engine's own probabilities
+    (engine.algo.rollout_correction, verl 0.9's keys); needs
+    ``rollout.calculate_log_probs``."""
 
     rollout_is: str | None = setting(
         None,
-        "Weigh each token by min(π_old / π_rollout, C): per token, per sequence (the"
-        " product), or null (off).",
+        "Weigh each token by ρ = π_old / π_rollout: token (its own), sequence (the product"
+        " over the response), or null (off).",
     )
-    rollout_is_threshold: float = setting(2.0, "C, the cap on π_old / π_rollout.")
+    rollout_is_threshold: float | int | str = setting(
+        2.0,
+        "Bounds on the weights: a number C caps them at C (TIS), text 'L_U' such as"
+        " '0.5_5.0' sets those outside [L, U] to 0 (IcePop). Quote 'L_U' and give both"
+        " with a decimal point: YAML reads 0.5_5 as the number 0.55.",
+    )
+    rollout_is_batch_normalize: bool = setting(
+        False,
+        "Divide the weights by their batch mean (over tokens; over sequences at sequence"
+        " level), after the bounds, so that they average 1.",
+    )
+    rollout_rs: str | None = setting(
+        None,
+        "Rejection sampling: comma-separated options LEVEL_kN (token_k1..3, seq_sum_k1..3,"
+        " seq_mean_k1..3, seq_max_k2/k3; quote a list on the command line), each a"
+        " divergence of π_old from π_rollout; tokens (or sequences) out of bounds leave the"
+        " loss. null: off.",
+    )
+    rollout_rs_threshold: float | int | str | None = setting(
+        None,
+        "Bounds of rollout_rs, one for all options or one each (comma-separated): 'L_U' or"
+        " U (then L = 1/U) on the ratio for k1 options, an upper bound for k2 and k3.",
+    )
     bypass_mode: bool = setting(
         False,
         "Take the engine's own log-probs as π_old (two policies, verl's bypass mode): no"
-        " π_old pass; PPO's clip bounds the ratio to the sampler. Needs"
-        " rollout.calculate_log_probs; rollout_is stays null.",
+        " π_old pass; ρ = π_θ / π_rollout in the loss. Needs rollout.calculate_log_probs.",
+    )
+    loss_type: str = setting(
+        "ppo_clip",
+        "Bypass mode's loss: ppo_clip (the policy loss, its ratio to the sampler; no"
+        " rollout_is) or reinforce (−w·A·log π_θ, w the rollout_is weight of π_θ / π_rollout,"
+        " no clip).",
     )
 
 
@@ -147,12 +176,13 @@ def rules(cfg: EngineConfig) -> list[str]:
             " critic.enable=true (or null), or pick a critic-free estimator such as grpo"
         )
     p += _gdpo_rules(cfg)
-    if names.estimator_needs(algo.adv_estimator).sum_pi_squared:
+    if names.estimator_needs(algo.adv_estimator).sum_pi_squared and (
+        algo.rollout_correction.bypass_mode
+    ):
         p.append(
-            f"algorithm.adv_estimator={algo.adv_estimator} needs Σ_v π(v)² of every response"
-            " token from the actor's log-prob pass (verl's"
-            " actor_rollout_ref.actor.calculate_sum_pi_squared), which this engine's actor"
-            " does not compute yet: use grpo, or opo (a length-weighted optimal baseline)"
+            f"algorithm.adv_estimator={algo.adv_estimator} reads Σ_v π_old(v)² from the"
+            " actor's π_old pass, which algorithm.rollout_correction.bypass_mode=true skips:"
+            " set bypass_mode=false, or pick another estimator such as grpo"
         )
     if not 0.0 <= algo.gamma <= 1.0:
         p.append(f"algorithm.gamma must be in [0, 1], got {algo.gamma}")
@@ -211,32 +241,85 @@ def _gdpo_rules(cfg: EngineConfig) -> list[str]:
 
 def _rollout_correction_rules(cfg: EngineConfig) -> list[str]:
     rc = cfg.algorithm.rollout_correction
+    key = "algorithm.rollout_correction"
     p = []
-    if rc.rollout_is is not None and rc.rollout_is not in ROLLOUT_IS_LEVELS:
+    if rc.rollout_is is not None and rc.rollout_is not in IS_LEVELS:
         p.append(
-            f"algorithm.rollout_correction.rollout_is {rc.rollout_is!r} is not a level;"
-            f" valid: {', '.join(ROLLOUT_IS_LEVELS)}, or null (off)"
+            f"{key}.rollout_is {rc.rollout_is!r} is not a level;"
+            f" valid: {', '.join(IS_LEVELS)}, or null (off)"
         )
-    if rc.rollout_is is not None and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+    needs_engine = [f"rollout_is={rc.rollout_is}"] if rc.rollout_is is not None else []
+    needs_engine += [f"rollout_rs={rc.rollout_rs}"] if rc.rollout_rs is not None else []
+    needs_engine += ["bypass_mode=true"] if rc.bypass_mode else []
+    if needs_engine and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         p.append(
-            f"algorithm.rollout_correction.rollout_is={rc.rollout_is} weighs tokens by the"
-            " rollout engine's own probabilities: set"
-            " actor_rollout_ref.rollout.calculate_log_probs=true"
+            f"{key}.{' and '.join(needs_engine)} need the rollout engine's own log-probs:"
+            " set actor_rollout_ref.rollout.calculate_log_probs=true"
         )
-    if rc.bypass_mode and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+    try:
+        parse_is_threshold(rc.rollout_is_threshold)
+    except ValueError as exc:
         p.append(
-            "algorithm.rollout_correction.bypass_mode takes the rollout engine's own"
-            " log-probs as π_old: set actor_rollout_ref.rollout.calculate_log_probs=true"
+            f"{key}.rollout_is_threshold: {exc}; give a number C (TIS's cap, 2.0 is usual)"
+            " or 'L_U' (IcePop's range, e.g. '0.5_5.0')"
         )
-    if rc.bypass_mode and rc.rollout_is is not None:
+    if rc.rollout_is_batch_normalize and rc.rollout_is is None:
         p.append(
-            f"algorithm.rollout_correction.bypass_mode with rollout_is={rc.rollout_is}: in"
-            " bypass mode π_old is the sampler's, so there is no second ratio to weigh;"
-            " set rollout_is=null (PPO's clip bounds the ratio) or bypass_mode=false"
+            f"{key}.rollout_is_batch_normalize=true normalises the importance weights, which"
+            " are off: set rollout_is=token or sequence, or rollout_is_batch_normalize=false"
         )
-    if not rc.rollout_is_threshold > 0:
+    p += _rejection_rules(rc, key)
+    p += _bypass_rules(cfg, key)
+    return p
+
+
+def _rejection_rules(rc: RolloutCorrectionConfig, key: str) -> list[str]:
+    if rc.rollout_rs is None:
+        if rc.rollout_rs_threshold is None:
+            return []
+        return [
+            f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold} has no effect without"
+            " rejection sampling: set rollout_rs (e.g. token_k1) or rollout_rs_threshold=null"
+        ]
+    try:
+        parse_rejection(rc.rollout_rs, rc.rollout_rs_threshold)
+    except ValueError as exc:
+        return [
+            f"{key}.rollout_rs={rc.rollout_rs} with rollout_rs_threshold="
+            f"{rc.rollout_rs_threshold}: {exc}; e.g. rollout_rs=token_k1"
+            " rollout_rs_threshold='0.5_2.0', or rollout_rs=seq_mean_k3 rollout_rs_threshold=0.01"
+        ]
+    return []
+
+
+def _bypass_rules(cfg: EngineConfig, key: str) -> list[str]:
+    rc = cfg.algorithm.rollout_correction
+    p = []
+    if rc.loss_type not in LOSS_TYPES:
+        p.append(f"{key}.loss_type {rc.loss_type!r} is not one; valid: {', '.join(LOSS_TYPES)}")
+    elif rc.loss_type == "reinforce" and not rc.bypass_mode:
         p.append(
-            "algorithm.rollout_correction.rollout_is_threshold must be > 0 (the cap on"
-            f" π_old / π_rollout; 2.0 is usual), got {rc.rollout_is_threshold}"
+            f"{key}.loss_type=reinforce is bypass mode's loss: set bypass_mode=true, or"
+            " loss_type=ppo_clip (decoupled mode's loss is policy_loss.loss_mode)"
+        )
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if rc.bypass_mode and rc.loss_type == "reinforce" and loss_mode not in ("vanilla", "gpg"):
+        p.append(
+            f"{key}.loss_type=reinforce replaces the policy loss with −w·A·log π, so"
+            f" actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} would be ignored:"
+            " leave loss_mode=vanilla, or use loss_type=ppo_clip"
+        )
+    if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None:
+        p.append(
+            f"{key}.bypass_mode with rollout_is={rc.rollout_is}: under loss_type=ppo_clip"
+            " π_old is the sampler's, so the PPO ratio already is π_θ / π_rollout and there"
+            " is no second ratio to weigh; set rollout_is=null (PPO's clip bounds the"
+            " ratio), loss_type=reinforce (explicit weights, no clip), or bypass_mode=false"
+        )
+    if rc.bypass_mode and rc.rollout_is_batch_normalize:
+        p.append(
+            f"{key}.rollout_is_batch_normalize=true in bypass mode: the weights exist only per"
+            " micro-batch inside the update there, so there is no batch to normalise over;"
+            " set it false, or bypass_mode=false"
         )
     return p

@@ -75,8 +75,9 @@ class EngineConfig:
         """The actor update's first forward sees the weights that generated the batch:
         one PPO epoch of one mini-batch. Then π_old needs no pass of its own, unless the
         KL in the reward needs it before the update, the rollout's own log-probs are to
-        be compared with it (``calculate_log_probs``: mismatch metrics, TIS), or the user
-        asks for it."""
+        be compared with it (``calculate_log_probs``: mismatch metrics, TIS), the
+        advantage estimator reads it (Σπ²: the optimal token baseline), or the user asks
+        for it."""
         actor = self.actor_rollout_ref.actor
         return (
             actor.ppo_epochs == 1
@@ -84,6 +85,7 @@ class EngineConfig:
             and not self.algorithm.use_kl_in_reward
             and not actor.recompute_old_log_prob
             and not self.actor_rollout_ref.rollout.calculate_log_probs
+            and not names.estimator_needs(self.algorithm.adv_estimator).sum_pi_squared
         )
 
     def token_budget(self, role: str) -> int | None:

@@ -18,7 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
+from engine.algo.entropy import (
+    entropy_from_logits,
+    logprobs_from_logits,
+    sum_squared_probs_from_logits,
+)
 from engine.controller.dispatch import take
 from engine.types import TokenBatch
 
@@ -75,6 +79,33 @@ def response_logprobs(
     otherwise it is a metric and its backward would be wasted).
     """
     r_len = tokens.response_length
+    trimmed, logits_BRV = _response_logits(model, tokens, device, temperature)
+    logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = _pad_responses(entropy_from_logits(logits_BRV), r_len)
+    return _pad_responses(logp, r_len), entropy
+
+
+def response_logprobs_sum_pi_squared(
+    model: nn.Module, tokens: TokenBatch, device: torch.device, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(o_t | prefix) and Σ_v π(v | prefix)² at every response position, from the
+    same temperature-scaled logits (the optimal token baseline reads both of π_old). Σπ²
+    is another reduction over the vocabulary, so only the passes that need it ask."""
+    r_len = tokens.response_length
+    trimmed, logits_BRV = _response_logits(model, tokens, device, temperature)
+    logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
+    sum_sq = sum_squared_probs_from_logits(logits_BRV)
+    return _pad_responses(logp, r_len), _pad_responses(sum_sq, r_len)
+
+
+def _response_logits(
+    model: nn.Module, tokens: TokenBatch, device: torch.device, temperature: float
+) -> tuple[TokenBatch, torch.Tensor]:
+    """The batch without its all-padding columns, and the float32 logits (divided by the
+    temperature) at the positions that predict its response tokens."""
     trimmed = trim_padding(tokens)
     kept = trimmed.response_length
     kwargs = {"logits_to_keep": kept + 1} if _takes_logits_to_keep(type(model)) else {}
@@ -82,12 +113,7 @@ def response_logprobs(
     logits_BRV = logits[:, -kept - 1 : -1, :].float()
     if temperature != 1.0:
         logits_BRV = logits_BRV / temperature
-    logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = _pad_responses(entropy_from_logits(logits_BRV), r_len)
-    return _pad_responses(logp, r_len), entropy
+    return trimmed, logits_BRV
 
 
 def response_values(model: nn.Module, tokens: TokenBatch, device: torch.device) -> torch.Tensor:

@@ -289,6 +289,15 @@ class FSDPEngine:
             entropy_grad=entropy_grad,
         )
 
+    def response_logprobs_sum_pi_squared(
+        self, tokens: TokenBatch, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from engine.train.forward import response_logprobs_sum_pi_squared
+
+        return response_logprobs_sum_pi_squared(
+            self.module, tokens, self.device.torch_device(), temperature
+        )
+
     def response_values(self, tokens: TokenBatch) -> torch.Tensor:
         from engine.train.forward import response_values
 

@@ -9,6 +9,7 @@ and reference workers get either from ``engine.train.engines``)::
     engine.eval()
     with torch.no_grad():
         logp_BR, _ = engine.response_logprobs(tokens, temperature)   # critic: response_values
+        logp_BR, sum_pi_sq_BR = engine.response_logprobs_sum_pi_squared(tokens, temperature)
     engine.train()
     scale = engine.global_loss_scale(mask_BR)       # normalisers over the data-parallel group
     def step(micro):                                # one micro-batch's loss: this rank's

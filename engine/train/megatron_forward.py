@@ -9,7 +9,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from engine.algo.entropy import entropy_from_logits, logprobs_from_logits
+from engine.algo.entropy import (
+    entropy_from_logits,
+    logprobs_from_logits,
+    sum_squared_probs_from_logits,
+)
 from engine.errors import EngineError
 from engine.train import megatron_context
 from engine.train.forward import trim_padding
@@ -18,13 +22,15 @@ from engine.train.megatron_ops import (
     attention_mask_B1SS,
     check_consecutive_positions,
     vocab_parallel_logprobs_entropy,
+    vocab_parallel_sum_squared_probs,
 )
 from engine.train.megatron_state import EngineState
 from engine.types import TokenBatch
 
 
 class MegatronForward(EngineState):
-    """Forward passes: ``logits``, ``response_logprobs``, ``response_values``."""
+    """Forward passes: ``logits``, ``response_logprobs``,
+    ``response_logprobs_sum_pi_squared``, ``response_values``."""
 
     def _forward(
         self, input_ids_BS, attention_mask_BS, position_ids_BS
@@ -134,12 +140,53 @@ class MegatronForward(EngineState):
         """As ``engine.train.forward.response_logprobs``: log π of each response token
         (logits divided by the sampling temperature) and optionally the entropy, whose
         graph is kept only with ``entropy_grad``. With TP > 1 the vocabulary stays split."""
-        r_len = tokens.response_length
-        trimmed, out, held = self._forward_trimmed(tokens)
-        kept, ids = trimmed.response_length, trimmed.input_ids_BS
-        if not self.stage.last:
+        head = self._response_logits(tokens, temperature)
+        if head is None:
             zeros = self._stage_placeholder(tokens)
             return zeros, zeros if with_entropy else None
+        logits, targets, finish = head
+        entropy = None
+        if self.layout.tp == 1:
+            logp = logprobs_from_logits(logits, targets)
+            if with_entropy:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    entropy = entropy_from_logits(logits)
+        else:
+            logp, entropy = vocab_parallel_logprobs_entropy(
+                logits, targets, with_entropy, entropy_grad
+            )
+        return finish(logp), None if entropy is None else finish(entropy)
+
+    def response_logprobs_sum_pi_squared(
+        self, tokens: TokenBatch, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``engine.train.forward.response_logprobs_sum_pi_squared``: log π of each
+        response token and Σ_v π(v)² at its position; with TP > 1 both sums over the
+        vocabulary are all-reduced over the TP group, the vocabulary stays split."""
+        head = self._response_logits(tokens, temperature)
+        if head is None:
+            zeros = self._stage_placeholder(tokens)
+            return zeros, zeros
+        logits, targets, finish = head
+        if self.layout.tp == 1:
+            logp = logprobs_from_logits(logits, targets)
+            sum_sq = sum_squared_probs_from_logits(logits)
+        else:
+            logp, _ = vocab_parallel_logprobs_entropy(logits, targets, with_entropy=False)
+            sum_sq = vocab_parallel_sum_squared_probs(logits)
+        return finish(logp), finish(sum_sq)
+
+    def _response_logits(self, tokens: TokenBatch, temperature: float):
+        """On the last stage: the float32 logits this rank holds (its vocabulary slice;
+        divided by the temperature), the token each position predicts, and ``finish``,
+        which turns a per-position result into (B, R) response values (gathered over
+        context-parallel ranks, padded to the batch's response length). None on an
+        earlier stage."""
+        r_len = tokens.response_length
+        trimmed, out, held = self._forward_trimmed(tokens)
+        if not self.stage.last:
+            return None
+        kept, ids = trimmed.response_length, trimmed.input_ids_BS
         s = ids.shape[1]
         if held is None:  # the logits before each response token
             logits = out[:, -kept - 1 : -1, :]
@@ -151,25 +198,13 @@ class MegatronForward(EngineState):
         logits = logits.float()
         if temperature != 1.0:
             logits = logits / temperature
-        targets = targets.to(logits.device)
-        entropy = None
-        if self.layout.tp == 1:
-            logp = logprobs_from_logits(logits, targets)
-            if with_entropy:
-                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                    entropy = entropy_from_logits(logits)
-        else:
-            logp, entropy = vocab_parallel_logprobs_entropy(
-                logits, targets, with_entropy, entropy_grad
-            )
-        if held is not None:
-            window = slice(s - kept - 1, s - 1)
-            logp = self._whole_sequence(logp, held, s)[:, window]
-            if entropy is not None:
-                entropy = self._whole_sequence(entropy, held, s)[:, window]
-        if entropy is not None:
-            entropy = _pad_responses(entropy, r_len)
-        return _pad_responses(logp, r_len), entropy
+
+        def finish(values: torch.Tensor) -> torch.Tensor:
+            if held is not None:
+                values = self._whole_sequence(values, held, s)[:, s - kept - 1 : s - 1]
+            return _pad_responses(values, r_len)
+
+        return logits, targets.to(logits.device), finish
 
     def response_values(self, tokens: TokenBatch) -> torch.Tensor:
         """V(prefix) before each response token (the critic)."""

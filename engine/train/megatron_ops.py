@@ -1,5 +1,6 @@
 """Tensor helpers of the Megatron engine: the attention mask, the positions check,
-log-probs and entropy over a vocabulary split across TP ranks, padding, atomic saves."""
+log-probs, entropy and Σπ² over a vocabulary split across TP ranks, padding, atomic
+saves."""
 
 from __future__ import annotations
 
@@ -88,6 +89,22 @@ def vocab_parallel_logprobs_entropy(
             weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1))
             entropy = log_z - weighted / sum_exp
     return logp, entropy
+
+
+def vocab_parallel_sum_squared_probs(logits_BRv: torch.Tensor) -> torch.Tensor:
+    """Σ_v softmax(z)_v² over the whole vocabulary from this TP rank's slice of the logits:
+    with z shifted by the global maximum, Σ_v e^{2z_v} / (Σ_v e^{z_v})², each sum
+    all-reduced over the TP group. For the π_old pass only (no gradient through it)."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    with torch.no_grad():
+        top = logits_BRv.amax(dim=-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        exp = (logits_BRv - top.unsqueeze(-1)).exp()
+        sums = torch.stack([exp.sum(dim=-1), exp.square().sum(dim=-1)])
+        dist.all_reduce(sums, group=group)
+        return sums[1] / sums[0].square()
 
 
 def _pad_responses(values_BR: torch.Tensor, r_len: int) -> torch.Tensor:

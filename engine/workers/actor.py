@@ -13,12 +13,13 @@ import torch
 from engine.algo.aggregate import aggregate_loss
 from engine.algo.kl import kl_loss
 from engine.algo.policy_loss import PolicyLossInputs, compute_policy_loss
+from engine.algo.rollout_correction import bypass_loss_mode, bypass_policy_inputs
 from engine.config import EngineConfig
 from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train.engines import actor_engine
 from engine.train.forward import forward_in_micro_batches, micro_batches, plan_micro_batches
-from engine.types import ActorBatch, TokenBatch
+from engine.types import ActorBatch, PolicyProbs, TokenBatch
 
 
 class ActorWorker:
@@ -26,11 +27,19 @@ class ActorWorker:
         self, cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, colocated: dict[str, Any]
     ) -> None:
         arr = cfg.actor_rollout_ref
+        # Bypass mode corrects each micro-batch's loss against the sampler (rejection;
+        # loss_type=reinforce: explicit weights and GPG's loss), when it asks for either.
+        rc = cfg.algorithm.rollout_correction
+        self.bypass = (
+            rc if rc.bypass_mode and (rc.rollout_rs or rc.loss_type != "ppo_clip") else None
+        )
+        loss_mode = bypass_loss_mode(rc, arr.actor.policy_loss.loss_mode)
         # seq-mean-token-sum-norm's constant: the configured length, never the padding
         # of whichever micro-batch is at hand.
         self.cfg = dataclasses.replace(
             arr.actor,
             loss_scale_factor=arr.actor.loss_scale_factor or float(cfg.data.max_response_length),
+            policy_loss=dataclasses.replace(arr.actor.policy_loss, loss_mode=loss_mode),
         )
         self.rollout_cfg = arr.rollout
         self.update_budget = cfg.token_budget("actor")
@@ -58,6 +67,24 @@ class ActorWorker:
             self.device.torch_device(),
             lambda micro: self.engine.response_logprobs(micro, self.rollout_cfg.temperature)[0],
         )
+
+    @torch.no_grad()
+    def log_probs_sum_pi_squared(self, tokens: TokenBatch) -> PolicyProbs:
+        """``log_probs`` and, from the same forward, Σ_v π_θ(v)² at each response position
+        (the optimal token baseline's inputs; asked for by the trainer only then)."""
+        self.engine.eval()
+        both = forward_in_micro_batches(
+            tokens,
+            self.rollout_cfg.log_prob_micro_batch_size_per_gpu,
+            self.log_prob_budget,
+            self.device.torch_device(),
+            lambda micro: torch.stack(
+                self.engine.response_logprobs_sum_pi_squared(micro, self.rollout_cfg.temperature),
+                dim=-1,
+            ),
+        )
+        logprobs, sum_sq = (t.contiguous() for t in both.unbind(-1))
+        return PolicyProbs(logprobs_BR=logprobs, sum_pi_squared_BR=sum_sq)
 
     def update(self, batch: ActorBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's shard; one optimizer step per
@@ -134,21 +161,22 @@ class ActorWorker:
                 entropy_grad=cfg.entropy_coeff != 0,
             )
             old_logp = logp.detach() if micro.old_logprobs_BR is None else micro.old_logprobs_BR
-            pg = compute_policy_loss(
-                PolicyLossInputs(
-                    logprobs_BT=logp,
-                    old_logprobs_BT=old_logp.to(device),
-                    advantages_BT=micro.advantages_BR.to(device),
-                    response_mask_BT=mask,
-                    is_weights_BT=(
-                        None
-                        if micro.rollout_is_weights_BR is None
-                        else micro.rollout_is_weights_BR.to(device)
-                    ),
+            inputs = PolicyLossInputs(
+                logprobs_BT=logp,
+                old_logprobs_BT=old_logp.to(device),
+                advantages_BT=micro.advantages_BR.to(device),
+                response_mask_BT=mask,
+                is_weights_BT=(
+                    None
+                    if micro.rollout_is_weights_BR is None
+                    else micro.rollout_is_weights_BR.to(device)
                 ),
-                cfg,
-                scale,
             )
+            if self.bypass is not None:
+                inputs, correction_metrics = bypass_policy_inputs(inputs, self.bypass)
+                for k, v in correction_metrics.items():
+                    metrics[k].append(v)
+            pg = compute_policy_loss(inputs, cfg, scale)
             loss = pg.loss
             entropy_loss = aggregate_loss(
                 entropy, mask, cfg.loss_agg_mode, scale, self.cfg.loss_scale_factor

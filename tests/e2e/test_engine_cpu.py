@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.algo.names import estimator_needs
 from engine.config import load_config
 
 pytestmark = pytest.mark.slow
@@ -209,6 +210,39 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.clip_ratio=0.05",
         "actor_rollout_ref.actor.ppo_epochs=2",
     ],
+    # The optimal token baseline: Σπ² from the actor's π_old pass, which runs although
+    # one mini-batch would otherwise be on-policy without it.
+    "optimal_token_baseline": [
+        "algorithm.adv_estimator=optimal_token_baseline",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    ],
+    # Its multi-turn form, with the rollout's TIS weights (HF's own log-probs) in W.
+    "tir_optimal_token_baseline_tis": [
+        "algorithm.adv_estimator=tir_optimal_token_baseline",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=token",
+    ],
+    # verl 0.9's rollout correction against the HF rollout's own log-probs: IcePop bounds,
+    # batch-normalised weights and two rejection options (decoupled mode) ...
+    "grpo_icepop_rejection": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold='0.5_5.0'",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "algorithm.rollout_correction.rollout_rs='token_k1,seq_mean_k3'",
+        "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0,0.01'",
+    ],
+    # ... and bypass mode's REINFORCE with sequence weights and rejection, in the loss.
+    "bypass_reinforce_rejection": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_rs=seq_mean_k3",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.01",
+    ],
     # Two of the synthetic scorer's numbers as separately normalised rewards.
     "gdpo": [
         "algorithm.adv_estimator=gdpo",
@@ -264,17 +298,30 @@ def test_algorithm_runs(
         assert last["actor/reward_kl_penalty_coeff"] > 0
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         assert last["actor/kl_loss"] >= 0  # k3 is non-negative
+    if estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared:
+        assert all("timing_s/old_log_prob" in r for r in records)
     for key in cfg.algorithm.gdpo_reward_keys or []:
         assert 0.0 <= last[f"gdpo/{key}/mean"] <= 1.0
     if cfg.algorithm.filter_groups.enable:
         assert 1 <= last["training/gen_batches"] <= 3
-    if cfg.actor_rollout_ref.rollout.calculate_log_probs:
+    bypass = cfg.algorithm.rollout_correction.bypass_mode  # no π_old to compare with
+    if cfg.actor_rollout_ref.rollout.calculate_log_probs and not bypass:
         # The engine's probabilities are the training forward's, at TP 2 too: its members
         # sample in step (were they not, a member's rows would be another engine's draw:
         # 4e-4 in probability was seen so).
         assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
-    if cfg.algorithm.rollout_correction.rollout_is:
+    rc = cfg.algorithm.rollout_correction
+    if rc.rollout_is and not rc.bypass_mode:  # against π_old: the engine's own numbers
         assert last["training/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    if rc.rollout_is and rc.bypass_mode:  # against π_θ, which the first update moved
+        assert 0.0 < last["training/rollout_is_weight_mean"] < 5.0
+    if rc.rollout_rs:
+        # the bounds hold the engine's probabilities (decoupled: nothing rejected), and
+        # every option reports
+        for option in rc.rollout_rs.split(","):
+            assert f"rollout_corr/rollout_rs_{option}_masked_fraction" in last
+        rejected = last["rollout_corr/rollout_rs_masked_fraction"]
+        assert rejected == 0.0 if not rc.bypass_mode else 0.0 <= rejected <= 1.0
     if cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
         # vLLM's CPU all-reduce and broadcast segments go with the run (a second TP run
         # on the machine would otherwise fail to create them, and they hold memory).

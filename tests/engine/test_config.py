@@ -236,12 +236,6 @@ def test_inherited_critic_mini_batch_is_reported_once():
     assert len(found) == 1 and found[0].startswith("actor_rollout_ref.actor.ppo_mini_batch_size")
 
 
-# The optimal token baselines are refused until the actor computes Σπ² (below).
-RUNNABLE_ESTIMATORS = [
-    e for e in names.ADVANTAGE_ESTIMATORS if not names.estimator_needs(e).sum_pi_squared
-]
-
-
 def estimator_overrides(estimator: str) -> list[str]:
     """The estimator, and the keys it cannot run without."""
     extra = ["algorithm.gdpo_reward_keys=[a]"]
@@ -250,20 +244,32 @@ def estimator_overrides(estimator: str) -> list[str]:
     return [f"algorithm.adv_estimator={estimator}", *extra]
 
 
-@pytest.mark.parametrize(
-    "estimator", [e for e in names.GROUP_ADVANTAGE_ESTIMATORS if e in RUNNABLE_ESTIMATORS]
-)
+@pytest.mark.parametrize("estimator", names.GROUP_ADVANTAGE_ESTIMATORS)
 def test_group_estimators_need_several_samples(estimator):
     message = one_problem([*GRPO, *estimator_overrides(estimator), "actor_rollout_ref.rollout.n=1"])
     assert f"adv_estimator={estimator}" in message and "rollout.n >= 2" in message
 
 
 @pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
-def test_optimal_token_baselines_are_refused_until_the_actor_computes_sum_pi_squared(estimator):
+def test_optimal_token_baselines_need_the_pi_old_pass(estimator):
+    """Σπ² comes from the actor's π_old pass: forced on (an on-policy update would skip
+    it), and bypass mode, which takes π_old from the sampler instead, is refused."""
     assert names.estimator_needs(estimator).sum_pi_squared
-    message = one_problem([*GRPO, f"algorithm.adv_estimator={estimator}"])
-    assert f"adv_estimator={estimator} needs Σ_v π(v)²" in message
-    assert "calculate_sum_pi_squared" in message and "use grpo" in message
+    on_policy = [
+        *GRPO,
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        f"algorithm.adv_estimator={estimator}",
+    ]
+    assert not load_config(on_policy).update_is_on_policy
+    on_policy[-1] = "algorithm.adv_estimator=grpo"
+    assert load_config(on_policy).update_is_on_policy
+    bypass = [
+        "algorithm.rollout_correction.bypass_mode=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+    ]
+    message = one_problem([*GRPO, f"algorithm.adv_estimator={estimator}", *bypass])
+    assert f"adv_estimator={estimator} reads Σ_v π_old(v)²" in message
+    assert "set bypass_mode=false" in message
 
 
 @pytest.mark.parametrize("estimator", ["remax", "reinforce_plus_plus", "gae"])
@@ -332,7 +338,7 @@ def test_unknown_names_list_the_valid_ones(override, expected):
 
 
 def test_every_registered_name_is_accepted():
-    for estimator in RUNNABLE_ESTIMATORS:
+    for estimator in names.ADVANTAGE_ESTIMATORS:
         load_config([*GRPO, *estimator_overrides(estimator)])
     for loss in names.POLICY_LOSSES:
         load_config([*GRPO, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}"])

@@ -79,6 +79,8 @@ def _run(rank, model_dir, ports, out):
         host = _host(_config(model_dir, *extra), rank, ports[i], ["actor"])
         actor = host.roles["actor"]
         old = actor.log_probs(tokens) if recompute else None
+        if recompute:  # the optimal token baseline's pass: the same log-probs, and Σπ²
+            results["probs"] = (tokens, old, actor.log_probs_sum_pi_squared(tokens))
         metrics = actor.update(ActorBatch(tokens, old, adv))
         results[name] = (_full_weights(actor.module), metrics)
         del actor, host  # the host leaves the process group
@@ -113,6 +115,21 @@ def test_actor_on_two_ranks(tiny_model_dir):
     results = out["results"]
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     start = {n: p.detach() for n, p in initial.named_parameters()}
+
+    # The π_old pass with Σπ²: the log-probs of the plain pass, and Σ_v π(v)² of the
+    # unsharded model's softmax at each response token.
+    tokens, old, probs = results["probs"]
+    mask = tokens.response_mask_BR.bool()
+    torch.testing.assert_close(probs.logprobs_BR, old)
+    with torch.no_grad():
+        logits = initial(
+            input_ids=tokens.input_ids_BS,
+            attention_mask=tokens.attention_mask_BS,
+            position_ids=tokens.position_ids_BS,
+        ).logits
+    r = tokens.response_length
+    want = torch.softmax(logits[:, -r - 1 : -1].float(), -1).square().sum(-1)
+    torch.testing.assert_close(probs.sum_pi_squared_BR[mask], want[mask], atol=1e-6, rtol=1e-5)
 
     # The update moved the weights (so the comparisons below can fail)...
     recomputed, metrics = results["recomputed"]

@@ -1,8 +1,12 @@
 """Forward passes on trimmed micro-batches, and token-budget micro-batching."""
 
+import math
+from types import SimpleNamespace
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 from transformers import AutoModelForCausalLM
 
 from engine.algo.entropy import entropy_from_logits
@@ -11,6 +15,7 @@ from engine.train.forward import (
     _split_to_count,
     plan_micro_batches,
     response_logprobs,
+    response_logprobs_sum_pi_squared,
     token_budget_micro_batches,
     trim_padding,
 )
@@ -75,6 +80,67 @@ def test_entropy_carries_a_graph_only_when_it_is_a_loss_term(tiny_model_dir):
     assert logp.requires_grad and not entropy.requires_grad
     _, entropy = response_logprobs(model, batch, CPU, with_entropy=True, entropy_grad=True)
     assert entropy.requires_grad
+
+
+class TableModel(nn.Module):
+    """A 'language model' whose logits at a position depend only on the token there:
+    row ``table[token]``."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache=False):
+        return SimpleNamespace(logits=self.table[input_ids])
+
+
+def test_sum_pi_squared_by_hand():
+    """Σ_v π(v)² and log π(o_t) at each response token, from the temperature-scaled
+    logits of the position before it. Vocabulary {0, 1, 2}; temperature 0.5:
+
+        after token 1: z = (ln 3 / 2, 0, -inf) / 0.5 = (ln 3, 0, -inf): π = (3/4, 1/4, 0),
+                       Σπ² = 9/16 + 1/16 = 5/8
+        after token 2: z = (0, 0, 0): π = (1/3, 1/3, 1/3), Σπ² = 1/3
+
+    row 0: prompt [2], response [1, 1]: π(1 | 2) = 1/3, then π(1 | 1) = 1/4
+    row 1: prompt [1, 2], response [2]: π(2 | 2) = 1/3, then padding
+    row 2: prompt [1], response [0]:    π(0 | 1) = 3/4, then padding
+
+    (Padding inside the trimmed width holds whatever the model gave there: every reader
+    masks it out.)
+    """
+    inf = float("inf")
+    table = torch.tensor([[0.0, 0.0, 0.0], [math.log(3) / 2, 0.0, -inf], [0.0, 0.0, 0.0]])
+    tokens = TokenBatch.from_ragged([[2], [1, 2], [1]], [[1, 1], [2], [0]], pad_token_id=0)
+    logp, sum_sq = response_logprobs_sum_pi_squared(TableModel(table), tokens, CPU, 0.5)
+    ln = math.log
+    want_logp = torch.tensor([[ln(1 / 3), ln(1 / 4)], [ln(1 / 3), 0.0], [ln(3 / 4), 0.0]])
+    want_sum_sq = torch.tensor([[1 / 3, 5 / 8], [1 / 3, 0.0], [5 / 8, 0.0]])
+    mask = tokens.response_mask_BR.bool()
+    torch.testing.assert_close(logp[mask], want_logp[mask])
+    torch.testing.assert_close(sum_sq[mask], want_sum_sq[mask])
+    # The log-probs are response_logprobs' own.
+    alone, _ = response_logprobs(TableModel(table), tokens, CPU, temperature=0.5)
+    torch.testing.assert_close(logp, alone)
+
+
+def test_sum_pi_squared_of_a_model_equals_its_full_softmax(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    tokens = take(ragged([9, 4, 6, 12], [3, 7, 2, 10]), slice(0, 3))  # trimmed inside
+    with torch.no_grad():
+        logits = model(
+            input_ids=tokens.input_ids_BS,
+            attention_mask=tokens.attention_mask_BS,
+            position_ids=tokens.position_ids_BS,
+        ).logits
+        r = tokens.response_length
+        want = torch.softmax(logits[:, -r - 1 : -1].float() / 0.7, -1).square().sum(-1)
+        logp, sum_sq = response_logprobs_sum_pi_squared(model, tokens, CPU, temperature=0.7)
+        alone, _ = response_logprobs(model, tokens, CPU, temperature=0.7)
+    mask = tokens.response_mask_BR.bool()
+    torch.testing.assert_close(sum_sq[mask], want[mask], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(logp, alone)
+    assert sum_sq.shape == (3, 10) and not sum_sq[:, 7:].any()  # past the trimmed width
 
 
 def test_token_budget_packs_contiguous_rows_under_the_budget():

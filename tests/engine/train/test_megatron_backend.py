@@ -410,7 +410,7 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
     from engine.config import OptimConfig
     from engine.controller.dispatch import ModelParallelLayout, take
     from engine.device import DEVICES
-    from engine.train.forward import response_logprobs
+    from engine.train.forward import response_logprobs, response_logprobs_sum_pi_squared
     from engine.train.megatron import MegatronEngine, hf_state_dict_from_checkpoint
 
     _init(rank, world_size, port)
@@ -463,6 +463,12 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
             ref_logp, ref_entropy = response_logprobs(hf, batch, torch.device("cpu"), 0.7, True)
             result["logp_err"] = ((logp - ref_logp) * mask).abs().max().item()
             result["entropy_err"] = ((entropy - ref_entropy) * mask).abs().max().item()
+            # Σ_v π(v)² (the optimal token baseline): over the split vocabulary at TP > 1
+            logp_sq, sum_sq = engine.response_logprobs_sum_pi_squared(batch, 0.7)
+            ref_sq = response_logprobs_sum_pi_squared(hf, batch, torch.device("cpu"), 0.7)[1]
+            relative = (sum_sq - ref_sq) / ref_sq  # Σπ² is about 1/V here: compare relatively
+            result["sum_sq_err"] = (relative * mask).abs().max().item()
+            result["sum_sq_logp_err"] = ((logp_sq - ref_logp) * mask).abs().max().item()
 
         engine.train()  # the entropy has a graph only when asked (it costs memory)
         _, plain = engine.response_logprobs(batch, 0.7, with_entropy=True)
@@ -541,6 +547,7 @@ def _check_actor(out_path, world_size):
     )  # shown with -s
     assert r["logit_err"] < 1e-5
     assert r["logp_err"] < 1e-5 and r["entropy_err"] < 1e-5
+    assert r["sum_sq_err"] < 1e-5 and r["sum_sq_logp_err"] < 1e-5
     assert r["entropy_graph"] == (False, True)
     # The loss falls, and the engine's losses are the HF reference's.
     assert r["losses"][2] < r["losses"][0] - 0.1
