@@ -427,7 +427,11 @@ algorithm:
   rollout_correction:
     rollout_is: token
     rollout_is_threshold: 2.0
+    rollout_is_batch_normalize: false
+    rollout_rs: null
+    rollout_rs_threshold: null
     bypass_mode: false
+    loss_type: ppo_clip
 trainer:
   project_name: rlctl
   experiment_name: grpo-qwen7b-gsm8k-async
