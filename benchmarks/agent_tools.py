@@ -4,9 +4,9 @@
     sandboxed code interpreter (``print(1+1)``) and a tool that sleeps a fixed time in
     its thread, each run one call at a time and with 8 and 32 calls in flight; the
     speed-up over one at a time.
-(b) Generated tokens per second of ``ToolAgent`` on a rollout engine (the HF rollout, and
-    vLLM's CPU build when installed), each engine in a process of its own, for the same
-    prompts and sampling: the engine's ``generate`` alone, single-turn rows, and rows
+(b) Generated tokens per second of the agent loop (``AgentRunner``) on a rollout engine
+    (the HF rollout, and vLLM's CPU build when installed), each engine in a process of
+    its own, for the same prompts and sampling: the engine's ``generate`` alone, single-turn rows, and rows
     whose first turn is a tool call (forced: a random tiny model never writes one; see
     agent_bench/forced.py) to a tool of 0 ms and of ``--tool-ms``. The tool phase's wall
     time is set beside the calls' latencies added up: the calls of all rows overlap.
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         prompt = result["prompt_tokens"]
         print(
-            f"\n(b) ToolAgent on {result['engine']} ({args.rollout_repeat} rounds; engine start"
+            f"\n(b) the agent loop on {result['engine']} ({args.rollout_repeat} rounds; engine start"
             f" {result['engine_start_s']:.1f} s, process {result['process_s']:.0f} s, torch"
             f" threads {result['torch_threads']}, prompts {min(prompt)}-{max(prompt)} tokens,"
             f" forced call {result['forced_tokens']} tokens)"

@@ -1,17 +1,18 @@
 """Part (b), in a process of its own per engine: generated tokens per second of the
-``ToolAgent`` loop, without tools and with tool calls in flight.
+agent loop (``engine.agents.loop.AgentRunner``), without tools and with tool calls in
+flight.
 
 The conditions, all on the same prompts (the tool's schema in every system prompt) and
 sampling (``ignore_eos``: every model turn is exactly ``new_tokens`` long, so every
 condition generates the same tokens per row):
 
 - ``generate``: the engine's ``generate`` alone, no agent loop: the floor;
-- ``single-turn``: ``ToolAgent.run(..., single_turn=[True] * rows)``;
+- ``single-turn``: ``AgentRunner.run(..., agent_names=["single_turn"] * rows)``;
 - ``single-turn long``: the same on longer prompts, the context the tool rows' second
   turn sees (prompt, call, the tool's answer; checked equal): what the tool rows' model
   turn costs without any tool;
-- ``tools 0 ms``: the first turn forced to a call of the ``wait`` tool with 0 ms
-  (``forced.py``), the call run, its answer appended, and the second turn generated:
+- ``tools 0 ms``: the built-in ``tool_agent`` loop, its first turn forced to a call of
+  the ``wait`` tool with 0 ms (``forced.py``), the call run, its answer appended, and the second turn generated:
   the cost of a second turn and of the loop's tool machinery alone;
 - ``tools L ms``: the same with a call that sleeps L ms: all rows' calls are in flight
   together, so the tool phase should last about L, not rows × L.
@@ -91,7 +92,7 @@ class Bench:
         from transformers import AutoTokenizer
 
         from engine.agents.chat import ChatFormat
-        from engine.agents.loop import ToolAgent
+        from engine.agents.loop import AgentRunner
         from engine.agents.tools import get_tool_call_parser
         from engine.agents.trajectory import AgentLimits
         from engine.types import SamplingParams
@@ -104,7 +105,7 @@ class Bench:
         self.forced = {ms: call_ids(self.tokenizer, "wait", {"ms": ms}) for ms in (0, args.tool_ms)}
         room = max(map(len, self.forced.values())) + 64 + args.new_tokens  # call, answer, turn 2
         limits = AgentLimits(max_turns=2, max_response_tokens=room, tool_timeout_s=60.0)
-        self.agent = ToolAgent(chat, get_tool_call_parser("hermes"), {"wait": tool}, limits)
+        self.runner = AgentRunner(chat, get_tool_call_parser("hermes"), {"wait": tool}, limits)
         self.prompts = [
             chat.prompt_ids([{"role": "user", "content": f"Question {i}: what is {i} times 17?"}])
             for i in range(args.rows)
@@ -137,8 +138,8 @@ class Bench:
             engine.generate(GenerationRequest(prompts, self.sampling))
             trajectories = []
         else:
-            single = [ms is None] * len(prompts)
-            trajectories = self.agent.run(engine, prompts, self.sampling, single_turn=single)
+            names = ["single_turn" if ms is None else "tool_agent"] * len(prompts)
+            trajectories = self.runner.run(engine, prompts, self.sampling, agent_names=names)
         span.end()
         calls = sum(t.tool_calls for t in trajectories)
         if ms is not None and (calls != len(prompts) or any(t.tool_errors for t in trajectories)):

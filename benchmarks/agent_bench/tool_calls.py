@@ -1,10 +1,11 @@
 """Part (a): tool calls per second through ``engine.agents.tools.execute``.
 
-Each batch is one ``asyncio.run(execute(calls, tools, ...))``, as ``ToolAgent.run`` runs
-one turn's calls: ``concurrency`` calls at once, batch after batch, until at least
-``calls`` calls and ``MIN_S`` seconds have passed. Concurrency 1 is the serial figure.
-Every result must be ``ok``: a broken sandbox would otherwise look fast. The floor is
-``asyncio.run`` of a coroutine that does nothing: what every turn with calls pays.
+Each batch is one ``asyncio.run(execute(calls, tools, ...))``, as an agent loop's
+``episode.call_tools`` runs one turn's calls: ``concurrency`` calls at once, batch after
+batch, until at least ``calls`` calls and ``MIN_S`` seconds have passed. Concurrency 1 is
+the serial figure. Every result must be ``ok``: a broken sandbox would otherwise look
+fast. The floor is ``asyncio.run`` of a coroutine that does nothing: what every turn with
+calls pays.
 """
 
 from __future__ import annotations

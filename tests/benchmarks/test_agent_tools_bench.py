@@ -31,7 +31,7 @@ def test_the_agent_tools_benchmark_runs_end_to_end(engine, tiny_model_dir, tmp_p
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(a) tool calls through execute" in proc.stdout
-    assert f"(b) ToolAgent on {engine}" in proc.stdout and "FAILED" not in proc.stdout
+    assert f"(b) the agent loop on {engine}" in proc.stdout and "FAILED" not in proc.stdout
 
     result = json.loads(out.read_text())
     calls = result["tool_calls"]
