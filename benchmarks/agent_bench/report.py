@@ -13,6 +13,8 @@ from typing import Any
 
 from grpo_bench.contention import QUIET_OTHER_CORES
 
+STREAMED = " streamed"  # the suffix of a condition run through the engine's turn_stream
+
 
 def machine() -> dict[str, Any]:
     """Where it ran, without importing the heavy libraries (their versions from metadata)."""
@@ -118,6 +120,11 @@ def rollout_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
         best = min(r["wall_s"] for r in records)
         # a 0 ms tool's microseconds make no overlap worth printing
         timed = all(r["tool_wall_s"] > 1e-3 for r in records)
+        loop = "-"  # streamed, the engine runs while tools do: the three do not add up
+        if not name.endswith(STREAMED):
+            loop = (
+                f"{_med([r['wall_s'] - r['generate_s'] - r['tool_wall_s'] for r in records]):.3f}"
+            )
         rows.append(
             [
                 name,
@@ -132,7 +139,7 @@ def rollout_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
                 f"{_med([r['tool_wall_s'] for r in records]):.3f}" if tools else "-",
                 f"{_med([r['tool_sum_s'] for r in records]):.3f}" if tools else "-",
                 _ratio([r["tool_sum_s"] / r["tool_wall_s"] for r in records]) if timed else "-",
-                f"{_med([r['wall_s'] - r['generate_s'] - r['tool_wall_s'] for r in records]):.3f}",
+                loop,
                 _quiet(records, "round_other_cores"),
             ]
         )
@@ -140,6 +147,43 @@ def rollout_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
         "condition", "tokens", "wall s", "best s", "tok/s best", "x single-turn best",
         "rounds (range)", "x long best", "generate s", "tool wall s", "calls sum s", "overlap",
         "loop s", "quiet",
+    ]  # fmt: skip
+    return table(header, rows)
+
+
+def stream_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each condition run both ways: batched (one generate a round of turns) and
+    streamed (each turn submitted when its loop asks); the streamed row carries the
+    ratios to its batched twin, taken within each round."""
+    rows = []
+    for name, streamed in runs.items():
+        if not name.endswith(STREAMED):
+            continue
+        base = name[: -len(STREAMED)]
+        batched = runs[base]
+        for label, path, records in ((base, "batched", batched), ("", "streamed", streamed)):
+            best = min(r["wall_s"] for r in records)
+            tails = [r["tail_s"] for r in records]
+            twin = path == "streamed"
+            rows.append(
+                [
+                    label,
+                    path,
+                    f"{_med([r['wall_s'] for r in records]):.3f}",
+                    f"{best:.3f}",
+                    f"{_med([r['tokens_per_s'] for r in records]):.0f}",
+                    f"{records[0]['model_tokens'] / best:.0f}",
+                    f"{_med([r['generate_s'] for r in records]):.3f}",
+                    str(int(_med([r["generate_calls"] for r in records]))),
+                    f"{_med(tails):.3f}" if None not in tails else "-",
+                    _per_round(records, batched, "wall_s") if twin else "-",
+                    _per_round(records, batched, "tokens_per_s") if twin else "-",
+                    _quiet(records, "round_other_cores"),
+                ]
+            )
+    header = [
+        "condition", "path", "wall s", "best s", "tok/s", "tok/s best", "engine s",
+        "engine calls", "tail s", "x batched wall", "x batched tok/s", "quiet",
     ]  # fmt: skip
     return table(header, rows)
 
@@ -161,4 +205,16 @@ median and range. quiet: rounds during which the rest of the machine kept fewer 
     rows' second-turn context (x long: over its). tool wall s: time during which at
     least one call ran; calls sum s: the calls' own times added up (one after another);
     overlap: calls sum / tool wall. loop s: wall - generate - tool wall (parsing, the chat
-    template, tokenizing, the event loop, threads)."""
+    template, tokenizing, the event loop, threads; not for streamed runs, whose engine
+    steps overlap the tools). generate s: in the engine (streamed: in its stream's submit
+    and step). tools 0-2L ms: each row's own latency
+    from its extra_info.tools_kwargs, spread evenly over 0..2 x --tool-ms.
+(c) the same rows, prompts and sampling through the same loop, taken by the driver two
+    ways: batched (the engine wrapped without turn_stream: one generate per round of
+    turns, after the round's slowest call) and streamed (the engine's turn_stream: each
+    turn submitted when its loop asks, finished turns handed back after every engine
+    step). wall s, tok/s, engine s (in generate, or in the stream's submit and step),
+    engine calls (generate calls, or engine steps), tail s (from the end of the slowest
+    call to the end of the rollout): medians; x batched wall: streamed wall / batched
+    wall within each round (below 1: streaming faster), x batched tok/s: the same for
+    tokens per second (above 1: streaming faster); median (range) over the rounds."""

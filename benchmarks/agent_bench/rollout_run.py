@@ -1,6 +1,7 @@
 """Part (b), in a process of its own per engine: generated tokens per second of the
 agent loop (``engine.agents.loop.AgentRunner``), without tools and with tool calls in
-flight.
+flight; and, on an engine that streams turns (vLLM), the loop with each trajectory's
+turns streamed against the same loop batched round by round.
 
 The conditions, all on the same prompts (the tool's schema in every system prompt) and
 sampling (``ignore_eos``: every model turn is exactly ``new_tokens`` long, so every
@@ -12,10 +13,19 @@ condition generates the same tokens per row):
   turn sees (prompt, call, the tool's answer; checked equal): what the tool rows' model
   turn costs without any tool;
 - ``tools 0 ms``: the built-in ``tool_agent`` loop, its first turn forced to a call of
-  the ``wait`` tool with 0 ms (``forced.py``), the call run, its answer appended, and the second turn generated:
-  the cost of a second turn and of the loop's tool machinery alone;
+  the ``wait`` tool with 0 ms (``forced.py``), the call run, its answer appended, and the
+  second turn generated: the cost of a second turn and of the loop's tool machinery alone;
 - ``tools L ms``: the same with a call that sleeps L ms: all rows' calls are in flight
-  together, so the tool phase should last about L, not rows × L.
+  together, so the tool phase should last about L, not rows × L;
+- ``tools 0-2L ms``: the same call, but each row's own latency from its
+  ``extra_info.tools_kwargs`` (``{"wait": {"row_ms": d}}``), spread evenly over 0..2L
+  (mean L) and shuffled over the rows: a batched round waits on its slowest call.
+
+The batched conditions go through ``Counted``, which has no ``turn_stream``: the driver
+takes one ``generate`` per round of turns, on any engine. On an engine with a
+``turn_stream`` (vLLM), ``single-turn``, ``tools L ms`` and ``tools 0-2L ms`` run a
+second time through ``Streamed`` (``... streamed``): each turn submitted when its loop
+asks, so a row whose tool answered goes on while slower rows still wait.
 
 vLLM's prefix cache is reset before every run: each starts cold, as a new batch would.
 """
@@ -24,17 +34,56 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from agent_bench.cpu import Span
-from agent_bench.forced import Counted, call_ids
+from agent_bench.forced import Counted, Streamed, call_ids
 from agent_bench.tool_calls import wait_tool
 
-CONDITIONS = ("generate", "single-turn", "single-turn long", "tools 0 ms", "tools {ms} ms")
+
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    loop: bool = True  # False: the engine's generate alone
+    long: bool = False  # on the context the tool rows' second turn sees
+    tool_ms: int | None = None  # the forced call's ms; None: single-turn rows
+    spread: bool = False  # each row's own latency, 0..2 x tool_ms (its tools_kwargs)
+    streamed: bool = False  # through the engine's turn_stream, not one generate a round
+
+
+def conditions(tool_ms: int, streams: bool) -> list[Condition]:
+    """In the order they run; each streamed one right after its batched twin, so that
+    the two meet the same neighbours."""
+    spread = Condition(f"tools 0-{2 * tool_ms} ms", tool_ms=tool_ms, spread=True)
+    batched = [
+        Condition("generate", loop=False),
+        Condition("single-turn"),
+        Condition("single-turn long", long=True),
+        Condition("tools 0 ms", tool_ms=0),
+        Condition(f"tools {tool_ms} ms", tool_ms=tool_ms),
+        spread,
+    ]
+    twins = {"single-turn", f"tools {tool_ms} ms", spread.name} if streams else set()
+    out = []
+    for c in batched:
+        out.append(c)
+        if c.name in twins:
+            out.append(replace(c, name=f"{c.name} streamed", streamed=True))
+    return out
+
+
+def spread_ms(rows: int, tool_ms: int, seed: int) -> list[int]:
+    """Each row's latency: evenly over 0..2 x tool_ms (mean tool_ms), in a seeded order
+    (row order would also be submission order: fast rows first)."""
+    ms = [round(2 * tool_ms * k / (rows - 1)) if rows > 1 else tool_ms for k in range(rows)]
+    random.Random(seed).shuffle(ms)
+    return ms
 
 
 def _single_process_dist() -> None:
@@ -94,6 +143,7 @@ class Bench:
         from engine.agents.chat import ChatFormat
         from engine.agents.loop import AgentRunner
         from engine.agents.tools import get_tool_call_parser
+        from engine.agents.tools.sample import tool_kwargs_problems
         from engine.agents.trajectory import AgentLimits
         from engine.types import SamplingParams
 
@@ -110,17 +160,32 @@ class Bench:
             chat.prompt_ids([{"role": "user", "content": f"Question {i}: what is {i} times 17?"}])
             for i in range(args.rows)
         ]
-        # The context the tool rows' model turn sees: prompt, forced call, the tool's answer
-        answer = {"role": "tool", "name": "wait", "content": f"waited {args.tool_ms} ms"}
-        after = self.forced[args.tool_ms] + chat.continuation_ids([answer])
-        self.long_prompts = [p + after for p in self.prompts]
-        self.sampling = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
-        max_len = max(map(len, self.long_prompts)) + args.new_tokens
-        start = time.perf_counter()
-        self.engine = build_engine(args.child, args.model_dir, self.tokenizer, max_len, args.rows)
-        self.start_s = time.perf_counter() - start
+        self.spread_ms = spread_ms(args.rows, args.tool_ms, args.seed)
+        self.spread_info = [{"tools_kwargs": {"wait": {"row_ms": ms}}} for ms in self.spread_ms]
+        for i, info in enumerate(self.spread_info):  # as the engine checks rows at its start
+            problems = tool_kwargs_problems(info, {"wait": tool}, f"row {i}")
+            if problems:
+                raise RuntimeError("; ".join(problems))
 
-    def run(self, condition: str) -> dict[str, Any]:
+        def second_turn(ms: int) -> list[int]:
+            """What a tool row's model turn follows: the forced call, the tool's answer."""
+            answer = {"role": "tool", "name": "wait", "content": f"waited {ms} ms"}
+            return self.forced[args.tool_ms] + chat.continuation_ids([answer])
+
+        self.long_prompts = [p + second_turn(args.tool_ms) for p in self.prompts]
+        self.spread_prompts = [
+            p + second_turn(ms) for p, ms in zip(self.prompts, self.spread_ms, strict=True)
+        ]
+        self.sampling = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+        longest = max(map(len, self.long_prompts + self.spread_prompts))
+        start = time.perf_counter()
+        self.engine = build_engine(
+            args.child, args.model_dir, self.tokenizer, longest + args.new_tokens, args.rows
+        )
+        self.start_s = time.perf_counter() - start
+        self.streams = hasattr(self.engine, "turn_stream")
+
+    def run(self, condition: Condition) -> dict[str, Any]:
         import torch
 
         from engine.types import GenerationRequest
@@ -129,23 +194,24 @@ class Bench:
         reset = getattr(getattr(self.engine, "llm", None), "reset_prefix_cache", None)
         if reset is not None:
             reset()
-        ms = int(condition.split()[1]) if condition.startswith("tools") else None
-        prompts = self.long_prompts if condition == "single-turn long" else self.prompts
-        engine = Counted(self.engine, self.forced.get(ms) if ms is not None else None, prompts)
+        ms = condition.tool_ms
+        prompts = self.long_prompts if condition.long else self.prompts
+        wrapper = Streamed if condition.streamed else Counted
+        engine = wrapper(self.engine, self.forced.get(ms) if ms is not None else None, prompts)
+        extra_info = self.spread_info if condition.spread else None
         self.intervals.clear()
         span = Span()
-        if condition == "generate":
+        if not condition.loop:
             engine.generate(GenerationRequest(prompts, self.sampling))
             trajectories = []
         else:
             names = ["single_turn" if ms is None else "tool_agent"] * len(prompts)
-            trajectories = self.runner.run(engine, prompts, self.sampling, agent_names=names)
+            trajectories = self.runner.run(
+                engine, prompts, self.sampling, agent_names=names, extra_info=extra_info
+            )
         span.end()
-        calls = sum(t.tool_calls for t in trajectories)
-        if ms is not None and (calls != len(prompts) or any(t.tool_errors for t in trajectories)):
-            raise RuntimeError(f"{condition}: {calls} calls for {len(prompts)} rows, or errors")
-        if ms == self.args.tool_ms and engine.sent != self.long_prompts:
-            raise RuntimeError(f"{condition}: the second turn's context is not single-turn long's")
+        self.check(condition, trajectories, engine.sent)
+        last_call = max((b for _, b in self.intervals), default=None)
         return {
             "wall_s": span.wall_s,
             "other_cores": span.other_cores,
@@ -153,38 +219,64 @@ class Bench:
             "tokens_per_s": engine.tokens / span.wall_s,
             "generate_s": engine.generate_s,
             "generate_calls": engine.calls,
-            "tool_calls": calls,
+            "tool_calls": sum(t.tool_calls for t in trajectories),
             "tool_wall_s": tool_union_s(self.intervals),
             "tool_sum_s": sum(b - a for a, b in self.intervals),  # one after another
             "tool_latency_sum_s": sum(t.tool_latency_s for t in trajectories),  # execute's
+            # from the end of the slowest call to the end of the rollout: the generation
+            # still left when the last row could go on
+            "tail_s": span.start + span.wall_s - last_call if last_call is not None else None,
         }
+
+    def check(self, condition: Condition, trajectories: list[Any], sent: list[list[int]]) -> None:
+        """Like with like: every tool row called once, without error, with its own
+        latency, and the engine saw the contexts it should (in row order when batched;
+        a streamed second turn goes in when its own tool has answered)."""
+        ms, name, rows = condition.tool_ms, condition.name, len(self.prompts)
+        if ms is None:
+            return
+        calls = sum(t.tool_calls for t in trajectories)
+        if calls != rows or any(t.tool_errors for t in trajectories):
+            raise RuntimeError(f"{name}: {calls} calls for {rows} rows, or errors")
+        wanted = self.spread_ms if condition.spread else [ms] * rows
+        if any(t.tool_latency_s < w / 1000 for t, w in zip(trajectories, wanted, strict=True)):
+            raise RuntimeError(f"{name}: a call returned before its row's latency")
+        if ms != self.args.tool_ms:
+            return
+        expected = self.spread_prompts if condition.spread else self.long_prompts
+        if condition.streamed:
+            sent, expected = sorted(sent), sorted(expected)
+        if sent != expected:
+            raise RuntimeError(f"{name}: the second turns' contexts are not as expected")
 
 
 def child(args: Any) -> None:
-    """Every condition once not counted, then ``rollout_repeat`` rounds of all of them."""
+    """Every condition once not counted, then ``rollout_repeat`` rounds of all of them,
+    in reverse order every other round (neither twin of a pair always runs first)."""
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     bench = Bench(args)
-    conditions = [c.format(ms=args.tool_ms) for c in CONDITIONS]
-    for condition in conditions:
+    order = conditions(args.tool_ms, bench.streams)
+    for condition in order:
         bench.run(condition)
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in conditions}
-    for _ in range(args.rollout_repeat):
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in order}
+    for round_ in range(args.rollout_repeat):
         # whether the neighbours were quiet, read over the whole round: a single run's
         # tenths of a second are too short for /proc/stat's 10 ms ticks
         span = Span()
-        records = {condition: bench.run(condition) for condition in conditions}
+        records = {c.name: bench.run(c) for c in (order if round_ % 2 == 0 else order[::-1])}
         span.end()
-        for condition, record in records.items():
-            runs[condition].append({**record, "round_other_cores": span.other_cores})
+        for name, record in records.items():
+            runs[name].append({**record, "round_other_cores": span.other_cores})
     result = {
         "engine": args.child,
         "engine_start_s": bench.start_s,
         "torch_threads": torch.get_num_threads(),
         "prompt_tokens": [len(p) for p in bench.prompts],
         "forced_tokens": len(bench.forced[args.tool_ms]),
+        "spread_ms": bench.spread_ms,
         "runs": runs,
     }
     Path(args.child_out).write_text(json.dumps(result))

@@ -27,9 +27,12 @@ CODE = "print(1+1)"  # the sandbox's fixed cost: a fresh process, its isolation,
 def wait_tool(name: str = "wait", record: list[tuple[float, float]] | None = None) -> FunctionTool:
     """A tool that sleeps ``ms`` milliseconds in its own thread (as every plain function
     tool runs), recording each call's start and end in ``record``: a stand-in for a tool
-    that waits on something else (a web search, a remote sandbox), with a fixed latency."""
+    that waits on something else (a web search, a remote sandbox). A row's
+    ``extra_info.tools_kwargs`` may give it ``row_ms``, which wins over the model's
+    ``ms``: latencies that differ per row with the same call in every row's turn."""
 
-    def wait(ms: int) -> str:
+    def wait(ms: int, *, row_ms: int | None = None) -> str:
+        ms = ms if row_ms is None else row_ms
         start = time.perf_counter()
         time.sleep(ms / 1000)
         if record is not None:

@@ -32,6 +32,8 @@ def test_the_agent_tools_benchmark_runs_end_to_end(engine, tiny_model_dir, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(a) tool calls through execute" in proc.stdout
     assert f"(b) the agent loop on {engine}" in proc.stdout and "FAILED" not in proc.stdout
+    # (c) only where the engine streams turns (vLLM's turn_stream; HF has none)
+    assert ("(c) streamed vs batched turns on vllm" in proc.stdout) == (engine == "vllm")
 
     result = json.loads(out.read_text())
     calls = result["tool_calls"]
@@ -46,17 +48,20 @@ def test_the_agent_tools_benchmark_runs_end_to_end(engine, tiny_model_dir, tmp_p
 
     (rollout,) = result["rollouts"]
     runs = rollout["runs"]
-    assert list(runs) == [
-        "generate",
-        "single-turn",
-        "single-turn long",
-        "tools 0 ms",
-        "tools 5 ms",
-    ]
+    batched = ["generate", "single-turn", "single-turn long", "tools 0 ms", "tools 5 ms"]
+    batched.append("tools 0-10 ms")  # each row's own latency, 0..2 x 5 ms
+    streamed = ["single-turn streamed", "tools 5 ms streamed", "tools 0-10 ms streamed"]
+    assert sorted(runs) == sorted(batched + (streamed if engine == "vllm" else []))
+    assert sorted(rollout["spread_ms"]) == [0, 10]
     # every condition generates the same tokens: 2 rows x 2 (the forced turns not counted)
     assert {r["model_tokens"] for records in runs.values() for r in records} == {4}
-    # each tool row called the tool once, in one batch, and its second turn was generated
-    for name in ("tools 0 ms", "tools 5 ms"):
+    # each tool row called the tool once; batched, the second turns were one generate
+    for name in ("tools 0 ms", "tools 5 ms", "tools 0-10 ms"):
         (record,) = runs[name]
         assert (record["tool_calls"], record["generate_calls"]) == (2, 1)
     assert [r["generate_calls"] for r in runs["single-turn"]] == [1]
+    # streamed, the engine was stepped (a step a token at least), never one generate
+    for name in streamed if engine == "vllm" else []:
+        (record,) = runs[name]
+        assert record["tool_calls"] == (0 if name.startswith("single") else 2)
+        assert record["generate_calls"] >= 2
