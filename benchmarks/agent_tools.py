@@ -10,8 +10,9 @@
     single-turn rows, and rows whose first turn is a tool call (forced: a random tiny
     model never writes one; see agent_bench/forced.py) to a tool of 0 ms, of
     ``--tool-ms``, and of each row's own latency (0..2 x ``--tool-ms``, from the row's
-    ``extra_info.tools_kwargs``). The tool phase's wall time is set beside the calls'
-    latencies added up: the calls of all rows overlap.
+    ``extra_info.tools_kwargs``), and rows of ``--tool-rounds`` rounds of a model turn
+    and a call of such latencies (a loop of the benchmark's own). The tool phase's wall
+    time is set beside the calls' latencies added up: the calls of all rows overlap.
 (c) On an engine that streams turns (vLLM's ``turn_stream``), the same rows, loop and
     sampling with the driver's two paths side by side: batched (one ``generate`` per
     round of turns, after the round's slowest call) and streamed (each turn submitted as
@@ -54,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tool-ms", type=int, default=50, help="the slow tool's latency, mean of the spread (a-c)"
     )
+    parser.add_argument(
+        "--tool-rounds",
+        type=int,
+        default=3,
+        help="tool rounds of the several-round rows (b, c; below 2: none)",
+    )
     parser.add_argument("--calls", type=int, default=16, help="least calls per measurement (a)")
     parser.add_argument(
         "--concurrency", default="1,8,32", help="calls in flight, comma-separated (a)"
@@ -82,8 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     counts = (args.rows, args.new_tokens, args.calls, args.repeat, args.rollout_repeat)
     if min(*counts, *args.concurrency) < 1 or (args.threads is not None and args.threads < 1):
         parser.error("every count (--rows ... --rollout-repeat, --concurrency, --threads) >= 1")
-    if args.tool_ms < 0 or set(args.engines) - set(ENGINES):
-        parser.error(f"--tool-ms must be >= 0; --engines from {', '.join(ENGINES)}")
+    if args.tool_ms < 0 or args.tool_rounds < 0 or set(args.engines) - set(ENGINES):
+        parser.error(f"--tool-ms, --tool-rounds >= 0; --engines from {', '.join(ENGINES)}")
     return args
 
 
@@ -95,6 +102,7 @@ def run_engine(args: argparse.Namespace, engine: str, workdir: Path) -> dict[str
         sys.executable, str(Path(__file__).resolve()), "--child", engine, "--child-out", str(out),
         "--model-dir", args.model_dir, "--rows", str(args.rows),
         "--new-tokens", str(args.new_tokens), "--tool-ms", str(args.tool_ms),
+        "--tool-rounds", str(args.tool_rounds),
         "--rollout-repeat", str(args.rollout_repeat), "--seed", str(args.seed),
         *(["--threads", str(args.threads)] if args.threads else []),
     ]  # fmt: skip
@@ -139,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         f"setup: (a) at least {args.calls} calls and 0.2 s per measurement, {args.repeat}"
         f" rounds; (b) {args.rows} rows x {args.new_tokens} new tokens a model turn, T=1.0,"
         f" ignore_eos, tool latency {args.tool_ms} ms (spread: 0-{2 * args.tool_ms} ms a row),"
-        f" {args.rollout_repeat} rounds; tiny"
+        f" x{args.tool_rounds}: {args.tool_rounds} calls a row, a model turn before and after"
+        f" each; {args.rollout_repeat} rounds; tiny"
         f" Qwen2 (engine.models.tiny, seed {args.seed}), float32 CPU"
     )
     print(f"\n(a) tool calls through execute ({args.repeat} rounds)")

@@ -19,13 +19,17 @@ condition generates the same tokens per row):
   together, so the tool phase should last about L, not rows × L;
 - ``tools 0-2L ms``: the same call, but each row's own latency from its
   ``extra_info.tools_kwargs`` (``{"wait": {"row_ms": d}}``), spread evenly over 0..2L
-  (mean L) and shuffled over the rows: a batched round waits on its slowest call.
+  (mean L) and shuffled over the rows: a batched round waits on its slowest call;
+- ``tools 0-2L ms xR``: R rounds of a model turn and a ``wait`` call, then a last
+  model turn, through a loop of the benchmark's own (``waiting_loop.py``: it makes the
+  calls itself, no turn forced); every round deals the same latencies to the rows anew,
+  so a batched rollout waits on R slowest calls, a streamed row on its own R.
 
 The batched conditions go through ``Counted``, which has no ``turn_stream``: the driver
 takes one ``generate`` per round of turns, on any engine. On an engine with a
-``turn_stream`` (vLLM), ``single-turn``, ``tools L ms`` and ``tools 0-2L ms`` run a
-second time through ``Streamed`` (``... streamed``): each turn submitted when its loop
-asks, so a row whose tool answered goes on while slower rows still wait.
+``turn_stream`` (vLLM), ``single-turn``, ``tools L ms``, ``tools 0-2L ms`` and its
+``xR`` run a second time through ``Streamed`` (``... streamed``): each turn submitted
+when its loop asks, so a row whose tool answered goes on while slower rows still wait.
 
 vLLM's prefix cache is reset before every run: each starts cold, as a new batch would.
 """
@@ -45,6 +49,7 @@ from typing import Any
 from agent_bench.cpu import Span
 from agent_bench.forced import Counted, Streamed, call_ids
 from agent_bench.tool_calls import wait_tool
+from agent_bench.waiting_loop import NAME, WaitingLoop, round_latencies
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,16 @@ class Condition:
     tool_ms: int | None = None  # the forced call's ms; None: single-turn rows
     spread: bool = False  # each row's own latency, 0..2 x tool_ms (its tools_kwargs)
     streamed: bool = False  # through the engine's turn_stream, not one generate a round
+    rounds: int = 0  # tool rounds of the benchmark's own loop (waiting_loop.py); 0: not it
+
+    @property
+    def turns(self) -> int:
+        """Model turns per row: one, the forced call's not counted; rounds + 1 in the
+        benchmark's loop."""
+        return self.rounds + 1 if self.rounds else 1
 
 
-def conditions(tool_ms: int, streams: bool) -> list[Condition]:
+def conditions(tool_ms: int, tool_rounds: int, streams: bool) -> list[Condition]:
     """In the order they run; each streamed one right after its batched twin, so that
     the two meet the same neighbours."""
     spread = Condition(f"tools 0-{2 * tool_ms} ms", tool_ms=tool_ms, spread=True)
@@ -69,7 +81,11 @@ def conditions(tool_ms: int, streams: bool) -> list[Condition]:
         Condition(f"tools {tool_ms} ms", tool_ms=tool_ms),
         spread,
     ]
+    if tool_rounds >= 2:
+        batched.append(replace(spread, name=f"{spread.name} x{tool_rounds}", rounds=tool_rounds))
     twins = {"single-turn", f"tools {tool_ms} ms", spread.name} if streams else set()
+    if streams and tool_rounds >= 2:
+        twins.add(batched[-1].name)
     out = []
     for c in batched:
         out.append(c)
@@ -177,11 +193,25 @@ class Bench:
             p + second_turn(ms) for p, ms in zip(self.prompts, self.spread_ms, strict=True)
         ]
         self.sampling = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
-        longest = max(map(len, self.long_prompts + self.spread_prompts))
-        start = time.perf_counter()
-        self.engine = build_engine(
-            args.child, args.model_dir, self.tokenizer, longest + args.new_tokens, args.rows
+        max_len = max(map(len, self.long_prompts + self.spread_prompts)) + args.new_tokens
+
+        # Several tool rounds (waiting_loop.py): each round the spread's latencies, dealt
+        # to the rows anew; a turn, its end token and the call's answer (under 64 tokens)
+        # a round, then the last turn
+        rounds = args.tool_rounds
+        self.round_ms = round_latencies(self.spread_ms, rounds, args.seed + 1)
+        budget = rounds * (args.new_tokens + 1 + 64) + args.new_tokens
+        self.rounds_runner = AgentRunner(
+            chat,
+            get_tool_call_parser("hermes"),
+            {"wait": tool},
+            AgentLimits(max_turns=rounds + 1, max_response_tokens=budget, tool_timeout_s=60.0),
+            loops={NAME: WaitingLoop()},
         )
+        if rounds >= 2:
+            max_len = max(max_len, max(map(len, self.prompts)) + budget)
+        start = time.perf_counter()
+        self.engine = build_engine(args.child, args.model_dir, self.tokenizer, max_len, args.rows)
         self.start_s = time.perf_counter() - start
         self.streams = hasattr(self.engine, "turn_stream")
 
@@ -198,19 +228,23 @@ class Bench:
         prompts = self.long_prompts if condition.long else self.prompts
         wrapper = Streamed if condition.streamed else Counted
         engine = wrapper(self.engine, self.forced.get(ms) if ms is not None else None, prompts)
-        extra_info = self.spread_info if condition.spread else None
+        runner, extra_info = self.runner, self.spread_info if condition.spread else None
+        names = ["single_turn" if ms is None else "tool_agent"] * len(prompts)
+        if condition.rounds:  # the loop makes its calls itself: no turn forced
+            engine = wrapper(self.engine)
+            runner, names = self.rounds_runner, [NAME] * len(prompts)
+            extra_info = [{"wait_ms": row} for row in self.round_ms]
         self.intervals.clear()
         span = Span()
         if not condition.loop:
             engine.generate(GenerationRequest(prompts, self.sampling))
             trajectories = []
         else:
-            names = ["single_turn" if ms is None else "tool_agent"] * len(prompts)
-            trajectories = self.runner.run(
+            trajectories = runner.run(
                 engine, prompts, self.sampling, agent_names=names, extra_info=extra_info
             )
         span.end()
-        self.check(condition, trajectories, engine.sent)
+        self.check(condition, trajectories, engine)
         last_call = max((b for _, b in self.intervals), default=None)
         return {
             "wall_s": span.wall_s,
@@ -228,21 +262,27 @@ class Bench:
             "tail_s": span.start + span.wall_s - last_call if last_call is not None else None,
         }
 
-    def check(self, condition: Condition, trajectories: list[Any], sent: list[list[int]]) -> None:
-        """Like with like: every tool row called once, without error, with its own
-        latency, and the engine saw the contexts it should (in row order when batched;
-        a streamed second turn goes in when its own tool has answered)."""
+    def check(self, condition: Condition, trajectories: list[Any], engine: Counted) -> None:
+        """Like with like: every turn of every row generated whole by the engine; every
+        tool row called once a round, without error, with its own latency; and the
+        engine saw the contexts it should (in row order when batched; a streamed second
+        turn goes in when its own tool has answered)."""
         ms, name, rows = condition.tool_ms, condition.name, len(self.prompts)
+        if engine.tokens != rows * condition.turns * self.args.new_tokens:
+            raise RuntimeError(f"{name}: the engine generated {engine.tokens} tokens")
         if ms is None:
             return
         calls = sum(t.tool_calls for t in trajectories)
-        if calls != rows or any(t.tool_errors for t in trajectories):
+        if calls != rows * max(condition.rounds, 1) or any(t.tool_errors for t in trajectories):
             raise RuntimeError(f"{name}: {calls} calls for {rows} rows, or errors")
         wanted = self.spread_ms if condition.spread else [ms] * rows
+        if condition.rounds:
+            wanted = [sum(row) for row in self.round_ms]
         if any(t.tool_latency_s < w / 1000 for t, w in zip(trajectories, wanted, strict=True)):
             raise RuntimeError(f"{name}: a call returned before its row's latency")
-        if ms != self.args.tool_ms:
+        if ms != self.args.tool_ms or condition.rounds:  # those contexts depend on sampling
             return
+        sent = engine.sent
         expected = self.spread_prompts if condition.spread else self.long_prompts
         if condition.streamed:
             sent, expected = sorted(sent), sorted(expected)
@@ -258,7 +298,7 @@ def child(args: Any) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     bench = Bench(args)
-    order = conditions(args.tool_ms, bench.streams)
+    order = conditions(args.tool_ms, args.tool_rounds, bench.streams)
     for condition in order:
         bench.run(condition)
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in order}
@@ -277,6 +317,7 @@ def child(args: Any) -> None:
         "prompt_tokens": [len(p) for p in bench.prompts],
         "forced_tokens": len(bench.forced[args.tool_ms]),
         "spread_ms": bench.spread_ms,
+        "round_ms": bench.round_ms,
         "runs": runs,
     }
     Path(args.child_out).write_text(json.dumps(result))
