@@ -1,10 +1,11 @@
 """Part (a): tool calls per second through ``engine.agents.tools.execute``.
 
-Each batch is one ``asyncio.run(execute(calls, tools, ...))``, as ``ToolAgent.run`` runs
-one turn's calls: ``concurrency`` calls at once, batch after batch, until at least
-``calls`` calls and ``MIN_S`` seconds have passed. Concurrency 1 is the serial figure.
-Every result must be ``ok``: a broken sandbox would otherwise look fast. The floor is
-``asyncio.run`` of a coroutine that does nothing: what every turn with calls pays.
+Each batch is one ``asyncio.run(execute(calls, tools, ...))``, as an agent loop's
+``episode.call_tools`` runs one turn's calls: ``concurrency`` calls at once, batch after
+batch, until at least ``calls`` calls and ``MIN_S`` seconds have passed. Concurrency 1 is
+the serial figure. Every result must be ``ok``: a broken sandbox would otherwise look
+fast. The floor is ``asyncio.run`` of a coroutine that does nothing: what every turn with
+calls pays.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ CODE = "print(1+1)"  # the sandbox's fixed cost: a fresh process, its isolation,
 def wait_tool(name: str = "wait", record: list[tuple[float, float]] | None = None) -> FunctionTool:
     """A tool that sleeps ``ms`` milliseconds in its own thread (as every plain function
     tool runs), recording each call's start and end in ``record``: a stand-in for a tool
-    that waits on something else (a web search, a remote sandbox), with a fixed latency."""
+    that waits on something else (a web search, a remote sandbox). A row's
+    ``extra_info.tools_kwargs`` may give it ``row_ms``, which wins over the model's
+    ``ms``: latencies that differ per row with the same call in every row's turn."""
 
-    def wait(ms: int) -> str:
+    def wait(ms: int, *, row_ms: int | None = None) -> str:
+        ms = ms if row_ms is None else row_ms
         start = time.perf_counter()
         time.sleep(ms / 1000)
         if record is not None:
