@@ -29,7 +29,6 @@ from rlctl.planner.model import (
     MemoryEstimate,
     Plan,
     PlanRequest,
-    RolloutSplit,
 )
 from rlctl.planner.multi_turn import multi_turn_lines
 from rlctl.planner.settings import (
@@ -157,16 +156,7 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         reasoning=lines,
         **_made_for(s),
         log_prob_micro_batch_size_per_device=micro,
-        split=None
-        if split is None
-        else RolloutSplit(
-            mode=s.async_mode,
-            train_nodes=split.train.nodes,
-            train_devices_per_node=split.train.per_node,
-            rollout_nodes=split.rollout.nodes,
-            rollout_devices_per_node=split.rollout.per_node,
-            node_size=split.node_size,
-        ),
+        split=None if split is None else split.in_plan(s.async_mode),
     )
 
 

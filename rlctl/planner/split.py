@@ -92,6 +92,21 @@ class _Split:
     def describe(self) -> str:
         return f"training {_group(self.train)} + rollout {_group(self.rollout)}"
 
+    def in_plan(
+        self, mode: str, generate_s: float | None = None, train_s: float | None = None
+    ) -> RolloutSplit:
+        """The split as the plan records it (with the estimates it was chosen by)."""
+        return RolloutSplit(
+            mode=mode,
+            train_nodes=self.train.nodes,
+            train_devices_per_node=self.train.per_node,
+            rollout_nodes=self.rollout.nodes,
+            rollout_devices_per_node=self.rollout.per_node,
+            node_size=self.node_size,
+            generate_seconds=generate_s,
+            train_seconds=train_s,
+        )
+
 
 def _group(lay: _Layout) -> str:
     return f"{_count(lay.nodes, 'node')} × {lay.per_node}"
@@ -138,7 +153,6 @@ def separate_plan(req: PlanRequest, s: _Settings, m: ModelShape, acc: Accelerato
     lines = _reasoning(s, m, acc, chosen, [], 0.0, floor, auto=False, layout_lines=layout_lines)
     plan = _assemble(s, m, acc, chosen, lines, 0.0)
     job = best.split.job()
-    sp = best.split
     return replace(
         plan,
         nodes=job.nodes,
@@ -146,16 +160,7 @@ def separate_plan(req: PlanRequest, s: _Settings, m: ModelShape, acc: Accelerato
         # nothing of the training stays where the rollout generates
         memory=replace(plan.memory, rollout_resident_gib=0.0),
         estimated_step_seconds=round(best.step_s, 1),
-        split=RolloutSplit(
-            mode=s.async_mode,
-            train_nodes=sp.train.nodes,
-            train_devices_per_node=sp.train.per_node,
-            rollout_nodes=sp.rollout.nodes,
-            rollout_devices_per_node=sp.rollout.per_node,
-            node_size=sp.node_size,
-            generate_seconds=round(best.generate_s, 1),
-            train_seconds=round(best.train_s, 1),
-        ),
+        split=best.split.in_plan(s.async_mode, round(best.generate_s, 1), round(best.train_s, 1)),
     )
 
 
