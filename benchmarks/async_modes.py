@@ -1,4 +1,5 @@
-"""Synchronous colocated vs the rollout on its own worker, synchronous and one step off.
+"""Synchronous colocated vs the rollout on its own worker: synchronous, one step off and
+fully asynchronous.
 
 Issue 18's comparison, on this machine's 2 cores: the same model, task, batch and
 number of steps, each mode in its own process (``python -m engine.main``), the modes
@@ -11,7 +12,10 @@ interleaved round by round so that a noisy neighbour hits each alike:
   trains (``async_training.mode=one_step_off``): π_old from a pass of its own (the
   proximal policy), TIS against the sampler;
 - ``one-step-bypass``: the same, with the sampler's own log-probs as π_old (verl's bypass
-  mode): no π_old pass.
+  mode): no π_old pass;
+- ``fully-async``: the rollout generating without stopping, batches from the samples that
+  finished (``async_training.mode=fully_async``, staleness threshold 0.5, partial
+  rollouts), bypass mode.
 
 Printed per mode: seconds per step (median over the run's steps after the first), samples
 per second, and the training time (the steps' own seconds, summed: start-up excluded) at
@@ -52,6 +56,13 @@ MODES = {
     "one-step-bypass": [
         *SEPARATE,
         "async_training.mode=one_step_off",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.bypass_mode=true",
+    ],
+    "fully-async": [
+        *SEPARATE,
+        "async_training.mode=fully_async",
+        "async_training.staleness_threshold=0.5",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "algorithm.rollout_correction.bypass_mode=true",
     ],

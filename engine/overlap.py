@@ -20,6 +20,7 @@ drew that batch's prompts: a resume draws them again, so no prompt is lost or re
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,13 +63,35 @@ class OneStepOff:
         self.pending = self._start() if t.step < t.total_steps else None
         return rollout
 
-    def loader_state(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The loader's state to save, and the trainer state's ``extra`` (none here)."""
         t = self.trainer
         if self.pending is None or self._loader_before is None:
-            return t.train_loader.state_dict()
-        return self._loader_before
+            return t.train_loader.state_dict(), {}
+        return self._loader_before, {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Nothing: the loader's state already draws the pending batch again."""
+
+    def rollout_exclusive(self) -> contextlib.AbstractContextManager[None]:
+        """Validation's generation queues behind the pending one on the rollout workers."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Nothing runs beside the trainer."""
 
     def _start(self) -> Generating:
         t = self.trainer
         self._loader_before = t.train_loader.state_dict()
         return t.start_generation(t.next_prompts(), t.sampling)
+
+
+def make_overlap(trainer: Trainer, mode: str) -> Any:
+    """The trainer's source of batches for an ``async_training.mode`` (None: sync)."""
+    if mode == "one_step_off":
+        return OneStepOff(trainer)
+    if mode == "fully_async":
+        from engine.fully_async import FullyAsync
+
+        return FullyAsync(trainer)
+    return None

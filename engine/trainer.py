@@ -12,6 +12,7 @@ every forward and backward pass.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -31,19 +32,21 @@ from engine.controller.worker_group import WorkerGroup
 from engine.data.dataset import PromptSample, RLDataset
 from engine.data.loader import PromptLoader
 from engine.errors import EngineError
+from engine.generations import write_generations
 from engine.metrics import (
     StageTimer,
     batch_metrics,
     reduce_rank_metrics,
     throughput_metrics,
 )
-from engine.overlap import Generating, OneStepOff
+from engine.overlap import Generating, make_overlap
 from engine.reward.manager import RewardManager
 from engine.reward.types import ScoreRequest, ScoreResult
 from engine.tracking import Tracker, progress
 from engine.types import (
     ActorBatch,
     CriticBatch,
+    GenerationOutput,
     GenerationRequest,
     SampleMeta,
     SamplingParams,
@@ -72,6 +75,7 @@ class Rollout:
     # Multi-turn rows (engine.agents): 0 on the tools' tokens; their per-row statistics
     response_masks: list[list[int]] | None = None
     agent_stats: list[dict[str, float]] | None = None
+    prompt_index: list[int] | None = None  # each sample's prompt, in its dataset
 
     @functools.cached_property
     def tokens(self) -> TokenBatch:
@@ -136,11 +140,18 @@ class Trainer:
         self.separate = rollout.placement == "separate"
         self.weights_version = 0
         self.pushed_version: int | None = None
-        self.overlap = OneStepOff(self) if cfg.async_training.mode == "one_step_off" else None
+        self.overlap = make_overlap(self, cfg.async_training.mode)
 
     # -- the loop -----------------------------------------------------------
 
     def fit(self) -> None:
+        try:
+            self._fit()
+        finally:
+            if self.overlap is not None:
+                self.overlap.close()
+
+    def _fit(self) -> None:
         if self.resume_from is not None:
             self.resume(self.resume_from)
         elif self.val_dataset is not None and self.cfg.trainer.val_before_train:
@@ -168,12 +179,15 @@ class Trainer:
     # -- checkpoints and faults ---------------------------------------------
 
     def state(self) -> TrainerState:
+        # Generations in flight (async_training) drew their prompts ahead: the checkpoint
+        # records them, or the loader from before, so that a resume draws them again.
+        loader, extra = (
+            self.overlap.checkpoint_state()
+            if self.overlap
+            else (self.train_loader.state_dict(), {})
+        )
         return TrainerState(
-            step=self.step,
-            # a generation in flight (async_training) drew its prompts ahead: the
-            # checkpoint takes the loader from before, so a resume draws them again
-            loader=self.overlap.loader_state() if self.overlap else self.train_loader.state_dict(),
-            kl_ctrl=self.kl_ctrl.state_dict(),
+            step=self.step, loader=loader, kl_ctrl=self.kl_ctrl.state_dict(), extra=extra
         )
 
     def save(self) -> None:
@@ -188,6 +202,8 @@ class Trainer:
         self.step = state.step
         self.train_loader.load_state_dict(state.loader)
         self._batches = iter(self.train_loader)
+        if self.overlap is not None:
+            self.overlap.load_extra_state(state.extra)
         self.kl_ctrl.load_state_dict(state.kl_ctrl)
         self.checkpoints.last_saved_step = state.step
         print(f"resumed from {path} at step {state.step}", flush=True)
@@ -225,6 +241,8 @@ class Trainer:
         with timer("step"):
             with timer("gen"):
                 rollout = self.generate_training_batch(timer, metrics)
+            if cfg.trainer.rollout_data_dir:
+                write_generations(cfg.trainer.rollout_data_dir, self.step, rollout, self.tokenizer)
             if rollout.agent_stats is not None and rollout.response_masks is not None:
                 metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
             tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
@@ -393,8 +411,17 @@ class Trainer:
 
     def finish_generation(self, started: Generating, timer: StageTimer) -> Rollout:
         """Wait for a generation and score it."""
-        expanded, request, n = started.expanded, started.request, started.n
         output = started.pending.result()
+        return self.scored(started.expanded, started.n, output, timer)
+
+    def scored(
+        self,
+        expanded: list[PromptSample],
+        n: int,
+        output: GenerationOutput,
+        timer: StageTimer,
+    ) -> Rollout:
+        """The rollout of ``expanded`` (each prompt ``n`` times, adjacent), scored."""
         meta = SampleMeta(
             group_ids=[i // n for i in range(len(expanded))],
             data_source=[p.data_source for p in expanded],
@@ -410,7 +437,7 @@ class Trainer:
         with timer("reward"):
             results = self.score(output.response_ids, meta)
         return Rollout(
-            prompt_ids=request.prompt_ids,
+            prompt_ids=[p.prompt_ids for p in expanded],
             response_ids=output.response_ids,
             meta=meta,
             scores_B=torch.tensor([r.score for r in results], dtype=torch.float32),
@@ -421,6 +448,7 @@ class Trainer:
             rollout_logprobs=output.logprobs,
             response_masks=output.response_mask,
             agent_stats=output.agent_stats,
+            prompt_index=[p.index for p in expanded],
         )
 
     def score(self, responses: list[list[int]], meta: SampleMeta) -> list[ScoreResult]:
@@ -489,7 +517,8 @@ class Trainer:
         total = len(self.val_dataset)
         chunk = self.cfg.data.val_batch_size or total
         samples: list[ValidationSample] = []
-        with timer("val"), progress(total, "validation") as bar:
+        exclusive = self.overlap.rollout_exclusive() if self.overlap else contextlib.nullcontext()
+        with timer("val"), exclusive, progress(total, "validation") as bar:
             for start in range(0, total, chunk):
                 prompts = [self.val_dataset[i] for i in range(start, min(start + chunk, total))]
                 rollout = self.generate(self.pad_for_ranks(prompts, n), self.val_sampling, timer)

@@ -52,6 +52,11 @@ class TrainerConfig:
     resume_from_path: str | None = setting(
         None, "resume_mode=resume_path: the global_step_<k> checkpoint (a path or bucket URL)."
     )
+    rollout_data_dir: str | None = setting(
+        None,
+        "Write each step's samples to <dir>/<step>.jsonl (verl's key): the prompt, the"
+        " response, the ground truth, the score and the prompt's index in the training set.",
+    )
     logger: list[str] = setting(
         help=f"Where metrics go, any of: {one_of(LOGGERS)}.", factory=lambda: ["console"]
     )

@@ -51,6 +51,9 @@ class SeparateGroups:
     ) -> Pending:
         return self.group_of(role).submit_split(role, method, batch, *args, gather=gather)
 
+    def submit_each(self, role: str, method: str, per_rank: list[Any], *args: Any) -> Pending:
+        return self.group_of(role).submit_each(role, method, per_rank, *args)
+
     def call_all(self, role: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self.group_of(role).call_all(role, method, *args, **kwargs)
 

@@ -221,6 +221,18 @@ class WorkerGroup:
         ]
         return Pending(self, refs, layout.output_ranks(world), gather)
 
+    def submit_each(self, role: str, method: str, per_rank: list[Any], *args: Any) -> Pending:
+        """Rank r runs role.method(per_rank[r], *args), not waited for; ``.result()`` is
+        the list of results in rank order (the fully asynchronous rollout feeds each
+        rank samples of its own, engine.rollouter)."""
+        if len(per_rank) != self.world_size:
+            raise ValueError(f"{len(per_rank)} inputs for {self.world_size} ranks")
+        refs = [
+            w.call.remote(role, method, part, *args)
+            for part, w in zip(per_rank, self.workers, strict=True)
+        ]
+        return Pending(self, refs, list(range(self.world_size)), list)
+
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Give each worker ``grace_s`` to release what outlives its process (a CPU
         vLLM engine's shared-memory segments), then end it."""

@@ -202,6 +202,16 @@ class VLLMRollout:
                 self.cfg.calculate_log_probs,
             )
 
+    def sample_stream(self) -> Any:
+        """The engine serving the fully asynchronous mode's samples as they come
+        (engine.rollout.stream); the caller seeds each call (RolloutWorker.stream_advance)."""
+        self._check_usable()
+        from engine.rollout.vllm_stream import VLLMSampleStream
+
+        return VLLMSampleStream(
+            self.llm.llm_engine, self._params, self.eos_token_ids, self.cfg.calculate_log_probs
+        )
+
     def _params(self, sampling: Any) -> Any:
         """vLLM's SamplingParams for ours (log-probs of the sampled tokens when asked)."""
         from vllm import SamplingParams
@@ -238,7 +248,10 @@ class VLLMRollout:
                 f"a weight sync failed after {sent} tensors ({type(error).__name__}: {error})"
             )
             raise EngineError(self._unusable_message()) from error
-        self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys/values
+        # Cached prefixes hold the old weights' keys and values. Requests in flight (the
+        # fully asynchronous mode's partial rollouts) are preempted, so that their cache
+        # is computed again, with the new weights, before their next token.
+        self.llm.reset_prefix_cache(reset_running_requests=True)
 
     def sleep(self) -> None:
         if not self.sleep_mode or self._asleep:

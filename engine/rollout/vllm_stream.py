@@ -2,15 +2,21 @@
 completions taken as they finish, so a multi-turn trajectory takes its next turn as soon
 as its own tools have answered (``engine.agents.streaming``), never waiting for the
 slowest trajectory of a batch. Uses ``LLM.llm_engine`` (``add_request``, ``step``,
-``abort_request``), the engine ``LLM.generate`` itself drives, in-process."""
+``abort_request``), the engine ``LLM.generate`` itself drives, in-process.
+
+``VLLMSampleStream`` serves the fully asynchronous mode's samples the same way
+(``engine.rollout.stream``), each token tagged with the weights version that made it."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.agents.streaming import Completion
+from engine.rollout.base import finish_row
+from engine.rollout.stream import StreamDone, StreamItem, add_run, cut_runs
 from engine.rollout.vllm import finish_completion
 from engine.types import SamplingParams
 
@@ -58,3 +64,82 @@ class VLLMTurnStream:
         if self._pending:
             self.engine.abort_request(list(self._pending))
             self._pending.clear()
+
+
+class VLLMSampleStream:
+    """vLLM's engine as a sample stream (``engine.rollout.stream``): each sample is a
+    request of its own, and ``step`` is one engine step. Outputs come as deltas, so that
+    each step's new tokens can be tagged with the weights version that made them."""
+
+    def __init__(
+        self,
+        llm_engine: Any,
+        params_for: Callable[[SamplingParams], Any],
+        eos_token_ids: set[int],
+        want_logprobs: bool,
+    ) -> None:
+        self.engine = llm_engine
+        self.params_for = params_for
+        self.eos_token_ids = eos_token_ids
+        self.want_logprobs = want_logprobs
+        self._live: dict[str, _Live] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    def add(self, items: list[StreamItem], sampling: SamplingParams) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self.params_for(sampling)
+        params.output_kind = RequestOutputKind.DELTA
+        for item in items:
+            handle = f"sample-{item.uid}"
+            self.engine.add_request(
+                handle, TokensPrompt(prompt_token_ids=list(item.prompt_ids)), params
+            )
+            self._live[handle] = _Live(item.uid, sampling.ignore_eos)
+
+    def step(self, version: int) -> list[StreamDone]:
+        done = []
+        for output in self.engine.step():
+            live = self._live.get(output.request_id)
+            if live is None:
+                continue
+            completion = output.outputs[0]
+            new = list(completion.token_ids)
+            live.tokens += new
+            if self.want_logprobs:
+                live.logprobs += [
+                    step[token].logprob
+                    for token, step in zip(new, completion.logprobs, strict=True)
+                ]
+            add_run(live.runs, version, len(new))
+            if not output.finished:
+                continue
+            del self._live[output.request_id]
+            tokens, lps, finished = finish_row(
+                live.tokens,
+                live.logprobs if self.want_logprobs else None,
+                self.eos_token_ids,
+                live.ignore_eos,
+            )
+            done.append(
+                StreamDone(live.uid, tokens, finished, lps, cut_runs(live.runs, len(tokens)))
+            )
+        return done
+
+    def drop(self) -> None:
+        if self._live:
+            self.engine.abort_request(list(self._live))
+            self._live.clear()
+
+
+@dataclass
+class _Live:
+    uid: int
+    ignore_eos: bool
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    runs: list[tuple[int, int]] = field(default_factory=list)

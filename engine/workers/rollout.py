@@ -27,10 +27,11 @@ from engine.config import EngineConfig
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.rollout.hf import eos_ids
+from engine.rollout.stream import StreamDone, StreamItem, advance
 from engine.rollout.translate import EngineSettings
 from engine.rollout.weights import ENGINE_NAME_MAPS, as_engine_names
 from engine.train.fsdp import DTYPES, load_hf_model
-from engine.types import GenerationOutput, GenerationRequest
+from engine.types import GenerationOutput, GenerationRequest, SamplingParams
 
 
 class RolloutWorker:
@@ -50,6 +51,9 @@ class RolloutWorker:
         self.own_copy = cfg.actor_rollout_ref.actor.strategy == "megatron" or self.separate
         self.synced_version: int | None = None  # the actor's weights the engine holds
         self.agent = _tool_agent(cfg, tokenizer)  # None: single-turn rollouts only
+        self._stream: Any = None  # the fully asynchronous mode's samples (stream_advance)
+        self._stream_mine: set[int] = set()  # the ones the controller gave this rank
+        self._stream_tokens = cfg.async_training.stream_chunk_tokens
         model = cfg.actor_rollout_ref.model
         if rollout_cfg.name == "hf":
             from engine.rollout.hf import HFRollout
@@ -107,6 +111,9 @@ class RolloutWorker:
     def generate(self, request: GenerationRequest) -> GenerationOutput:
         if self.separate and self.synced_version is None:
             raise EngineError("the rollout was asked to generate before any weights reached it")
+        if self._stream is not None and self._stream.in_flight:
+            # vLLM would finish the stream's requests with these, and sleep drops their cache
+            raise EngineError("the rollout was asked to generate with stream samples in flight")
         if (
             not self.separate
             and self.owns_weights
@@ -133,6 +140,49 @@ class RolloutWorker:
             return as_generation_output(trajectories, logprobs=self.cfg.calculate_log_probs)
         finally:
             self.engine.sleep()
+
+    def stream_advance(
+        self, items: list[StreamItem], sampling: SamplingParams, version: int
+    ) -> list[StreamDone]:
+        """Add ``items`` to the samples in flight and advance them all by about
+        ``async_training.stream_chunk_tokens`` tokens; the samples that finished, each
+        token tagged with ``version``, the weights it was made with (engine.rollouter)."""
+        if self.synced_version is None:
+            raise EngineError("the rollout was asked to generate before any weights reached it")
+        if self._stream is None:
+            self._stream = self._open_stream()
+        self.engine.wake()
+        layout = getattr(self.engine, "layout", None)
+        if layout is None:  # HF: one step is a chunk of tokens
+            return advance(self._stream, items, sampling, version, steps=1)
+        from engine.rollout.tp import gather_group_rows, group_seed
+        from engine.rollout.vllm import seeded
+
+        # A TP group's members add every member's samples and step alike (SPMD); each
+        # returns its own
+        group = self.engine.group
+        everyone, _ = gather_group_rows(items, layout, group)
+        self._stream_mine.update(item.uid for item in items)
+        with seeded(group_seed(layout, group)):
+            done = advance(self._stream, everyone, sampling, version, self._stream_tokens)
+        mine = [d for d in done if d.uid in self._stream_mine]
+        self._stream_mine.difference_update(d.uid for d in mine)
+        return mine
+
+    def stream_drop(self) -> None:
+        """Forget the samples in flight (the run is over)."""
+        if self._stream is not None:
+            self._stream.drop()
+            self._stream_mine.clear()
+
+    def _open_stream(self) -> Any:
+        if self.cfg.name == "hf":
+            from engine.rollout.hf_stream import HFSampleStream
+
+            return HFSampleStream(self.engine, self._stream_tokens)
+        if self.cfg.name == "vllm":
+            return self.engine.sample_stream()
+        raise EngineError(f"the {self.cfg.name} rollout does not stream samples")
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)
@@ -188,7 +238,12 @@ def _cpu_kv_cache_bytes(cfg: EngineConfig, dtype: str, max_model_len: int) -> in
         else cfg.world_size
     )
     engines = max(1, devices // rollout.tensor_model_parallel_size)
-    rows = -(-cfg.data.train_batch_size * rollout.n // engines)
+    prompts = cfg.data.train_batch_size
+    if cfg.async_training.mode == "fully_async":  # up to the admission cap in flight
+        from engine.config.async_training import admission_cap
+
+        prompts = admission_cap(cfg)
+    rows = -(-prompts * rollout.n // engines)
     return kv_cache_bytes_for(hf_config, dtype, max_model_len, rows)
 
 

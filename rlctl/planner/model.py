@@ -157,7 +157,7 @@ class RolloutSplit:
     """The rollout on devices of its own (``rollout.placement=separate``): how many
     devices train and how many generate, and the estimates the split was chosen by."""
 
-    mode: str  # async_training.mode: sync | one_step_off
+    mode: str  # async_training.mode: sync | one_step_off | fully_async
     train_nodes: int
     train_devices_per_node: int
     rollout_nodes: int

@@ -54,7 +54,7 @@ _HONOURED = frozenset(
         f"{_ARR}.rollout.separate_n_gpus_per_node",
     }
 )
-_MODES = ("sync", "one_step_off")  # engine/config/async_training.py's ASYNC_MODES
+_MODES = ("sync", "one_step_off", "fully_async")  # engine/config/async_training.py's ASYNC_MODES
 
 
 def pinned_values(req: PlanRequest) -> dict[str, Any]:

@@ -1,14 +1,14 @@
-"""The rollout on devices of its own (``rollout.placement=separate``, which
-``async_training.mode=one_step_off`` needs): how many devices train and how many
-generate, the nodes the two groups take, and why (docs/planner.md, "Separate rollout and
-asynchronous training").
+"""The rollout on devices of its own (``rollout.placement=separate``, which the
+``async_training`` modes one_step_off and fully_async need): how many devices train and
+how many generate, the nodes the two groups take, and why (docs/planner.md, "Separate
+rollout and asynchronous training").
 
 Every candidate split is checked with the colocated planner's own parts: the training
 group as training on that many devices (``_evaluate_train``: the same memory model, the
 same batch rules), the rollout group as a rollout engine with no training state beside
 it (``_fit_rollout``: weights and KV in its pool). Among the splits that fit, the one
-with the shortest estimated step wins: one_step_off overlaps generation with training,
-so a step takes the longer of the two; sync takes them in turn. The estimates are the
+with the shortest estimated step wins: one_step_off and fully_async overlap generation
+with training, so a step takes the longer of the two; sync takes them in turn. The estimates are the
 planner's FLOPs model, generation's FLOPs weighted by ``GENERATION_TIME_FACTOR``.
 """
 
@@ -50,6 +50,12 @@ from rlctl.planner.search import (
     _train_options,
 )
 from rlctl.planner.settings import _ARR, _Settings
+
+# how each async mode overlaps generation with training, as the plan explains it
+_OVERLAP = {
+    "one_step_off": "batch k+1 is generated while batch k trains",
+    "fully_async": "the rollout generates without stopping while the actor trains",
+}
 
 _NOTHING = _TrainMem(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # no training state on the rollout's
 _KEYS = (  # the split's keys, in the order a reader names them
@@ -434,14 +440,13 @@ def _split_lines(
     if overlap:
         placement = (
             f"placement: the rollout on devices of its own (async_training.mode={s.async_mode}:"
-            " batch k+1 is generated while batch k trains, so a step takes the longer of the"
-            " two; docs/async.md)"
+            f" {_OVERLAP[s.async_mode]}, so a step takes the longer of the two; docs/async.md)"
         )
     else:
         placement = (
             "placement: the rollout on devices of its own (rollout.placement=separate,"
             " async_training.mode=sync: generation and training take turns, so a step takes"
-            " both; one_step_off would overlap them)"
+            " both; one_step_off or fully_async would overlap them)"
         )
     train_parts = f"old log-probs 2, update {8 if s.grad_ckpt else 6}"
     train_parts += ", reference 2" if s.reference else ""

@@ -1,6 +1,6 @@
 """The rollout on workers of its own (rollout.placement=separate) and generation
-overlapped with training (async_training.mode=one_step_off), through the real command
-line on the two CPU cores: one worker trains, the other generates.
+overlapped with training (async_training.mode=one_step_off and fully_async), through the
+real command line on the two CPU cores: one worker trains, the other generates.
 
 - Separate and synchronous, a run's numbers are the colocated run's, step for step: the
   actor's weights reach the rollout's own engine over the bridge after every update (a
@@ -9,6 +9,12 @@ line on the two CPU cores: one worker trains, the other generates.
 - One step off, the synthetic task is learned with every batch one update stale.
 - A checkpoint taken while the next batch generates resumes without losing or repeating
   a prompt: the data loader is saved from before that batch drew its prompts.
+- Fully asynchronous, the task is learned with stale samples in the batches; samples in
+  flight at a weight sync continue under the new weights (partial rollouts: tokens of
+  two versions in one sample) or, without, finish first (each sample one version's, at
+  most ⌈staleness_threshold⌉ syncs old); a resume from a checkpoint taken with samples in
+  flight trains every prompt drawn once, or keeps it pending.
+- A dead rollout worker stops the run within a minute, naming its group and rank.
 """
 
 import json
@@ -33,6 +39,18 @@ ONE_STEP_OFF = [
     "actor_rollout_ref.rollout.calculate_log_probs=true",
     "algorithm.rollout_correction.rollout_is=token",
 ]
+FULLY_ASYNC = [
+    *SEPARATE,
+    "async_training.mode=fully_async",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "algorithm.rollout_correction.rollout_is=token",
+]
+SMALL = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # fmt: skip
+# long responses in short chunks: generation outlasts a training step, so samples are in
+# flight at each sync
+LONG = ["data.max_response_length=64", "async_training.stream_chunk_tokens=8",
+        "async_training.staleness_threshold=1"]  # fmt: skip
 COMPARED = ("critic/score/mean", "actor/grad_norm", "actor/entropy", "actor/pg_loss")
 
 
@@ -133,8 +151,9 @@ def test_one_step_off_resumes_without_losing_or_repeating_prompts(
     assert [r["training/staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
 
 
+@pytest.mark.parametrize("mode", ["one_step_off", "fully_async"])
 def test_a_dead_rollout_worker_stops_the_run_with_its_group_and_rank(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides
+    mode, tiny_model_dir, synthetic_data, tmp_path, base_overrides
 ):
     import signal
     import time
@@ -144,9 +163,8 @@ def test_a_dead_rollout_worker_stops_the_run_with_its_group_and_rank(
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine.main",
-         *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 200), *ONE_STEP_OFF,
-         "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=8"],
+         *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 200),
+         *(ONE_STEP_OFF if mode == "one_step_off" else FULLY_ASYNC), *SMALL],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
@@ -184,3 +202,72 @@ def test_one_step_off_in_bypass_mode_takes_the_samplers_log_probs_as_pi_old(
     assert [r["training/staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0]
     assert abs(records[0]["actor/ppo_kl"]) < 1e-3  # the sampler's weights are the update's
     assert all(abs(r["actor/ppo_kl"]) > 1e-6 for r in records[1:])
+
+
+def test_fully_async_learns_the_synthetic_task(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    run_dir = tmp_path / "run"
+    run(
+        [
+            *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 20),
+            *FULLY_ASYNC,
+            "async_training.staleness_threshold=0.5",
+            "actor_rollout_ref.rollout.n=8",
+            "data.train_batch_size=32",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        ]
+    )
+    records = steps_of(read_metrics, run_dir)
+    assert [r["step"] for r in records] == list(range(1, 21))
+    scores = [r["critic/score/mean"] for r in records]
+    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    assert last > first + 0.04, f"score did not rise: {scores}"
+    # generation ran ahead of training: stale samples were trained, within the bound
+    assert records[0]["training/staleness_max"] == 0.0
+    assert any(r["training/stale_samples"] > 0 for r in records)
+    assert all(r["training/staleness_max"] <= 2 for r in records)
+    assert all("timing_s/wait_batch" in r and "rollouter/idle_ratio" in r for r in records)
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_samples_in_flight_at_a_sync_continue_or_finish_first(
+    partial, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    run_dir = tmp_path / "run"
+    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 5), *FULLY_ASYNC,
+         *SMALL, *LONG, f"async_training.partial_rollout={str(partial).lower()}"])  # fmt: skip
+    records = steps_of(read_metrics, run_dir)
+    spans = [r["training/max_partial_span"] for r in records]
+    if partial:  # some sample had tokens of two weights versions
+        assert max(spans) >= 1, spans
+    else:  # every sample one version's, at most ⌈1⌉ sync old
+        assert spans == [0.0] * 5
+        assert all(r["training/staleness_max"] <= 1 for r in records)
+
+
+def test_fully_async_resumes_without_losing_or_repeating_prompts(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides
+):
+    run_dir, dumps = tmp_path / "run", tmp_path / "generations"
+    args = [*FULLY_ASYNC, *SMALL, "async_training.staleness_threshold=1", "trainer.save_freq=2",
+            "data.max_response_length=16", f"trainer.rollout_data_dir={dumps}"]  # fmt: skip
+    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 4), *args])
+    step2 = json.loads((run_dir / "global_step_2" / "trainer_state.json").read_text())
+    assert step2["extra"]["fully_async_pending"], "no prompt was drawn ahead at the checkpoint"
+    # as if killed after step 4 with no checkpoint since step 2: resume from there
+    resumed = run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 6), *args,
+                   "trainer.resume_mode=resume_path",
+                   f"trainer.resume_from_path={run_dir / 'global_step_2'}"])  # fmt: skip
+    assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
+    trained = []
+    for step in range(1, 7):  # steps 3-6 rewritten by the resumed run
+        rows = [json.loads(line) for line in (dumps / f"{step}.jsonl").read_text().splitlines()]
+        trained += sorted({r["index"] for r in rows})
+    end = json.loads((run_dir / "global_step_6" / "trainer_state.json").read_text())
+    pending = end["extra"]["fully_async_pending"]
+    assert len(trained) == len(set(trained)) == 6 * 8  # no prompt trained twice
+    assert not set(trained) & set(pending)
+    # every prompt the loader gave out is trained or pending: none lost
+    assert len(trained) + len(pending) == end["loader"]["batches_done"] * 8

@@ -587,6 +587,38 @@ def test_async_training_needs_the_rollout_on_its_own_workers():
         load_config([*REQUIRED, "async_training.mode=fully"])
 
 
+def test_fully_async_keys_are_checked_before_start():
+    from engine.config.async_training import admission_cap
+
+    base = [
+        *REQUIRED,
+        "async_training.mode=fully_async",
+        "actor_rollout_ref.rollout.placement=separate",
+        "actor_rollout_ref.rollout.separate_nnodes=1",
+        "actor_rollout_ref.rollout.separate_n_gpus_per_node=2",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.rollout.n=4",
+        "trainer.n_gpus_per_node=2",
+    ]
+    cfg = load_config([*base, "async_training.trigger_parameter_sync_step=2"])
+    assert admission_cap(cfg) == 70  # ⌊(1 + 0.1) × 2 × 32⌋
+    assert admission_cap(load_config([*base, "async_training.staleness_threshold=0"])) == 32
+    assert load_config([*base, "async_training.require_batches=4"]).async_training.mode
+    cases = {
+        "async_training.require_batches=3": "3 × actor.ppo_mini_batch_size=8 = 24 prompts",
+        "async_training.staleness_threshold=-0.5": "must be 0 or more, got -0.5",
+        "async_training.trigger_parameter_sync_step=0": "trigger_parameter_sync_step must be a",
+        "async_training.stream_chunk_tokens=0": "stream_chunk_tokens must be a positive",
+        "actor_rollout_ref.rollout.name=sglang": "the sglang rollout does not stream samples",
+        "algorithm.adv_estimator=remax": "ReMax's greedy baseline generates inside the step",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_config([*base, override])
+        assert message in "\n".join(err.value.problems), override
+
+
 def test_bypass_mode_needs_the_engines_log_probs_and_no_second_ratio():
     bypass = "algorithm.rollout_correction.bypass_mode=true"
     with pytest.raises(ConfigError, match="calculate_log_probs=true"):

@@ -391,3 +391,16 @@ def test_cpu_one_step_off_gives_the_rollout_one_worker():
     cfg = engine_config(plan, **{f"{ARR}.model.path": "some/model"})
     assert cfg.world_size == 1 and cfg.actor_rollout_ref.rollout.separate_n_gpus_per_node == 1
     assert lines_with(plan, "split: 1 train + 1 generate (1 + 1) — the fewest for the rollout")
+
+
+def test_fully_async_is_split_and_explained_as_an_overlap():
+    """fully_async overlaps like one step off: the same split, its own explanation, and
+    its mode written for the engine (whose rules accept the plan)."""
+    mode = {"async_training.mode": "fully_async"}
+    plan = make_plan(request("Qwen/Qwen2.5-7B-Instruct", "H100", 8, mode, **GRPO_7B))
+    assert (plan.split.mode, plan.split.train_devices_per_node) == ("fully_async", 6)
+    assert plan.estimated_step_seconds == round(GEN_1 / 2, 1)  # max, not the sum
+    (placement,) = lines_with(plan, "placement: the rollout on devices of its own")
+    assert "the rollout generates without stopping while the actor trains" in placement
+    assert plan.engine_overrides()["async_training.mode"] == "fully_async"
+    assert engine_config(plan).async_training.mode == "fully_async"

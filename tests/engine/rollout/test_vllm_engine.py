@@ -101,6 +101,27 @@ def test_the_turn_stream_generates_what_generate_does(checks):
     assert _max_abs_diff(streamed["logprobs"], batched["logprobs"]) < 1e-4
 
 
+def test_the_sample_stream_generates_what_generate_does(checks):
+    """The fully asynchronous mode's path (each sample a request, outputs as deltas,
+    every token tagged with its weights version) samples what the batched call does."""
+    streamed, batched = checks["sample_stream_greedy"], checks["vllm_greedy"]
+    assert streamed["response_ids"] == batched["response_ids"]
+    assert streamed["finished"] == batched["finished"]
+    assert _max_abs_diff(streamed["logprobs"], batched["logprobs"]) < 1e-4
+    assert streamed["versions"] == [[[0, len(r)]] for r in batched["response_ids"]]
+
+
+def test_a_sample_in_flight_continues_under_the_new_weights(checks):
+    """A partial rollout: three tokens under version 0, then a sync with the sample in
+    flight; its cache is computed again, so the rest is what the new weights generate
+    from the sample so far (HF, fresh), tagged version 1."""
+    sample = checks["partial_sample"]
+    (versions,) = sample["versions"]
+    assert [v for v, _ in versions] == [0, 1] and versions[0][1] == 3
+    (tokens,) = sample["response_ids"]
+    assert tokens[3:] == checks["partial_sample_hf_tail"]["response_ids"][0]
+
+
 def test_greedy_logprobs_match_the_training_forward(checks):
     got, ref = checks["vllm_greedy"]["logprobs"], checks["train_logprobs_greedy"]
     assert _max_abs_diff(got, ref) < LOGPROB_ATOL

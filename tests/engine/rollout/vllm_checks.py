@@ -75,6 +75,15 @@ def _streamed(rollout, prompts, sampling):
     }
 
 
+def _samples(done):
+    return {
+        "response_ids": [d.response_ids for d in done],
+        "finished": [d.finished for d in done],
+        "logprobs": [d.logprobs for d in done],
+        "versions": [d.versions for d in done],
+    }
+
+
 def _rows(output):
     return {
         "response_ids": output.response_ids,
@@ -168,10 +177,34 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
             model, prompts * 4, out.response_ids, temperature=0.7, top_k=top_k
         )
 
+    # The fully asynchronous mode's stream: every prompt at once, run to the end...
+    from engine.rollout.stream import StreamItem
+
+    stream = rollout.sample_stream()
+    stream.add([StreamItem(i, p) for i, p in enumerate(prompts)], greedy)
+    done = {}
+    while stream.in_flight:
+        done |= {d.uid: d for d in stream.step(version=0)}
+    results["sample_stream_greedy"] = _samples([done[i] for i in range(len(prompts))])
+    # ...and one left in flight (a partial rollout) across the next update
+    stream.add([StreamItem(99, prompts[1])], greedy)
+    for _ in range(3):
+        assert stream.step(version=0) == []
+
     # A weight update as training makes one, pushed as the actor pushes it.
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.3)
+    rollout.sync_weights(full_tensors(model, dtype=torch.float32))  # the sample in flight
+    done = {}
+    while stream.in_flight:
+        done |= {d.uid: d for d in stream.step(version=1)}
+    results["partial_sample"] = _samples([done[99]])
+    head = len(done[99].response_ids) - done[99].versions[-1][1]
+    fresh = SamplingParams(do_sample=False, max_new_tokens=10 - head)
+    results["partial_sample_hf_tail"] = _rows(
+        hf.generate(GenerationRequest([prompts[1] + done[99].response_ids[:head]], fresh))
+    )
     push(model)
     results["hf_greedy_updated"] = _rows(hf.generate(GenerationRequest(prompts, greedy)))
     results["vllm_greedy_updated"] = _rows(rollout.generate(GenerationRequest(prompts, greedy)))

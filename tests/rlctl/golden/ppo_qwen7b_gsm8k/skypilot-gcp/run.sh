@@ -447,6 +447,7 @@ trainer:
   val_before_train: true
   resume_mode: auto
   resume_from_path: null
+  rollout_data_dir: null
   logger:
   - console
   default_local_dir: /tmp/rlctl/golden/run
@@ -457,6 +458,11 @@ trainer:
   seed: 1
 async_training:
   mode: sync
+  staleness_threshold: 0.1
+  trigger_parameter_sync_step: 1
+  partial_rollout: true
+  require_batches: null
+  stream_chunk_tokens: 16
 RLCTL_ENGINE_YAML_END
   code=0
   /tmp/rlctl/golden/env/bin/python -m engine.main --config /tmp/rlctl/golden/engine.yaml || code=$?
