@@ -129,20 +129,19 @@ def test_bad_options_name_the_key_and_the_fix():
 
 class _BigTensorWatch(TorchDispatchMode):
     """Records the most rows of any tensor an op creates whose last dimension is the
-    vocabulary (logits-like: rows × V), leaving out views of the head's weight (its
-    transpose is h × V)."""
+    vocabulary (logits-like: rows × V), leaving out the head's weight's transpose
+    (hidden × V; FSDP makes it from the gathered weight, a tensor of its own)."""
 
-    def __init__(self, vocab: int, weight: torch.Tensor) -> None:
+    def __init__(self, vocab: int, hidden: int) -> None:
         super().__init__()
-        self.vocab, self.largest = vocab, 0
-        self.weight_storage = weight.untyped_storage().data_ptr()
+        self.vocab, self.hidden, self.largest = vocab, hidden, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if not (isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[-1] == self.vocab):
                 continue
-            if t.untyped_storage().data_ptr() != self.weight_storage:
+            if tuple(t.shape) != (self.hidden, self.vocab):
                 self.largest = max(self.largest, t.numel() // self.vocab)
         return out
 
@@ -163,7 +162,7 @@ def test_the_model_never_allocates_its_full_logits(model):
     """Forward and backward of the actor's loss on a real model: without the fused head,
     some op makes a tensor of all response positions × V; with it, none holds more than
     one chunk (5 tokens) of V-sized rows."""
-    vocab, weight = model.config.vocab_size, model.get_output_embeddings().weight
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
     tokens = _ragged([6, 4, 5], [9, 7, 8], vocab)
     positions = 3 * 9
 
@@ -173,11 +172,11 @@ def test_the_model_never_allocates_its_full_logits(model):
         )
         return (logp.sum() + ent.sum()).backward()
 
-    with _BigTensorWatch(vocab, weight) as unfused:
+    with _BigTensorWatch(vocab, hidden) as unfused:
         loss_of(None)
     assert unfused.largest >= positions
     model.zero_grad()
-    with _BigTensorWatch(vocab, weight) as fused:
+    with _BigTensorWatch(vocab, hidden) as fused:
         loss_of(HeadOptions(chunk_size=5))
     assert fused.largest == 5
 
@@ -247,3 +246,83 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused(model):
     with pytest.raises(ValueError, match="does not return its output head's result"):
         response_logprobs(Scaled(model), tokens, CPU, head=HeadOptions())
     assert "forward" not in vars(model.get_output_embeddings())
+
+
+# ---------------------------------------------------------------------------
+# Through the actor worker on two FSDP2 ranks (gloo): the engine reads the config, and
+# the sharded head (tied to the embedding) is gathered for the swapped forward.
+
+
+def _actor_run(rank, model_dir, ports, out):
+    from engine.config import load_config
+    from engine.train.fsdp import full_parameters
+    from engine.types import ActorBatch
+    from engine.workers.host import WorkerHost
+
+    g = torch.Generator().manual_seed(rank)
+    vocab = 2000
+    tokens = _ragged([5, 16, 3, 9], [12, 2, 7, 4], vocab, seed=rank)
+    adv = torch.randn(tokens.response_mask_BR.shape, generator=g) * tokens.response_mask_BR
+    results = {}
+    for i, fused in enumerate([[], ["actor_rollout_ref.model.use_fused_kernels=true",
+                                    "actor_rollout_ref.model.fused_kernel_options.chunk_size=5"]]):  # fmt: skip
+        cfg = load_config(
+            [
+                f"actor_rollout_ref.model.path={model_dir}",
+                "trainer.device=cpu",
+                "trainer.n_gpus_per_node=2",
+                "data.train_batch_size=4",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.actor.optim.lr=1e-2",
+                "actor_rollout_ref.actor.entropy_coeff=0.01",
+                "actor_rollout_ref.rollout.temperature=0.8",
+                *fused,
+            ],
+            check=False,
+        )
+        host = WorkerHost(rank, 2, rank, cfg, ["actor"])
+        host.init_distributed("127.0.0.1", ports[i])
+        actor = host.roles["actor"]
+        hidden = actor.module.config.hidden_size
+        with _BigTensorWatch(actor.module.config.vocab_size, hidden) as watch:
+            probs = actor.log_probs_sum_pi_squared(tokens)
+            metrics = actor.update(ActorBatch(tokens, probs.logprobs_BR, adv))
+        with full_parameters(actor.module):
+            weights = {n: p.detach().clone() for n, p in actor.module.named_parameters()}
+        results[bool(fused)] = (probs, metrics, weights, watch.largest)
+        del actor, host
+    if rank == 0:
+        out["results"] = results
+
+
+def test_the_actor_update_is_the_same_and_never_holds_full_logits(tiny_model_dir):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    out = mp.Manager().dict()
+    mp.spawn(_actor_run, args=(str(tiny_model_dir), ports, out), nprocs=2)
+    (p0, m0, w0, big0), (p1, m1, w1, big1) = out["results"][False], out["results"][True]
+    assert big0 >= 12 and big1 == 5  # the longest response alone is 12 positions
+    mask = _ragged([5, 16, 3, 9], [12, 2, 7, 4], 2000).response_mask_BR.bool()
+    torch.testing.assert_close(p1.logprobs_BR[mask], p0.logprobs_BR[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        p1.sum_pi_squared_BR[mask], p0.sum_pi_squared_BR[mask], atol=1e-6, rtol=1e-5
+    )
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+        assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
+    # The same step, compared in the mean: AdamW's first step is lr·g/(|g|+ε), so an
+    # element whose gradient is ~0 may move by ±lr on rounding alone.
+    start = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+
+    def moved(a, b):
+        return sum(float((a[n] - b[n]).abs().sum()) for n in start)
+
+    assert moved(w1, w0) < 1e-3 * moved(w0, start)
