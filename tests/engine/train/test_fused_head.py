@@ -320,7 +320,8 @@ def test_the_actor_update_is_the_same_and_never_holds_full_logits(tiny_model_dir
         assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
     # The same step, compared in the mean: AdamW's first step is lr·g/(|g|+ε), so an
     # element whose gradient is ~0 may move by ±lr on rounding alone.
-    start = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    start = {n: p.detach() for n, p in initial.named_parameters()}
 
     def moved(a, b):
         return sum(float((a[n] - b[n]).abs().sum()) for n in start)
