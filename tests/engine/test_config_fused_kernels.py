@@ -69,6 +69,6 @@ def test_liger_on_gpus_is_accepted():
             f"{KEY}.use_fused_kernels=true",
             f"{KEY}.fused_kernel_options.impl_backend=liger",
             "trainer.device=cuda",
-        ]  # fmt: skip
+        ]
     )
     assert cfg.actor_rollout_ref.model.fused_kernel_options.impl_backend == "liger"
