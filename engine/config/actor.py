@@ -20,6 +20,7 @@ from engine.config.train import (
     ModelConfig,
     OptimConfig,
     dtype_problems,
+    fused_kernel_problems,
     optim_problems,
 )
 
@@ -183,6 +184,7 @@ def rules(cfg: EngineConfig) -> list[str]:
             arr.ref.strategy, TRAIN_STRATEGIES, "actor_rollout_ref.ref.strategy", "strategy"
         )
     p += optim_problems(f"{key}.optim", actor.optim)
+    p += fused_kernel_problems(cfg)
     mixed = actor.fsdp_config.mixed_precision
     p += dtype_problems(
         [

@@ -67,6 +67,12 @@ def rules(cfg: EngineConfig) -> list[str]:
     p += choice(critic.strategy, TRAIN_STRATEGIES, "critic.strategy", "strategy")
     p += optim_problems("critic.optim", critic.optim)
     p += positive([("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu)])
+    if critic.model.use_fused_kernels:
+        p.append(
+            "critic.model.use_fused_kernels=true: the critic's value head has one output, so"
+            " there are no vocabulary-wide logits to chunk; set it false (the actor's is"
+            " actor_rollout_ref.model.use_fused_kernels)"
+        )
     if critic.cliprange_value <= 0:
         p.append(f"critic.cliprange_value must be > 0, got {critic.cliprange_value}")
     return p

@@ -8,14 +8,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.config.fields import choice, setting
+from engine.config.fields import choice, one_of, setting
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
 
 TRAIN_STRATEGIES = ("fsdp", "fsdp2", "megatron")
+FUSED_BACKENDS = ("torch", "liger")  # engine.train.fused_head
 DTYPES = ("float32", "bfloat16", "float16")
 LR_SCHEDULERS = ("constant", "cosine")
+
+
+@dataclass
+class FusedKernelOptions:
+    """How ``use_fused_kernels`` computes log-probs from the hidden states
+    (``engine.train.fused_head``)."""
+
+    impl_backend: str = setting(
+        "torch",
+        f"{one_of(FUSED_BACKENDS)}. torch: the LM head chunk by chunk, any device; liger: Liger's fused linear"
+        " cross-entropy Triton kernel for the log-probs (GPUs, liger-kernel>=0.8.5"
+        " installed), entropy by the torch path. (verl's triton backend is not here.)",
+    )
+    chunk_size: int = setting(
+        512,
+        "Tokens whose logits exist at once (torch backend; and the entropy with liger): the"
+        " logits' memory is chunk_size × vocabulary × ~10 B instead of every token's.",
+    )
 
 
 @dataclass
@@ -39,6 +58,13 @@ class ModelConfig:
         "verl's padding removal; always on here: each micro-batch drops the columns that are"
         " padding in all its rows.",
     )
+    use_fused_kernels: bool = setting(
+        False,
+        "Log-probs and entropy from the hidden states chunk by chunk, never the whole"
+        " tokens × vocabulary logits (verl's name; FSDP actor and reference; the megatron"
+        " strategy and the critic refuse it).",
+    )
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
     dtype: str = setting(
         "bfloat16",
         "Training dtype of a Megatron role: bfloat16 or float32 (float32 where the device has"
@@ -142,6 +168,37 @@ def optim_problems(key: str, optim: OptimConfig) -> list[str]:
 
 def dtype_problems(dtypes: list[tuple[str, str]]) -> list[str]:
     return [p for key, dtype in dtypes for p in choice(dtype, DTYPES, key, "dtype")]
+
+
+def fused_kernel_problems(cfg: EngineConfig) -> list[str]:
+    """``actor_rollout_ref.model.use_fused_kernels``: its options, and the roles and
+    devices it runs on (the FSDP actor and reference; Liger's kernels on GPUs only)."""
+    key = "actor_rollout_ref.model"
+    model = cfg.actor_rollout_ref.model
+    opts = model.fused_kernel_options
+    p = choice(opts.impl_backend, FUSED_BACKENDS, f"{key}.fused_kernel_options.impl_backend",
+               "fused kernel backend")  # fmt: skip
+    if opts.chunk_size < 1:
+        p.append(
+            f"{key}.fused_kernel_options.chunk_size must be a positive number of tokens, got"
+            f" {opts.chunk_size}; 512 (verl's) keeps the logits of a 152k vocabulary to ~0.7 GiB"
+        )
+    if not model.use_fused_kernels:
+        return p
+    megatron = [r for r in cfg.megatron_roles() if r in ("actor", "reference")]
+    if megatron:
+        p.append(
+            f"{key}.use_fused_kernels=true applies to the fsdp/fsdp2 strategies; the"
+            f" {' and '.join(megatron)} here use megatron, whose head keeps its full"
+            f" (tensor-parallel) logits: set {' and '.join(_strategy_key(r) for r in megatron)}"
+            " to fsdp2, or use_fused_kernels=false"
+        )
+    if opts.impl_backend == "liger" and cfg.trainer.device in ("cpu", "npu"):
+        p.append(
+            f"{key}.fused_kernel_options.impl_backend=liger runs Triton kernels on NVIDIA/AMD"
+            f" GPUs, but trainer.device={cfg.trainer.device}: use impl_backend=torch"
+        )
+    return p
 
 
 def megatron_rules(cfg: EngineConfig) -> list[str]:

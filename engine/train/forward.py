@@ -24,6 +24,7 @@ from engine.algo.entropy import (
     sum_squared_probs_from_logits,
 )
 from engine.controller.dispatch import take
+from engine.train.fused_head import HeadOptions, quantities_from_model
 from engine.types import TokenBatch
 
 
@@ -67,6 +68,7 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    head: HeadOptions | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(o_t | prefix) for every response token, and optionally the entropy.
 
@@ -76,9 +78,18 @@ def response_logprobs(
     positions ending one before the last, and only those R + 1 are asked of the
     LM head where the model allows (``logits_to_keep``). The entropy carries a graph
     only with ``entropy_grad`` (it is a loss term only when its coefficient is not 0;
-    otherwise it is a metric and its backward would be wasted).
+    otherwise it is a metric and its backward would be wasted). With ``head`` (the
+    model's ``use_fused_kernels``) the logits are never whole: ``engine.train.fused_head``.
     """
     r_len = tokens.response_length
+    if head is not None:
+        logp, entropy, _ = _fused(
+            model, tokens, device, temperature, head, entropy=with_entropy,
+            entropy_grad=entropy_grad and torch.is_grad_enabled(), sum_sq=False,
+        )  # fmt: skip
+        return _pad_responses(logp, r_len), (
+            _pad_responses(entropy, r_len) if with_entropy else None
+        )
     trimmed, logits_BRV = _response_logits(model, tokens, device, temperature)
     logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
     entropy = None
@@ -89,16 +100,48 @@ def response_logprobs(
 
 
 def response_logprobs_sum_pi_squared(
-    model: nn.Module, tokens: TokenBatch, device: torch.device, temperature: float = 1.0
+    model: nn.Module,
+    tokens: TokenBatch,
+    device: torch.device,
+    temperature: float = 1.0,
+    head: HeadOptions | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(o_t | prefix) and Σ_v π(v | prefix)² at every response position, from the
     same temperature-scaled logits (the optimal token baseline reads both of π_old). Σπ²
     is another reduction over the vocabulary, so only the passes that need it ask."""
     r_len = tokens.response_length
-    trimmed, logits_BRV = _response_logits(model, tokens, device, temperature)
-    logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
-    sum_sq = sum_squared_probs_from_logits(logits_BRV)
+    if head is not None:
+        logp, _, sum_sq = _fused(
+            model, tokens, device, temperature, head, entropy=False, entropy_grad=False,
+            sum_sq=True,
+        )  # fmt: skip
+    else:
+        trimmed, logits_BRV = _response_logits(model, tokens, device, temperature)
+        logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
+        sum_sq = sum_squared_probs_from_logits(logits_BRV)
     return _pad_responses(logp, r_len), _pad_responses(sum_sq, r_len)
+
+
+def _model_kwargs(model: nn.Module, kept: int) -> dict:
+    kwargs: dict = {"use_cache": False}
+    if _takes_logits_to_keep(type(model)):
+        kwargs["logits_to_keep"] = kept + 1
+    return kwargs
+
+
+def _fused(model, tokens, device, temperature, head, **wanted):
+    """``engine.train.fused_head.quantities_from_model`` on the trimmed batch."""
+    trimmed = trim_padding(tokens)
+    kept = trimmed.response_length
+    return quantities_from_model(
+        model,
+        _model_inputs(trimmed, device),
+        _model_kwargs(model, kept),
+        trimmed.responses_BR.to(device),
+        temperature,
+        head,
+        **wanted,
+    )
 
 
 def _response_logits(
@@ -108,8 +151,7 @@ def _response_logits(
     temperature) at the positions that predict its response tokens."""
     trimmed = trim_padding(tokens)
     kept = trimmed.response_length
-    kwargs = {"logits_to_keep": kept + 1} if _takes_logits_to_keep(type(model)) else {}
-    logits = model(**_model_inputs(trimmed, device), use_cache=False, **kwargs).logits
+    logits = model(**_model_inputs(trimmed, device), **_model_kwargs(model, kept)).logits
     logits_BRV = logits[:, -kept - 1 : -1, :].float()
     if temperature != 1.0:
         logits_BRV = logits_BRV / temperature

@@ -22,6 +22,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from engine.algo.aggregate import LossScale
 from engine.config import FSDPConfig, ModelConfig, OptimConfig
 from engine.device import DeviceSpec
+from engine.train.fused_head import HeadOptions
 from engine.types import TokenBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -220,6 +221,9 @@ class FSDPEngine:
     of ``engine.train.megatron.MegatronEngine``: the actor, critic and reference workers
     call either backend through the same interface (``engine.train.engines``)."""
 
+    # The model's use_fused_kernels (engine.train.fused_head): None computes full logits.
+    head: HeadOptions | None = None
+
     def __init__(
         self,
         module: nn.Module,
@@ -255,7 +259,10 @@ class FSDPEngine:
         if optim_cfg is None:
             model.requires_grad_(False)
         module = shard_model(model, fsdp_cfg, device, gradient_checkpointing=gradient_checkpointing)
-        return cls(module, optim_cfg, device, fsdp_cfg)
+        engine = cls(module, optim_cfg, device, fsdp_cfg)
+        if kind == "causal_lm":
+            engine.head = HeadOptions.of(model_cfg)
+        return engine
 
     @property
     def dp_size(self) -> int:
@@ -287,6 +294,7 @@ class FSDPEngine:
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            head=self.head,
         )
 
     def response_logprobs_sum_pi_squared(
@@ -295,7 +303,7 @@ class FSDPEngine:
         from engine.train.forward import response_logprobs_sum_pi_squared
 
         return response_logprobs_sum_pi_squared(
-            self.module, tokens, self.device.torch_device(), temperature
+            self.module, tokens, self.device.torch_device(), temperature, self.head
         )
 
     def response_values(self, tokens: TokenBatch) -> torch.Tensor:

@@ -86,7 +86,10 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         micro = s.micro
     else:
         micro = max(k for k in _divisors(per_device) if k <= MAX_MICRO)
-    c = _TrainCfg(s.train_backend, workers, False, False, s.grad_ckpt, fp32=True)
+    c = _TrainCfg(
+        s.train_backend, workers, False, False, s.grad_ckpt, fp32=True,
+        logits_chunk=s.logits_chunk,
+    )  # fmt: skip
     st = _fsdp_state(m, c, s.critic, s.reference)
     dynamic = bool(s.dynamic)
     token_len = s.token_len or micro * s.seq_len

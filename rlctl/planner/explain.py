@@ -30,6 +30,7 @@ from rlctl.planner.model import (
     DYNAMIC_BSZ_MIN_TOKENS,
     FRAGMENTATION,
     LOGITS_BYTES,
+    LOGITS_BYTES_FP32,
     LONG_SAMPLE_TOKENS,
     MAX_MICRO,
     RESERVED_GIB,
@@ -280,7 +281,7 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     act = (
         f"activations for {tokens} tokens per micro-batch"
         f" ({'gradient checkpointing' if c.grad_ckpt else 'no checkpointing'}):"
-        f" {_fmt(t.activations)}; of which logits {tokens} × {m.vocab_size} × {LOGITS_BYTES} B"
+        f" {_fmt(t.activations)}; of which logits {_logits_formula(m, c, tokens)}"
         f" = {_fmt(logits_all)}{split}{biggest}{mask}; training peak"
         f" {_fmt(st.peak(t.activations))}"
     )
@@ -334,3 +335,18 @@ def _context_parallel_lines(
             " all-gather crosses the inter-node network)"
         )
     return [line]
+
+
+def _logits_formula(m: ModelShape, c: _TrainCfg, tokens: int) -> str:
+    """How the logits term was counted: every token's, or (use_fused_kernels) one
+    chunk's and the fp32 buffer the head's weight gradient is summed in."""
+    if c.logits_chunk is None or c.backend == "megatron":
+        return f"{tokens} × {m.vocab_size} × {LOGITS_BYTES} B"
+    chunk = min(tokens, c.logits_chunk)
+    head_params = _fmt_params(m.vocab_size * m.hidden_size)
+    head = "" if c.fp32 else f" + head gradient 4 B × {head_params}"
+    per_entry = LOGITS_BYTES_FP32 if c.fp32 else LOGITS_BYTES
+    return (
+        f"(use_fused_kernels: {chunk} of the {tokens} tokens at a time)"
+        f" {chunk} × {m.vocab_size} × {per_entry} B{head}"
+    )

@@ -13,6 +13,7 @@ from rlctl.planner.memory import (
     _fsdp_state,
     _largest,
     _layer_activation_bytes_per_token,
+    _logits_bytes,
     _megatron_forward_bytes,
     _megatron_state,
     _micro_rule,
@@ -198,8 +199,8 @@ def _log_prob_micro(
         if c.backend == "megatron":
             act = _megatron_forward_bytes(m, c, tokens, seq)
         else:
-            per_token = m.vocab_size * LOGITS_BYTES + _layer_activation_bytes_per_token(m)
-            act = tokens * per_token / c.tp
+            logits = _logits_bytes(m, tokens, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False)
+            act = (logits + tokens * _layer_activation_bytes_per_token(m)) / c.tp
         held = state.weights + state.optimizer + state.gathered
         if budget is None or held + act <= budget:
             return k

@@ -54,6 +54,7 @@ def _activation_terms(
     stage_layers: int | None = None,
     act_bytes: int = 2,
     logits_bytes: int = LOGITS_BYTES,
+    logits_chunk: int | None = None,
 ) -> tuple[float, float]:
     """(activations, of which logits) for ``tokens`` tokens on one device.
 
@@ -61,17 +62,31 @@ def _activation_terms(
     adds the larger of the logits' buffers (freed once the lm_head's backward has run)
     and one recomputed layer with its gradients (2 × the layer's activations).
     Without: every layer's activations stay. Megatron divides by its TP size (sequence
-    parallel) and keeps ``stage_layers`` checkpoints.
+    parallel) and keeps ``stage_layers`` checkpoints. ``logits_chunk``: see
+    ``_logits_bytes``.
     """
     layers = m.num_layers if stage_layers is None else stage_layers
     layer = tokens * _layer_activation_bytes_per_token(m, act_bytes)
-    logits = tokens * m.vocab_size * logits_bytes
+    logits = _logits_bytes(m, tokens, logits_bytes, logits_chunk, grads=True, fp32=act_bytes == 4)
     if grad_ckpt:
         kept = tokens * m.hidden_size * layers * act_bytes
         total = kept + max(logits, 2 * layer)
     else:
         total = layers * layer + max(logits, layer)
     return total / tp, logits / tp
+
+
+def _logits_bytes(
+    m: ModelShape, tokens: float, per_entry: int, chunk: int | None, *, grads: bool, fp32: bool
+) -> float:
+    """The logits of ``tokens`` tokens, ``per_entry`` bytes per vocabulary entry; with
+    ``use_fused_kernels`` (``chunk``) only one chunk's exist at a time, and a backward sums
+    the head's weight gradient over chunks in an fp32 buffer of its own (4 B per head
+    parameter; under fp32 training it is the gradient the full logits' backward makes too)."""
+    if chunk is None:
+        return tokens * m.vocab_size * per_entry
+    accumulator = 4 * m.vocab_size * m.hidden_size if grads and not fp32 else 0
+    return min(tokens, chunk) * m.vocab_size * per_entry + accumulator
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,7 @@ class _TrainCfg:
     ep: int = 1
     cp: int = 1
     fp32: bool = False  # CPU: no mixed precision
+    logits_chunk: int | None = None  # FSDP with use_fused_kernels: tokens of logits at once
 
     @property
     def model_parallel(self) -> int:
@@ -193,7 +209,12 @@ def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _A
     if c.backend == "megatron":
         return _megatron_activations(m, c, tokens, seq)
     total, logits = _activation_terms(
-        m, tokens, c.grad_ckpt, act_bytes=act_bytes, logits_bytes=logits_bytes
+        m,
+        tokens,
+        c.grad_ckpt,
+        act_bytes=act_bytes,
+        logits_bytes=logits_bytes,
+        logits_chunk=c.logits_chunk,
     )
     return _Act(total, logits)
 

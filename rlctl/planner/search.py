@@ -91,7 +91,10 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
     if s.train_backend != "megatron":
         # FSDP: no offload on more devices beats offload on fewer (parameter offload
         # streams every layer from the host); each offload level is its own tier.
-        return [[[_TrainCfg(s.train_backend, d, po, oo, s.grad_ckpt)]] for po, oo in offloads]
+        return [
+            [[_TrainCfg(s.train_backend, d, po, oo, s.grad_ckpt, logits_chunk=s.logits_chunk)]]
+            for po, oo in offloads
+        ]
     # Megatron: offload only moves state out of the way of the rollout between phases,
     # so every offload level of a (TP, PP, CP) is tried together.
     groups = []

@@ -40,6 +40,8 @@ _HONOURED = frozenset(
         f"{_ARR}.actor.fsdp_config.param_offload",
         f"{_ARR}.actor.fsdp_config.optimizer_offload",
         f"{_ARR}.model.enable_gradient_checkpointing",
+        f"{_ARR}.model.use_fused_kernels",
+        f"{_ARR}.model.fused_kernel_options.chunk_size",
         f"{_ARR}.rollout.tensor_model_parallel_size",
         f"{_ARR}.rollout.gpu_memory_utilization",
         "critic.enable",
@@ -91,6 +93,8 @@ class _Settings:
     fraction: float | None
     target_s: float
     cp: int | None = None  # megatron context_parallel_size pinned by the recipe
+    # use_fused_kernels: the tokens whose logits exist at once (None: every token's)
+    logits_chunk: int | None = None
     notes: tuple[str, ...] = ()
     # on when the config turns multi_turn on (read whether pinned or default): the
     # response budget spans every turn and tool result (planner/multi_turn.py)
@@ -158,6 +162,7 @@ def _settings(req: PlanRequest) -> _Settings:
         fraction=pinned.get(f"{_ARR}.rollout.gpu_memory_utilization"),
         target_s=req.target_step_minutes * 60.0,
         cp=_pinned_cp(pinned),
+        logits_chunk=_logits_chunk(req, pinned),
         notes=tuple(notes),
         multi_turn=multi_turn_of(req.config),
         **placement,
@@ -215,6 +220,17 @@ def _placement(req: PlanRequest, pinned: Mapping[str, Any], notes: list[str]) ->
         "rollout_nodes": pinned.get(f"{_ARR}.rollout.separate_nnodes"),
         "rollout_per_node": pinned.get(f"{_ARR}.rollout.separate_n_gpus_per_node"),
     }
+
+
+def _logits_chunk(req: PlanRequest, pinned: Mapping[str, Any]) -> int | None:
+    """``fused_kernel_options.chunk_size`` when the recipe turns ``use_fused_kernels`` on
+    (the engine's FSDP head then holds that many tokens' logits at a time)."""
+    if not pinned.get(f"{_ARR}.model.use_fused_kernels"):
+        return None
+    key = f"{_ARR}.model.fused_kernel_options.chunk_size"
+    if key in pinned:
+        return pinned[key]
+    return req.config.actor_rollout_ref.model.fused_kernel_options.chunk_size
 
 
 def _pinned_cp(pinned: Mapping[str, Any]) -> int | None:

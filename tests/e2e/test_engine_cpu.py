@@ -125,6 +125,15 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
     ],
+    # Log-probs, entropy (a loss term here) and the reference's KL without the whole
+    # logits (engine.train.fused_head), 7 tokens' logits at a time.
+    "grpo_kl_loss_fused_head": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "actor_rollout_ref.model.use_fused_kernels=true",
+        "actor_rollout_ref.model.fused_kernel_options.chunk_size=7",
+    ],
     "dr_grpo": [
         "algorithm.adv_estimator=grpo",
         "algorithm.norm_adv_by_std_in_grpo=false",

@@ -225,13 +225,17 @@ actor_rollout_ref:
     trust_remote_code: false
     enable_gradient_checkpointing: true
     use_remove_padding: true
+    use_fused_kernels: true
+    fused_kernel_options:
+      impl_backend: torch
+      chunk_size: 512
     dtype: bfloat16
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 32
-    ppo_micro_batch_size_per_gpu: 1
+    ppo_micro_batch_size_per_gpu: 2
     use_dynamic_bsz: true
-    ppo_max_token_len_per_gpu: 28672
+    ppo_max_token_len_per_gpu: 32768
     ppo_epochs: 1
     recompute_old_log_prob: false
     shuffle: false
@@ -299,7 +303,7 @@ actor_rollout_ref:
     max_num_batched_tokens: 8192
     enforce_eager: false
     free_cache_engine: true
-    log_prob_micro_batch_size_per_gpu: 1
+    log_prob_micro_batch_size_per_gpu: 8
     log_prob_use_dynamic_bsz: null
     log_prob_max_token_len_per_gpu: null
     micro_batch_size: null
@@ -351,6 +355,10 @@ critic:
     trust_remote_code: false
     enable_gradient_checkpointing: true
     use_remove_padding: true
+    use_fused_kernels: false
+    fused_kernel_options:
+      impl_backend: torch
+      chunk_size: 512
     dtype: bfloat16
   optim:
     lr: 1.0e-05
@@ -395,6 +403,10 @@ reward_model:
     trust_remote_code: false
     enable_gradient_checkpointing: true
     use_remove_padding: true
+    use_fused_kernels: false
+    fused_kernel_options:
+      impl_backend: torch
+      chunk_size: 512
     dtype: bfloat16
   reward_manager: dapo
   num_workers: 4

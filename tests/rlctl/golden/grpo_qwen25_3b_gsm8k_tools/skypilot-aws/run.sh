@@ -225,6 +225,10 @@ actor_rollout_ref:
     trust_remote_code: false
     enable_gradient_checkpointing: true
     use_remove_padding: true
+    use_fused_kernels: false
+    fused_kernel_options:
+      impl_backend: torch
+      chunk_size: 512
     dtype: bfloat16
   actor:
     strategy: fsdp2
@@ -351,6 +355,10 @@ critic:
     trust_remote_code: false
     enable_gradient_checkpointing: true
     use_remove_padding: true
+    use_fused_kernels: false
+    fused_kernel_options:
+      impl_backend: torch
+      chunk_size: 512
     dtype: bfloat16
   optim:
     lr: 1.0e-05
@@ -395,6 +403,10 @@ reward_model:
     trust_remote_code: false
     enable_gradient_checkpointing: true
     use_remove_padding: true
+    use_fused_kernels: false
+    fused_kernel_options:
+      impl_backend: torch
+      chunk_size: 512
     dtype: bfloat16
   reward_manager: naive
   num_workers: 4
