@@ -120,6 +120,8 @@ def start_workers(cfg: EngineConfig) -> Any:
         roles.append("ref")
     if cfg.use_critic:
         roles.append("critic")
+    if cfg.reward_model.enable:  # the learned reward model, beside the actor
+        roles.append("rm")
 
     def pool(nnodes: int, per_node: int, name: str) -> ResourcePool:
         return ResourcePool(
@@ -283,8 +285,14 @@ def run_training(cfg: EngineConfig) -> None:
     reward = RewardManager(
         cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
     )
-    # An unknown data source fails now, not after the cluster and models are up.
-    reward.check_data_sources(train.data_sources() | (val.data_sources() if val else set()))
+    # An unknown data source fails now, not after the cluster and models are up (those
+    # the reward model scores need no rule).
+    sources = train.data_sources() | (val.data_sources() if val else set())
+    rm = cfg.reward_model
+    if rm.enable and rm.data_sources is not None:
+        reward.check_data_sources(sources - set(rm.data_sources))
+    elif not rm.enable:
+        reward.check_data_sources(sources)
 
     init_ray(cfg)
     cfg = dataclasses.replace(

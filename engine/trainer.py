@@ -41,6 +41,7 @@ from engine.metrics import (
 )
 from engine.overlap import Generating, make_overlap
 from engine.reward.manager import RewardManager
+from engine.reward.model import ModelRewards
 from engine.reward.types import ScoreRequest, ScoreResult
 from engine.tracking import Tracker, progress
 from engine.types import (
@@ -141,6 +142,8 @@ class Trainer:
         self.weights_version = 0
         self.pushed_version: int | None = None
         self.overlap = make_overlap(self, cfg.async_training.mode)
+        rm = cfg.reward_model
+        self.model_rewards = ModelRewards(rm, tokenizer, cfg.world_size) if rm.enable else None
 
     # -- the loop -----------------------------------------------------------
 
@@ -433,9 +436,10 @@ class Trainer:
                 else p.extra_info
                 for i, p in enumerate(expanded)
             ],
+            messages=[p.messages for p in expanded],
         )
         with timer("reward"):
-            results = self.score(output.response_ids, meta)
+            results = self.score(output.response_ids, meta, [p.prompt_ids for p in expanded])
         return Rollout(
             prompt_ids=[p.prompt_ids for p in expanded],
             response_ids=output.response_ids,
@@ -451,7 +455,9 @@ class Trainer:
             prompt_index=[p.index for p in expanded],
         )
 
-    def score(self, responses: list[list[int]], meta: SampleMeta) -> list[ScoreResult]:
+    def score(
+        self, responses: list[list[int]], meta: SampleMeta, prompt_ids: list[list[int]]
+    ) -> list[ScoreResult]:
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         requests = [
             ScoreRequest(
@@ -463,7 +469,16 @@ class Trainer:
             )
             for i in range(len(responses))
         ]
-        return self.reward.score(requests)
+        if self.model_rewards is None:
+            return self.reward.score(requests)
+        return self.model_rewards.score(
+            requests,
+            prompt_ids,
+            responses,
+            meta.messages,
+            self.reward,
+            lambda seqs: self.workers.call_split("rm", "scores", seqs),
+        )
 
     def token_rewards(
         self,
@@ -503,7 +518,7 @@ class Trainer:
             *(getattr(rollout.meta, f.name)[::n] for f in dataclasses.fields(SampleMeta))
         )
         with timer("reward"):
-            results = self.score(output.response_ids, meta)
+            results = self.score(output.response_ids, meta, prompt_ids)
         return torch.tensor([r.score for r in results], dtype=torch.float32).repeat_interleave(n)
 
     def validate(self) -> dict[str, float]:

@@ -158,3 +158,5 @@ class SampleMeta:
     data_source: list[str]
     ground_truth: list[Any]
     extra_info: list[dict[str, Any]]
+    # the prompts' chats, for a reward model that re-templates them (its own tokenizer)
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)

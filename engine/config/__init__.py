@@ -5,7 +5,7 @@ text (``python -m engine.main --help KEY``, docs/configuration.md). Keys follow 
 layout so that a verl command line carries over:
 
     data                          data.py        the prompts
-    actor_rollout_ref.model       train.py       the model (also critic.model, reward_model.model)
+    actor_rollout_ref.model       train.py       the model (also critic.model)
     actor_rollout_ref.actor       actor.py       the policy's update; optim, fsdp_config,
                                                  megatron from train.py
     actor_rollout_ref.rollout     rollout.py     generation and sampling

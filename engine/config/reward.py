@@ -1,14 +1,16 @@
 """``reward_model`` and ``custom_reward_function``: how responses are scored
 (``engine.reward``): rule functions picked by each row's ``data_source``, or your own;
+a learned reward model (``engine.workers.reward_model``) for all or some data sources;
 DAPO's overlong penalty; and the rules on them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config.fields import choice, positive, setting
-from engine.config.train import ModelConfig
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -32,14 +34,44 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardModelModelConfig:
+    """The learned reward model: a Hugging Face sequence-classification model."""
+
+    path: str = setting(
+        "",
+        "Folder or hub id of a *ForSequenceClassification model with num_labels=1 (required"
+        " with reward_model.enable).",
+    )
+    input_tokenizer: str | None = setting(
+        None,
+        "The policy's tokenizer, when the reward model's differs: each response is decoded"
+        " with it and the chat (prompt messages + response) re-templated with the reward"
+        " model's tokenizer. null: the reward model reads the policy's own tokens.",
+    )
+    trust_remote_code: bool = setting(
+        False, "Run the model's own Python code from the hub or its folder (transformers')."
+    )
+
+
+@dataclass
 class RewardModelConfig:
-    """Scoring: the processes that run the reward functions, and DAPO's overlong penalty."""
+    """Scoring: the processes that run the reward functions, an optional learned reward
+    model, and DAPO's overlong penalty."""
 
     enable: bool = setting(
         False,
-        "verl's learned reward model; not implemented here: rewards come from rule functions.",
+        "Score with the learned reward model (`model.path`) on the training workers,"
+        " instead of the rule functions, for the data sources `data_sources` names.",
     )
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size_per_gpu: int = setting(
+        8, "Sequences in one forward pass of the reward model, on each device."
+    )
+    data_sources: list[str] | None = setting(
+        None,
+        "The data sources the reward model scores; the others keep their rule function."
+        " null: every sample (verl's behaviour).",
+    )
     reward_manager: str = setting(
         "naive", "naive or dapo (verl's names; the overlong penalty follows `overlong_buffer`)."
     )
@@ -76,4 +108,70 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"reward_model.overlong_buffer.len {ob.len} must be in (0, data.max_response_length"
             f" = {cfg.data.max_response_length}): the penalty ramps over the last len tokens"
         )
-    return p
+    return p + _reward_model_rules(cfg)
+
+
+def _reward_model_rules(cfg: EngineConfig) -> list[str]:
+    rm = cfg.reward_model
+    if not rm.enable:
+        return []
+    p = positive([("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)])
+    if cfg.async_training.mode != "sync":
+        p.append(
+            f"reward_model.enable=true with async_training.mode={cfg.async_training.mode}: the"
+            " reward model runs on the training workers, which the overlapped modes keep busy"
+            " while scoring (not supported yet); use async_training.mode=sync"
+        )
+    if rm.data_sources is not None and not rm.data_sources:
+        p.append(
+            "reward_model.data_sources is an empty list, so the reward model scores nothing:"
+            " name data sources, set it to null (every sample) or reward_model.enable=false"
+        )
+    path = rm.model.path
+    if not path:
+        p.append(
+            "reward_model.model.path is empty: set it to a *ForSequenceClassification model"
+            " folder or hub id, or reward_model.enable=false"
+        )
+        return p
+    return p + sequence_classifier_problems(path)
+
+
+def sequence_classifier_problems(path: str) -> list[str]:
+    """What keeps ``path`` from being a reward model: a local folder must hold a
+    ``config.json`` with a ``*ForSequenceClassification`` architecture and one label (a
+    hub id is checked where it is loaded, ``engine.workers.reward_model``)."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        if path.startswith(("/", ".", "~")) or path.count("/") != 1:
+            return [
+                f"reward_model.model.path {path!r} does not exist: give a local folder or a"
+                " hub id (org/name) of a *ForSequenceClassification model"
+            ]
+        return []
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return [
+            f"reward_model.model.path {path!r} has no config.json: give the folder of a"
+            " Hugging Face *ForSequenceClassification model"
+        ]
+    return classifier_config_problems(path, json.loads(config_file.read_text()))
+
+
+def classifier_config_problems(path: str, config: dict) -> list[str]:
+    """The problems with a model's config (its config.json as a dict) as a reward model."""
+    archs = config.get("architectures") or []
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        return [
+            f"reward_model.model.path {path!r} is a {', '.join(archs) or 'model of no stated'}"
+            " architecture, not a sequence-classification model: give a"
+            " *ForSequenceClassification checkpoint with num_labels=1 (a causal LM cannot"
+            " score; convert it or train a reward model first)"
+        ]
+    labels = len(config["id2label"]) if "id2label" in config else config.get("num_labels", 2)
+    if labels != 1:
+        return [
+            f"reward_model.model.path {path!r} has {labels} labels; a reward model gives one"
+            " score per sequence: give a checkpoint saved with num_labels=1"
+        ]
+    return []

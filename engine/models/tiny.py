@@ -247,6 +247,39 @@ def build_tiny_model(
     return out
 
 
+def build_tiny_reward_model(
+    out_dir: str | Path, *, seed: int = 0, vocab_size: int = 2048, **sizes: int
+) -> Path:
+    """Save a random ``Qwen2ForSequenceClassification`` with one label (a reward model
+    for ``reward_model.model.path``) and the same tokenizer under ``out_dir``; return it.
+    Its score head is drawn with std 1 (HF's 0.02 would give near-equal scores)."""
+    import torch
+    import transformers
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
+    pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    config = tiny_config(
+        "qwen2",
+        vocab_size=len(tokenizer),
+        num_labels=1,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        **sizes,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForSequenceClassification.from_config(config)
+        with torch.no_grad():
+            model.score.weight.normal_(0.0, 1.0)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m engine.models.tiny",

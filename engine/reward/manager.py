@@ -96,6 +96,13 @@ class RewardManager:
             self.close()  # workers may hold half a batch; the next call starts fresh ones
             raise
         _log_errors(requests, results)
+        self.add_overlong_penalty(requests, results)
+        return results
+
+    def add_overlong_penalty(
+        self, requests: list[ScoreRequest], results: list[ScoreResult]
+    ) -> None:
+        """DAPO's penalty added to each result (also a reward model's), when enabled."""
         buffer = self.reward_cfg.overlong_buffer
         if buffer.enable:
             for request, result in zip(requests, results, strict=True):
@@ -107,7 +114,6 @@ class RewardManager:
                 )
                 result.score += penalty
                 result.extras["overlong_penalty"] = penalty
-        return results
 
     def close(self) -> None:
         for worker in self._workers:

@@ -20,7 +20,7 @@ from engine.config import EngineConfig
 from engine.device import DeviceSpec, local_rank_from_env, resolve_device, set_device
 
 # The role classes, in the order they are built on a host.
-ROLE_ORDER = ("actor", "rollout", "ref", "critic")
+ROLE_ORDER = ("actor", "rollout", "ref", "critic", "rm")
 # The roles with state that changes during training (and so goes into checkpoints).
 TRAINED_ROLES = ("actor", "critic")
 
@@ -43,6 +43,10 @@ def _role_class(role: str) -> type:
         from engine.workers.critic import CriticWorker
 
         return CriticWorker
+    if role == "rm":
+        from engine.workers.reward_model import RewardModelWorker
+
+        return RewardModelWorker
     raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLE_ORDER)}")
 
 
