@@ -398,15 +398,10 @@ reward_model:
   enable: false
   model:
     path: ''
-    tokenizer_path: null
+    input_tokenizer: null
     trust_remote_code: false
-    enable_gradient_checkpointing: true
-    use_remove_padding: true
-    use_fused_kernels: false
-    fused_kernel_options:
-      impl_backend: torch
-      chunk_size: 512
-    dtype: bfloat16
+  micro_batch_size_per_gpu: 8
+  data_sources: null
   reward_manager: naive
   num_workers: 1
   timeout_s: 10.0
