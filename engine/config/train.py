@@ -54,9 +54,10 @@ class ModelConfig:
         True, "Recompute activations in the backward pass instead of keeping them (less memory)."
     )
     use_remove_padding: bool = setting(
-        True,
-        "verl's padding removal; always on here: each micro-batch drops the columns that are"
-        " padding in all its rows.",
+        False,
+        "verl's padding removal: each micro-batch's rows packed end to end, no padding at"
+        " all (FSDP roles; docs/training.md). false: each micro-batch still drops the"
+        " columns that are padding in all its rows.",
     )
     use_fused_kernels: bool = setting(
         False,

@@ -5,13 +5,12 @@ Each micro-batch first drops the columns that are padding in all of its rows (th
 left padding of its prompts, the right padding of its responses); the per-token
 results are padded back to the batch's response length with zeros, which every
 loss masks out. With batches of mixed lengths this skips most of the padding's
-compute, at no cost to exactness.
+compute, at no cost to exactness. With ``packed`` (``model.use_remove_padding``) no
+padding reaches the model at all: the rows run end to end (``engine.train.packing``).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 
 import torch
@@ -25,40 +24,10 @@ from engine.algo.entropy import (
 )
 from engine.controller.dispatch import take
 from engine.train.fused_head import HeadOptions, quantities_from_model
+from engine.train.packing import ModelCall, model_call, trim_padding
 from engine.types import TokenBatch
 
-
-def trim_padding(tokens: TokenBatch) -> TokenBatch:
-    """The same rows without the columns that are padding in every one of them."""
-    attention = tokens.attention_mask_BS
-    r_len = tokens.response_length
-    response_width = max(1, int(attention[:, -r_len:].sum(dim=1).max()))
-    prompt_width = int(attention[:, :-r_len].sum(dim=1).max())
-    start = attention.shape[1] - r_len - prompt_width
-    stop = attention.shape[1] - r_len + response_width
-    return TokenBatch(
-        input_ids_BS=tokens.input_ids_BS[:, start:stop],
-        attention_mask_BS=attention[:, start:stop],
-        position_ids_BS=tokens.position_ids_BS[:, start:stop],
-        response_mask_BR=tokens.response_mask_BR[:, :response_width],
-    )
-
-
-def _pad_responses(values_BR: torch.Tensor, r_len: int) -> torch.Tensor:
-    return nn.functional.pad(values_BR, (0, r_len - values_BR.shape[1]))
-
-
-def _model_inputs(tokens: TokenBatch, device: torch.device) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": tokens.input_ids_BS.to(device),
-        "attention_mask": tokens.attention_mask_BS.to(device),
-        "position_ids": tokens.position_ids_BS.to(device),
-    }
-
-
-@functools.cache
-def _takes_logits_to_keep(model_type: type) -> bool:
-    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+__all__ = ["trim_padding"]  # imported from here by the Megatron engine
 
 
 def response_logprobs(
@@ -69,34 +38,34 @@ def response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     head: HeadOptions | None = None,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(o_t | prefix) for every response token, and optionally the entropy.
 
     Logits are divided by the sampling temperature, so that these log-probs are those
     of the distribution the rollout sampled from (PPO's ratio needs exactly that).
-    The logit at position i predicts token i + 1: the response's logits are the R
-    positions ending one before the last, and only those R + 1 are asked of the
-    LM head where the model allows (``logits_to_keep``). The entropy carries a graph
-    only with ``entropy_grad`` (it is a loss term only when its coefficient is not 0;
-    otherwise it is a metric and its backward would be wasted). With ``head`` (the
-    model's ``use_fused_kernels``) the logits are never whole: ``engine.train.fused_head``.
+    The logit at position i predicts token i + 1: only the positions before response
+    tokens are asked of the LM head where the model allows (``logits_to_keep``). The
+    entropy carries a graph only with ``entropy_grad`` (it is a loss term only when its
+    coefficient is not 0; otherwise it is a metric and its backward would be wasted).
+    With ``head`` (the model's ``use_fused_kernels``) the logits are never whole:
+    ``engine.train.fused_head``. ``packed``: the rows end to end, no padding
+    (``engine.train.packing``).
     """
-    r_len = tokens.response_length
+    call = model_call(model, tokens, device, packed)
     if head is not None:
         logp, entropy, _ = _fused(
-            model, tokens, device, temperature, head, entropy=with_entropy,
+            model, call, temperature, head, entropy=with_entropy,
             entropy_grad=entropy_grad and torch.is_grad_enabled(), sum_sq=False,
         )  # fmt: skip
-        return _pad_responses(logp, r_len), (
-            _pad_responses(entropy, r_len) if with_entropy else None
-        )
-    trimmed, logits_BRV = _response_logits(model, tokens, device, temperature)
-    logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
+        return call.unpack(logp), (call.unpack(entropy) if with_entropy else None)
+    logits_BRV = _response_logits(model, call, temperature)
+    logp = logprobs_from_logits(logits_BRV, call.targets)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = _pad_responses(entropy_from_logits(logits_BRV), r_len)
-    return _pad_responses(logp, r_len), entropy
+            entropy = call.unpack(entropy_from_logits(logits_BRV))
+    return call.unpack(logp), entropy
 
 
 def response_logprobs_sum_pi_squared(
@@ -105,66 +74,54 @@ def response_logprobs_sum_pi_squared(
     device: torch.device,
     temperature: float = 1.0,
     head: HeadOptions | None = None,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(o_t | prefix) and Σ_v π(v | prefix)² at every response position, from the
     same temperature-scaled logits (the optimal token baseline reads both of π_old). Σπ²
     is another reduction over the vocabulary, so only the passes that need it ask."""
-    r_len = tokens.response_length
+    call = model_call(model, tokens, device, packed)
     if head is not None:
         logp, _, sum_sq = _fused(
-            model, tokens, device, temperature, head, entropy=False, entropy_grad=False,
-            sum_sq=True,
-        )  # fmt: skip
+            model, call, temperature, head, entropy=False, entropy_grad=False, sum_sq=True
+        )
     else:
-        trimmed, logits_BRV = _response_logits(model, tokens, device, temperature)
-        logp = logprobs_from_logits(logits_BRV, trimmed.responses_BR.to(device))
+        logits_BRV = _response_logits(model, call, temperature)
+        logp = logprobs_from_logits(logits_BRV, call.targets)
         sum_sq = sum_squared_probs_from_logits(logits_BRV)
-    return _pad_responses(logp, r_len), _pad_responses(sum_sq, r_len)
+    return call.unpack(logp), call.unpack(sum_sq)
 
 
-def _model_kwargs(model: nn.Module, kept: int) -> dict:
-    kwargs: dict = {"use_cache": False}
-    if _takes_logits_to_keep(type(model)):
-        kwargs["logits_to_keep"] = kept + 1
-    return kwargs
-
-
-def _fused(model, tokens, device, temperature, head, **wanted):
-    """``engine.train.fused_head.quantities_from_model`` on the trimmed batch."""
-    trimmed = trim_padding(tokens)
-    kept = trimmed.response_length
+def _fused(model, call: ModelCall, temperature, head, **wanted):
+    """``engine.train.fused_head.quantities_from_model`` on the model call."""
+    if call.select is not None:
+        raise ValueError(
+            f"{type(model).__name__} takes no logits_to_keep, which the fused head needs with"
+            " packed sequences: set actor_rollout_ref.model.use_remove_padding=false or"
+            " use_fused_kernels=false"
+        )
     return quantities_from_model(
-        model,
-        _model_inputs(trimmed, device),
-        _model_kwargs(model, kept),
-        trimmed.responses_BR.to(device),
-        temperature,
-        head,
-        **wanted,
+        model, call.inputs, call.kwargs, call.targets, temperature, head, **wanted
     )
 
 
-def _response_logits(
-    model: nn.Module, tokens: TokenBatch, device: torch.device, temperature: float
-) -> tuple[TokenBatch, torch.Tensor]:
-    """The batch without its all-padding columns, and the float32 logits (divided by the
-    temperature) at the positions that predict its response tokens."""
-    trimmed = trim_padding(tokens)
-    kept = trimmed.response_length
-    logits = model(**_model_inputs(trimmed, device), **_model_kwargs(model, kept)).logits
-    logits_BRV = logits[:, -kept - 1 : -1, :].float()
+def _response_logits(model: nn.Module, call: ModelCall, temperature: float) -> torch.Tensor:
+    """The float32 logits (divided by the temperature) at the positions that predict the
+    call's response tokens."""
+    logits = model(**call.inputs, **call.kwargs).logits
+    logits_BRV = call.head_positions(logits).float()
     if temperature != 1.0:
         logits_BRV = logits_BRV / temperature
-    return trimmed, logits_BRV
+    return logits_BRV
 
 
-def response_values(model: nn.Module, tokens: TokenBatch, device: torch.device) -> torch.Tensor:
+def response_values(
+    model: nn.Module, tokens: TokenBatch, device: torch.device, packed: bool = False
+) -> torch.Tensor:
     """V(prefix) before each response token, from a one-output token-classification head."""
-    r_len = tokens.response_length
-    trimmed = trim_padding(tokens)
-    kept = trimmed.response_length
-    out = model(**_model_inputs(trimmed, device)).logits  # (B, S', 1)
-    return _pad_responses(out[:, -kept - 1 : -1, 0].float(), r_len)
+    call = model_call(model, tokens, device, packed)
+    # use_cache=False: with a cache transformers ignores the packed rows' positions
+    out = model(**call.inputs, **call.kwargs).logits  # (B', S', 1)
+    return call.unpack(call.head_positions(out)[..., 0].float())
 
 
 def micro_batches(rows: int, size: int) -> list[slice]:

@@ -223,6 +223,8 @@ class FSDPEngine:
 
     # The model's use_fused_kernels (engine.train.fused_head): None computes full logits.
     head: HeadOptions | None = None
+    # The model's use_remove_padding: rows packed end to end (engine.train.packing).
+    packed: bool = False
 
     def __init__(
         self,
@@ -262,6 +264,7 @@ class FSDPEngine:
         engine = cls(module, optim_cfg, device, fsdp_cfg)
         if kind == "causal_lm":
             engine.head = HeadOptions.of(model_cfg)
+        engine.packed = model_cfg.use_remove_padding
         return engine
 
     @property
@@ -295,6 +298,7 @@ class FSDPEngine:
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             head=self.head,
+            packed=self.packed,
         )
 
     def response_logprobs_sum_pi_squared(
@@ -303,13 +307,13 @@ class FSDPEngine:
         from engine.train.forward import response_logprobs_sum_pi_squared
 
         return response_logprobs_sum_pi_squared(
-            self.module, tokens, self.device.torch_device(), temperature, self.head
+            self.module, tokens, self.device.torch_device(), temperature, self.head, self.packed
         )
 
     def response_values(self, tokens: TokenBatch) -> torch.Tensor:
         from engine.train.forward import response_values
 
-        return response_values(self.module, tokens, self.device.torch_device())
+        return response_values(self.module, tokens, self.device.torch_device(), self.packed)
 
     def global_loss_scale(self, mask_BR: torch.Tensor) -> LossScale:
         return global_loss_scale(mask_BR, self.device)

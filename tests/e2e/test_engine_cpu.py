@@ -118,6 +118,9 @@ ALGORITHMS = {
         # Token-budget micro-batches for the actor, critic and reference passes.
         "actor_rollout_ref.actor.use_dynamic_bsz=true",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=200",
+        # Packed sequences (engine.train.packing) for the actor, reference and critic.
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "critic.model.use_remove_padding=true",
     ],
     "grpo_kl_loss": [
         "algorithm.adv_estimator=grpo",

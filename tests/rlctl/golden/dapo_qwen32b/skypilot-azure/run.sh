@@ -224,7 +224,7 @@ actor_rollout_ref:
     tokenizer_path: null
     trust_remote_code: false
     enable_gradient_checkpointing: true
-    use_remove_padding: true
+    use_remove_padding: false
     use_fused_kernels: true
     fused_kernel_options:
       impl_backend: torch
@@ -354,7 +354,7 @@ critic:
     tokenizer_path: null
     trust_remote_code: false
     enable_gradient_checkpointing: true
-    use_remove_padding: true
+    use_remove_padding: false
     use_fused_kernels: false
     fused_kernel_options:
       impl_backend: torch

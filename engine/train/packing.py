@@ -1,0 +1,169 @@
+"""A micro-batch as the model sees it: padded rows, or every row's tokens packed end to
+end in one row with no padding at all (``actor_rollout_ref.model.use_remove_padding``,
+verl's key; docs/training.md).
+
+Packed, the model gets ``input_ids`` and ``position_ids`` of shape (1, T), T the tokens
+of all rows together, each row's positions starting again at 0, and no attention mask:
+transformers then builds the attention from the positions, each token attending to its
+own row's earlier tokens only (a block-diagonal causal mask for sdpa and eager; on GPUs
+flash-attention's variable-length kernels, from the same positions). Only the positions
+that predict a response token go through the head (``logits_to_keep`` as an index), and
+the per-token results are put back in the batch's (B, R) layout. The call passes
+``use_cache=False``: with a cache transformers does not read packed rows from the
+positions, and every row would attend to the rows before it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.types import TokenBatch
+
+
+@dataclass
+class ModelCall:
+    """What the model is called with, the response tokens its last ``R' + 1`` head
+    positions predict (the first ``R'``; ``targets`` is (B', R')), and how per-token
+    results (B', R') go back to the batch's (B, R)."""
+
+    inputs: dict[str, torch.Tensor]
+    kwargs: dict
+    targets: torch.Tensor
+    select: torch.Tensor | None  # head positions to take by hand (no logits_to_keep)
+    unpack: Callable[[torch.Tensor], torch.Tensor]
+
+    def head_positions(self, out_BLX: torch.Tensor) -> torch.Tensor:
+        """The model output at the positions that predict the targets, (B', R', X)."""
+        if self.select is not None:
+            out_BLX = out_BLX[:, self.select]
+        r = self.targets.shape[1]
+        return out_BLX[:, -r - 1 : -1]
+
+
+@functools.cache
+def takes_logits_to_keep(model_type: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+
+
+def trim_padding(tokens: TokenBatch) -> TokenBatch:
+    """The same rows without the columns that are padding in every one of them."""
+    attention = tokens.attention_mask_BS
+    r_len = tokens.response_length
+    response_width = max(1, int(attention[:, -r_len:].sum(dim=1).max()))
+    prompt_width = int(attention[:, :-r_len].sum(dim=1).max())
+    start = attention.shape[1] - r_len - prompt_width
+    stop = attention.shape[1] - r_len + response_width
+    return TokenBatch(
+        input_ids_BS=tokens.input_ids_BS[:, start:stop],
+        attention_mask_BS=attention[:, start:stop],
+        position_ids_BS=tokens.position_ids_BS[:, start:stop],
+        response_mask_BR=tokens.response_mask_BR[:, :response_width],
+    )
+
+
+def model_call(
+    model: nn.Module, tokens: TokenBatch, device: torch.device, packed: bool
+) -> ModelCall:
+    return _packed(model, tokens, device) if packed else _padded(model, tokens, device)
+
+
+def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> ModelCall:
+    """Rows padded to the micro-batch's widest prompt and response (``trim_padding``)."""
+    r_len = tokens.response_length
+    trimmed = trim_padding(tokens)
+    kept = trimmed.response_length
+    kwargs: dict = {"use_cache": False}
+    if takes_logits_to_keep(type(model)):
+        kwargs["logits_to_keep"] = kept + 1
+    return ModelCall(
+        inputs={
+            "input_ids": trimmed.input_ids_BS.to(device),
+            "attention_mask": trimmed.attention_mask_BS.to(device),
+            "position_ids": trimmed.position_ids_BS.to(device),
+        },
+        kwargs=kwargs,
+        targets=trimmed.responses_BR.to(device),
+        select=None,
+        unpack=lambda values: nn.functional.pad(values, (0, r_len - values.shape[1])),
+    )
+
+
+def _packed(model: nn.Module, tokens: TokenBatch, device: torch.device) -> ModelCall:
+    """Every row's real tokens end to end (prompt then response, positions from 0), in
+    bins; the head at the positions before response tokens. A flash-attention model
+    takes one bin of all the tokens (its variable-length kernels cost each row's own
+    length squared); others (sdpa, eager: a dense mask over the bin) bins as long as the
+    longest row, filled first-fit by decreasing length, so that attention costs no more
+    than padded rows would. The ends of the bins are filled with a row of pad tokens
+    of its own, which no real token attends to."""
+    attention = tokens.attention_mask_BS.bool()
+    r_len = tokens.response_length
+    lengths = attention.sum(dim=1).tolist()
+    prompt_lens = attention[:, :-r_len].sum(dim=1).tolist()
+    real = [tokens.input_ids_BS[i][attention[i]] for i in range(len(lengths))]
+    config = getattr(model, "config", None)
+    flash = "flash" in str(getattr(config, "_attn_implementation", ""))
+    width = sum(lengths) if flash else max(lengths)
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        k = next((k for k, free in enumerate(room) if free >= lengths[row]), len(bins))
+        if k == len(bins):
+            bins.append([])
+            room.append(width)
+        bins[k].append(row)
+        room[k] -= lengths[row]
+    ids = torch.zeros((len(bins), width), dtype=torch.long)
+    pos = torch.zeros((len(bins), width), dtype=torch.long)
+    where: list[tuple[int, int]] = [(0, 0)] * len(lengths)  # each row's bin and start
+    for k, rows in enumerate(bins):
+        at = 0
+        for row in rows:
+            ids[k, at : at + lengths[row]] = real[row]
+            pos[k, at : at + lengths[row]] = torch.arange(lengths[row])
+            where[row] = (k, at)
+            at += lengths[row]
+        pos[k, at:] = torch.arange(width - at)  # the tail: a row of its own
+    # response token j of row i sits at its start + prompt + j; the head one before
+    places = [
+        (i, j, where[i][0], where[i][1] + prompt_lens[i] + j - 1)
+        for i in range(len(lengths))
+        for j in range(lengths[i] - prompt_lens[i])
+    ]
+    columns = sorted({col for *_, col in places})
+    index = {col: n for n, col in enumerate(columns)}
+    keep = torch.tensor([*columns, width - 1])  # one more, as padded: the last R' + 1
+    targets = torch.zeros((len(bins), len(columns)), dtype=torch.long)
+    row_of, tok_of, bin_of, col_of = (
+        (torch.tensor(v, dtype=torch.long) for v in zip(*places, strict=True))
+        if places
+        else (torch.zeros(0, dtype=torch.long),) * 4
+    )
+    col_of = torch.tensor([index[int(c)] for c in col_of], dtype=torch.long)
+    targets[bin_of, col_of] = tokens.responses_BR[row_of, tok_of]
+    kwargs: dict = {"use_cache": False}
+    select = None
+    if takes_logits_to_keep(type(model)):
+        kwargs["logits_to_keep"] = keep.to(device)
+    else:
+        select = keep.to(device)
+
+    def unpack(values_KU: torch.Tensor) -> torch.Tensor:
+        out = values_KU.new_zeros((len(lengths), r_len))
+        d = out.device
+        out[row_of.to(d), tok_of.to(d)] = values_KU[bin_of.to(d), col_of.to(d)]
+        return out
+
+    return ModelCall(
+        inputs={"input_ids": ids.to(device), "position_ids": pos.to(device)},
+        kwargs=kwargs,
+        targets=targets.to(device),
+        select=select,
+        unpack=unpack,
+    )
