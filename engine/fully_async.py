@@ -34,8 +34,9 @@ from engine.rollouter import Rollouter
 from engine.types import GenerationOutput
 
 if TYPE_CHECKING:
+    from engine.batch import Rollout
     from engine.metrics import StageTimer
-    from engine.trainer import Rollout, Trainer
+    from engine.trainer import Trainer
 
 PENDING = "fully_async_pending"  # the trainer state's extra: dataset indices, oldest first
 

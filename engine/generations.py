@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.trainer import Rollout
+    from engine.batch import Rollout
 
 
 def write_generations(folder: str, step: int, rollout: Rollout, tokenizer: Any) -> Path:

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 from engine.types import GenerationRequest
 
 if TYPE_CHECKING:
+    from engine.batch import Rollout
     from engine.data.dataset import PromptSample
     from engine.metrics import StageTimer
-    from engine.trainer import Rollout, Trainer
+    from engine.trainer import Trainer
 
 STALENESS = "training/staleness"  # policy versions between the sampler and the update
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from typing import Any
 
 import torch
@@ -25,9 +24,9 @@ from engine.algo.kl import apply_kl_in_reward, make_kl_controller
 from engine.algo.masked import last_valid_index
 from engine.algo.names import estimator_needs
 from engine.algo.rollout_correction import Correction, correct_rollout, ragged_to_padded
+from engine.batch import Rollout, join_groups, split_groups
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
-from engine.controller.dispatch import concat, split
 from engine.controller.worker_group import WorkerGroup
 from engine.data.dataset import PromptSample, RLDataset
 from engine.data.loader import PromptLoader
@@ -51,45 +50,8 @@ from engine.types import (
     GenerationRequest,
     SampleMeta,
     SamplingParams,
-    TokenBatch,
 )
 from engine.validation import ValidationSample, validation_metrics
-
-
-@dataclasses.dataclass
-class Rollout:
-    """A generated and scored batch, on the controller. Ragged token lists are the
-    source of truth; the padded ``tokens`` are derived, so slicing and joining
-    batches (DAPO's group filter) never has to re-pad by hand."""
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    meta: SampleMeta
-    scores_B: torch.Tensor
-    acc_B: torch.Tensor
-    preds: list[str | None]  # each sample's extracted answer, when the scorer gives one
-    # the other numbers each sample's reward function returned (None where it failed)
-    reward_extras: list[dict[str, float] | None]
-    pad_token_id: int
-    # The engine's log-prob of each response token (rollout.calculate_log_probs), or None
-    rollout_logprobs: list[list[float]] | None = None
-    # Multi-turn rows (engine.agents): 0 on the tools' tokens; their per-row statistics
-    response_masks: list[list[int]] | None = None
-    agent_stats: list[dict[str, float]] | None = None
-    prompt_index: list[int] | None = None  # each sample's prompt, in its dataset
-
-    @functools.cached_property
-    def tokens(self) -> TokenBatch:
-        return TokenBatch.from_ragged(
-            self.prompt_ids, self.response_ids, self.pad_token_id, self.response_masks
-        )
-
-    @property
-    def prompt_lengths_B(self) -> torch.Tensor:
-        return torch.tensor([len(p) for p in self.prompt_ids], dtype=torch.float32)
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids)
 
 
 class Preempted(EngineError):
@@ -606,15 +568,3 @@ def reward_components(rollout: Rollout, keys: list[str], metrics: dict[str, floa
 
 
 # -- group helpers (the n samples of a prompt are adjacent) -----------------
-
-
-def split_groups(rollout: Rollout, n: int) -> list[Rollout]:
-    return split(rollout, len(rollout) // n)
-
-
-def join_groups(groups: list[Rollout]) -> Rollout:
-    """Concatenate groups into one batch, group ids renumbered."""
-    joined = concat(groups)
-    n = len(groups[0])
-    joined.meta.group_ids = [i // n for i in range(len(joined))]
-    return joined

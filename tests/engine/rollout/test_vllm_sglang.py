@@ -614,6 +614,7 @@ def test_rollout_role_pushes_only_when_the_actors_weights_moved():
     role.separate = False  # the actor beside it (colocated)
     role.synced_version = None
     role.agent = None  # single-turn (no multi_turn config)
+    role._stream = None  # no fully asynchronous stream
     role.actor = SimpleNamespace(
         engine=SimpleNamespace(hf_named_tensors=lambda dtype=None: iter([("w", torch.ones(1))])),
         weights_version=0,
