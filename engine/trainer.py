@@ -53,6 +53,8 @@ from engine.types import (
 )
 from engine.validation import ValidationSample, validation_metrics
 
+WEIGHTS_VERSION = "weights_version"  # in the trainer state's extra: the actor's updates
+
 
 class Preempted(EngineError):
     """The run stopped on SIGTERM; a launcher should requeue it (exit code 75)."""
@@ -152,7 +154,10 @@ class Trainer:
             else (self.train_loader.state_dict(), {})
         )
         return TrainerState(
-            step=self.step, loader=loader, kl_ctrl=self.kl_ctrl.state_dict(), extra=extra
+            step=self.step,
+            loader=loader,
+            kl_ctrl=self.kl_ctrl.state_dict(),
+            extra={**extra, WEIGHTS_VERSION: self.weights_version},
         )
 
     def save(self) -> None:
@@ -163,7 +168,9 @@ class Trainer:
         state = read_trainer_state(path)
         local = self.checkpoints.fetch(path, self.workers)
         self.workers.host_all("load_checkpoint", local)
-        self.weights_version += 1
+        # the weights' version as saved (staleness counts on from it); pushed_version is
+        # None, so a separate rollout gets them before it generates
+        self.weights_version = state.extra.get(WEIGHTS_VERSION, self.weights_version + 1)
         self.step = state.step
         self.train_loader.load_state_dict(state.loader)
         self._batches = iter(self.train_loader)

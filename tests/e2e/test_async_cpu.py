@@ -256,6 +256,7 @@ def test_fully_async_resumes_without_losing_or_repeating_prompts(
     run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 4), *args])
     step2 = json.loads((run_dir / "global_step_2" / "trainer_state.json").read_text())
     assert step2["extra"]["fully_async_pending"], "no prompt was drawn ahead at the checkpoint"
+    assert step2["extra"]["weights_version"] == 2  # two updates; a resume counts on from it
     # as if killed after step 4 with no checkpoint since step 2: resume from there
     resumed = run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 6), *args,
                    "trainer.resume_mode=resume_path",
@@ -271,3 +272,4 @@ def test_fully_async_resumes_without_losing_or_repeating_prompts(
     assert not set(trained) & set(pending)
     # every prompt the loader gave out is trained or pending: none lost
     assert len(trained) + len(pending) == end["loader"]["batches_done"] * 8
+    assert end["extra"]["weights_version"] == 6
