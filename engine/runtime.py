@@ -285,6 +285,10 @@ def run_training(cfg: EngineConfig) -> None:
     )
     # An unknown data source fails now, not after the cluster and models are up.
     reward.check_data_sources(train.data_sources() | (val.data_sources() if val else set()))
+    if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
+        from engine.train.lora import check_targets
+
+        check_targets(model)
 
     init_ray(cfg)
     cfg = dataclasses.replace(
