@@ -1,0 +1,137 @@
+"""A GRPO run with a LoRA actor on CPU, through the real command line: it learns, its
+checkpoint is the adapter alone, and it exports merged or as the adapter; bad LoRA
+settings are refused before anything starts."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).parents[2]
+
+
+def _engine(*overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.main", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
+def _lora_overrides(base_overrides, model, train, *extra):
+    return [
+        *base_overrides,
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={train}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=8",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        "actor_rollout_ref.actor.use_kl_loss=true",  # the reference: the adapter disabled
+        "actor_rollout_ref.model.lora_rank=16",
+        "actor_rollout_ref.model.lora_alpha=32",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_learns_and_exports(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    train, _val = synthetic_data
+    run_dir = tmp_path / "run"
+    steps = 20
+    result = _engine(
+        *_lora_overrides(
+            base_overrides,
+            tiny_model_dir,
+            train,
+            "actor_rollout_ref.actor.optim.lr=2e-2",  # LoRA's usual lr: 10× full tuning's
+            f"trainer.total_training_steps={steps}",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.logger=[console]",
+            "trainer.save_freq=100",  # only the last step
+            f"trainer.export_hf_dir={tmp_path / 'merged'}",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    scores = [r["critic/score/mean"] for r in records]
+    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    assert last > first + 0.04, f"score did not rise: {scores}"
+    assert any(r["actor/kl_loss"] > 0 for r in records)  # the reference is not the actor
+
+    # The checkpoint: the adapter and its optimizer state, nothing of the base model.
+    from torch.distributed.checkpoint import FileSystemReader
+
+    actor = run_dir / f"global_step_{steps}" / "actor"
+    saved = FileSystemReader(str(actor / "model")).read_metadata().state_dict_metadata
+    assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved)
+
+    # Merged export: a plain HF model, its adapted weights moved, the others untouched.
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert merged.num_parameters() == initial.num_parameters()
+    assert not merged.model.layers[0].self_attn.q_proj.weight.equal(
+        initial.model.layers[0].self_attn.q_proj.weight
+    )
+    assert merged.model.norm.weight.equal(initial.model.norm.weight)  # not a LoRA target
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+
+    # The adapter alone: peft loads it beside the base model, and it is the merged model.
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    adapter_dir = tmp_path / "adapter"
+    export = subprocess.run(
+        [sys.executable, "-m", "engine.export", str(run_dir), str(adapter_dir), "--adapter-only"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert export.returncode == 0, export.stderr
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir
+    )
+    ids = torch.tensor([[5, 17, 33, 90, 11, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4, rtol=1e-4
+        )
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["actor_rollout_ref.model.target_modules=[qkv,gate_up]"],
+            "actor_rollout_ref.model.target_modules=['qkv', 'gate_up'] matches no module",
+        ),
+        (["actor_rollout_ref.model.lora_rank=-4"], "lora_rank must be >= 0, got -4"),
+        (
+            ["actor_rollout_ref.actor.strategy=megatron"],
+            "actor_rollout_ref.actor.strategy=megatron with actor_rollout_ref.model.lora_rank=16",
+        ),
+    ],
+    ids=["targets_match_nothing", "negative_rank", "megatron"],
+)
+def test_bad_lora_settings_are_refused_before_start(
+    extra, expected, tiny_model_dir, synthetic_data, tmp_path, base_overrides
+):
+    train, _val = synthetic_data
+    overrides = _lora_overrides(base_overrides, tiny_model_dir, train, *extra)
+    result = _engine(*overrides, f"trainer.default_local_dir={tmp_path}", timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert expected in result.stderr
+    assert "ray" not in result.stdout.lower()  # refused before the cluster started
+    assert not (tmp_path / "metrics.jsonl").exists()
