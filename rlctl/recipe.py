@@ -13,6 +13,7 @@
     hardware: {accelerators: H100:8, nodes: 1}     # or accelerators: auto | cpu:2
     rollout: vllm                      # vllm | sglang | hf
     trainer: fsdp2                     # fsdp | fsdp2 | megatron
+    lora: {rank: 16, alpha: 32}        # optional: train a LoRA adapter of the actor (fsdp2)
     checkpoints: s3://bucket/runs      # optional: where checkpoints go
     image: registry.example.com/rlctl/engine:0.1.0-cuda   # optional: the nodes' image
     env: {NCCL_DEBUG: INFO}            # plain settings
@@ -74,6 +75,14 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
     "rollout": ("vllm, sglang or hf", "the generation backend (hf on CPU)"),
     "trainer": ("fsdp, fsdp2 or megatron", "the training backend"),
+    "lora": (
+        "mapping",
+        "`rank:` (> 0), `alpha:` (default 16; the update is scaled by alpha / rank) and"
+        " `target_modules:` (all-linear, the default, or a list of module names such as"
+        " [q_proj, v_proj]): train a LoRA adapter of the actor instead of every weight (fsdp"
+        " and fsdp2 trainers); the reference is the actor with the adapter off, so it costs"
+        " no second copy. Sets actor_rollout_ref.model.lora_rank, lora_alpha and target_modules",
+    ),
     "checkpoints": (
         "path or bucket URL",
         "where checkpoints go (s3://, gs://, or a path); default: the job's run directory",
@@ -96,6 +105,8 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
 }
 _FIELDS = tuple(FIELD_DOCS)
+# The recipe's lora: keys and the engine keys they set (verl's names).
+_LORA_KEYS = {"rank": "lora_rank", "alpha": "lora_alpha", "target_modules": "target_modules"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _COUNT = re.compile(r"[0-9]{1,6}")
@@ -147,6 +158,7 @@ class Recipe:
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     engine: dict[str, Any] = field(default_factory=dict)
+    lora: dict[str, Any] = field(default_factory=dict)  # rank, alpha, target_modules
 
     def engine_overrides(self) -> dict[str, Any]:
         """The engine keys this recipe sets (before sizing), in the order they apply:
@@ -161,6 +173,8 @@ class Recipe:
             keys["custom_reward_function.name"] = self.custom_reward[1]
         if self.hardware.is_cpu:
             keys["trainer.device"] = "cpu"
+        for name, value in self.lora.items():
+            keys[f"actor_rollout_ref.model.{_LORA_KEYS[name]}"] = value
         keys.update(self.engine)
         if keys.get("reward_model.overlong_buffer.enable") and (
             "reward_model.overlong_buffer.len" not in keys
@@ -189,6 +203,8 @@ class Recipe:
         if self.hardware.nodes is not None:
             hw["nodes"] = self.hardware.nodes
         data |= {"hardware": hw, "rollout": self.rollout, "trainer": self.trainer}
+        if self.lora:
+            data["lora"] = dict(self.lora)
         if self.checkpoints:
             data["checkpoints"] = self.checkpoints
         if self.image:
@@ -288,8 +304,14 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         env=p.env(),
         secrets=p.secrets(),
         engine=p.engine(),
+        lora=p.lora(),
     )
     p.resolvers()
+    if recipe.lora and recipe.trainer == "megatron":
+        errors.append(
+            "lora: LoRA runs under the FSDP trainers only; set trainer: fsdp2, or drop lora"
+            " to train every weight with megatron"
+        )
     if recipe.hardware.is_cpu and recipe.rollout != "hf" and "rollout" in raw:
         errors.append(
             f"rollout: {recipe.rollout} needs GPUs; with hardware.accelerators=cpu use rollout: hf"
@@ -416,6 +438,33 @@ class _Parser:
             return None
         self._unknown("reward.custom", custom, ("path", "name"))
         return custom["path"], str(custom.get("name", "compute_score"))
+
+    def lora(self) -> dict[str, Any]:
+        """``lora: {rank, alpha, target_modules}``, checked; {} when absent."""
+        lora = self._mapping("lora")
+        self._unknown("lora", lora, tuple(_LORA_KEYS))
+        if not lora:
+            return {}
+        rank, alpha = lora.get("rank"), lora.get("alpha")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            self.errors.append(
+                f"lora.rank: expected a positive integer (8, 16, 32, 64), got {rank!r}"
+            )
+        if alpha is not None and (
+            not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0
+        ):
+            self.errors.append(
+                f"lora.alpha: expected a positive number (often 2 × rank), got {alpha!r}"
+            )
+        targets = lora.get("target_modules", "all-linear")
+        if targets != "all-linear" and not (
+            isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets)
+        ):
+            self.errors.append(
+                "lora.target_modules: expected all-linear or a list of module names such as"
+                f" [q_proj, k_proj, v_proj, o_proj], got {targets!r}"
+            )
+        return dict(lora)
 
     def hardware(self) -> HardwareSpec:
         hw = self._mapping("hardware")

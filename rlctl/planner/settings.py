@@ -103,6 +103,15 @@ class _Settings:
     async_mode: str = "sync"
     rollout_nodes: int | None = None
     rollout_per_node: int | None = None
+    # LoRA (actor_rollout_ref.model.lora_rank > 0, read whether pinned or default): the
+    # actor trains an adapter of this rank on these modules (memory.lora_params)
+    lora_rank: int = 0
+    lora_targets: str | tuple[str, ...] = "all-linear"
+
+    def adapter_params(self, m: Any) -> int:
+        from rlctl.planner.memory import lora_params
+
+        return lora_params(m, self.lora_rank, self.lora_targets)
 
     @property
     def seq_len(self) -> int:
@@ -161,6 +170,7 @@ def _settings(req: PlanRequest) -> _Settings:
         notes=tuple(notes),
         multi_turn=multi_turn_of(req.config),
         **placement,
+        **_lora(req),
     )
     _check_settings(s, req)
     if s.multi_turn is not None:
@@ -214,6 +224,17 @@ def _placement(req: PlanRequest, pinned: Mapping[str, Any], notes: list[str]) ->
         "async_mode": mode,
         "rollout_nodes": pinned.get(f"{_ARR}.rollout.separate_nnodes"),
         "rollout_per_node": pinned.get(f"{_ARR}.rollout.separate_n_gpus_per_node"),
+    }
+
+
+def _lora(req: PlanRequest) -> dict[str, Any]:
+    if req.config is None or req.config.actor_rollout_ref.model.lora_rank <= 0:
+        return {}
+    model = req.config.actor_rollout_ref.model
+    targets = model.target_modules
+    return {
+        "lora_rank": model.lora_rank,
+        "lora_targets": targets if isinstance(targets, str) else tuple(targets),
     }
 
 
