@@ -235,11 +235,13 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
     model = arr.model
     key = "actor_rollout_ref.model"
     p = []
-    if cfg.critic.model.lora_rank != 0:
-        p.append(
-            f"critic.model.lora_rank={cfg.critic.model.lora_rank}: LoRA is for the actor only;"
-            " set it to 0 (the critic trains all its weights)"
-        )
+    for other in ("critic", "reward_model"):
+        rank = getattr(cfg, other).model.lora_rank
+        if rank != 0:
+            p.append(
+                f"{other}.model.lora_rank={rank}: LoRA is for the actor only"
+                " (actor_rollout_ref.model.lora_rank); set it to 0"
+            )
     if model.lora_rank < 0:
         p.append(
             f"{key}.lora_rank must be >= 0, got {model.lora_rank}: 0 trains every weight,"

@@ -47,7 +47,9 @@ class ModelConfig:
     # LoRA under verl's names (engine.train.lora): the actor trains a low-rank adapter
     # beside frozen base weights; the reference is the same module with it disabled.
     lora_rank: int = setting(
-        0, "LoRA rank r of the actor's adapter (FSDP only); 0: full fine-tuning, no adapter."
+        0,
+        "LoRA rank r of the actor's adapter (actor_rollout_ref.model only, FSDP only); 0: every"
+        " weight trains, no adapter.",
     )
     lora_alpha: float = setting(16.0, "LoRA's α: the adapter's update B·A is scaled by α / r.")
     target_modules: Any = setting(

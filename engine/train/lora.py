@@ -53,11 +53,32 @@ def apply_lora(model: nn.Module, model_cfg: ModelConfig) -> Any:
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, lora_config(model_cfg))
+        peft_model = get_peft_model(model, lora_config(model_cfg))
     except ValueError as exc:
         if "not found in the base model" not in str(exc):
             raise
         raise ConfigError([_no_match(model, model_cfg)]) from None
+    _check_untied(model, model_cfg)
+    return peft_model
+
+
+def _check_untied(model: nn.Module, model_cfg: ModelConfig) -> None:
+    """An adapter on an output layer that shares its weight with the input embeddings
+    would, merged, change both (and the engines tie the two themselves): refused."""
+    from engine.rollout.weights import ties_embeddings
+
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if output is None or not ties_embeddings(model):
+        return
+    tied = [name for name, m in lora_layers(model).items() if m is output]
+    if tied:
+        raise ConfigError(
+            [
+                f"{TARGETS_KEY} adapts {tied[0]}, which shares its weight with the input"
+                f" embeddings in {model_cfg.path} (tie_word_embeddings): merged, the adapter"
+                f" would change both; leave {tied[0].rsplit('.', 1)[-1]} out of the list"
+            ]
+        )
 
 
 def _no_match(model: nn.Module, model_cfg: ModelConfig) -> str:
