@@ -20,6 +20,7 @@ from rlctl.planner.memory import (
     _pick_mini,
     _train_activations,
     _TrainCfg,
+    adapter_params,
 )
 from rlctl.planner.model import (
     CPU_PARAMS_WARNING,
@@ -87,7 +88,7 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
     else:
         micro = max(k for k in _divisors(per_device) if k <= MAX_MICRO)
     c = _TrainCfg(s.train_backend, workers, False, False, s.grad_ckpt, fp32=True)
-    st = _fsdp_state(m, c, s.critic, s.reference, s.adapter_params(m))
+    st = _fsdp_state(m, c, s.critic, s.reference, adapter_params(m, s))
     dynamic = bool(s.dynamic)
     token_len = s.token_len or micro * s.seq_len
     tokens = token_len if dynamic else micro * s.seq_len

@@ -24,6 +24,7 @@ from rlctl.planner.memory import (
     _megatron_state,
     _train_activations,
     _TrainCfg,
+    adapter_params,
 )
 from rlctl.planner.model import (
     ASSUMED_MFU,
@@ -261,7 +262,7 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
             f" 12 B/param over {_count(d, 'device')}) {_fmt(st.optimizer)}"
         )
     elif s.lora_rank:
-        adapter = s.adapter_params(m)
+        adapter = adapter_params(m, s)
         head = (
             f"training ({c.backend}, LoRA rank {s.lora_rank} on {_targets(s)}; {roles} sharded"
             f" over {_count(d, 'device')}): weights 4 B/param of the base model + adapter"

@@ -20,6 +20,7 @@ from rlctl.planner.memory import (
     _train_activations,
     _TrainCfg,
     _TrainMem,
+    adapter_params,
 )
 from rlctl.planner.model import (
     DYNAMIC_BSZ_MIN_TOKENS,
@@ -116,7 +117,7 @@ def _fit_train(
     if c.backend == "megatron":
         state = _megatron_state(m, c, s.critic, s.reference)
     else:
-        state = _fsdp_state(m, c, s.critic, s.reference, s.adapter_params(m))
+        state = _fsdp_state(m, c, s.critic, s.reference, adapter_params(m, s))
     host = state.host * per_node
     if host > HOST_RAM_USABLE * HOST_RAM_GIB * GIB:
         return None, (

@@ -133,6 +133,11 @@ def lora_params(m: ModelShape, rank: int, targets: str | tuple[str, ...]) -> int
     return rank * m.num_layers * sum(sum(widths[name]) for name in names)
 
 
+def adapter_params(m: ModelShape, s: _Settings) -> int:
+    """The recipe's LoRA adapter's parameters (0 without LoRA)."""
+    return lora_params(m, s.lora_rank, s.lora_targets)
+
+
 def _fsdp_state(
     m: ModelShape, c: _TrainCfg, critic: bool, reference: bool, adapter: int = 0
 ) -> _TrainMem:

@@ -108,11 +108,6 @@ class _Settings:
     lora_rank: int = 0
     lora_targets: str | tuple[str, ...] = "all-linear"
 
-    def adapter_params(self, m: Any) -> int:
-        from rlctl.planner.memory import lora_params
-
-        return lora_params(m, self.lora_rank, self.lora_targets)
-
     @property
     def seq_len(self) -> int:
         return self.prompt_len + self.response_len

@@ -226,6 +226,9 @@ actor_rollout_ref:
     enable_gradient_checkpointing: true
     use_remove_padding: true
     dtype: bfloat16
+    lora_rank: 0
+    lora_alpha: 16.0
+    target_modules: all-linear
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 64
@@ -352,6 +355,9 @@ critic:
     enable_gradient_checkpointing: true
     use_remove_padding: true
     dtype: bfloat16
+    lora_rank: 0
+    lora_alpha: 16.0
+    target_modules: all-linear
   optim:
     lr: 1.0e-05
     betas:
@@ -396,6 +402,9 @@ reward_model:
     enable_gradient_checkpointing: true
     use_remove_padding: true
     dtype: bfloat16
+    lora_rank: 0
+    lora_alpha: 16.0
+    target_modules: all-linear
   reward_manager: naive
   num_workers: 4
   timeout_s: 10.0
