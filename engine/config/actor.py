@@ -248,6 +248,11 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
             " a positive rank (8, 16, 32, 64) trains a LoRA adapter"
         )
     if model.lora_rank <= 0:
+        if arr.rollout.lora_as_adapter:
+            p.append(
+                "actor_rollout_ref.rollout.lora_as_adapter=true needs a LoRA actor: set"
+                f" {key}.lora_rank > 0, or lora_as_adapter=false"
+            )
         return p
     if not model.lora_alpha > 0:
         p.append(f"{key}.lora_alpha must be > 0, got {model.lora_alpha} (commonly 2 × lora_rank)")
@@ -263,6 +268,18 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
         p.append(
             f"{key}.target_modules must be all-linear or a non-empty list of module names"
             f" (e.g. [q_proj,k_proj,v_proj,o_proj]), got {targets!r}"
+        )
+    rollout = arr.rollout
+    if rollout.lora_as_adapter and (rollout.name != "vllm" or rollout.placement != "colocate"):
+        p.append(
+            "actor_rollout_ref.rollout.lora_as_adapter=true needs the vLLM rollout colocated"
+            f" with the actor (got name={rollout.name}, placement={rollout.placement}); set it"
+            " to false: the rollout then gets merged weights"
+        )
+    if rollout.lora_as_adapter and model.lora_rank > 512:
+        p.append(
+            f"{key}.lora_rank={model.lora_rank}: vLLM serves adapters of rank <= 512; set"
+            " actor_rollout_ref.rollout.lora_as_adapter=false (merged weights)"
         )
     # The reference is the actor's own module with the adapter off: it has no backend
     # of its own to choose (a ref.strategy left null follows the actor's).

@@ -356,6 +356,18 @@ class FSDPEngine:
             return merged_tensors(self.module, dtype, device)
         return full_tensors(self.module, dtype=dtype, device=device)
 
+    def base_named_tensors(self, dtype: torch.dtype | None = None):
+        """LoRA: the frozen base weights under plain HF names, unmerged (collective)."""
+        from engine.train.lora import merged_tensors
+
+        return merged_tensors(self.module, dtype, self.device.torch_device(), merge=False)
+
+    def adapter_named_tensors(self, dtype: torch.dtype | None = None):
+        """LoRA: the adapter's tensors under peft's saved names (collective)."""
+        from engine.train.lora import adapter_tensors
+
+        return adapter_tensors(self.module, dtype, self.device.torch_device())
+
     def save(self, path: str, extra: dict | None = None, tokenizer: object = None) -> None:
         from engine.train.fsdp_checkpoint import save_role
 

@@ -128,13 +128,14 @@ def adapter_disabled(peft_model: Any) -> Iterator[None]:
 
 
 def merged_tensors(
-    model: nn.Module, dtype: torch.dtype | None, device: torch.device | None
+    model: nn.Module, dtype: torch.dtype | None, device: torch.device | None, merge: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """What ``engine.rollout.weights.full_tensors`` hands a rollout, with each adapted
     weight merged: W + scaling·B·A (in float32, then cast to ``dtype``) under W's own
     checkpoint name (``...q_proj.weight``), the adapter's own tensors left out.
     Collective like it: every rank walks the same names and gathers the same tensors
-    (W, then A and B of the same module)."""
+    (W, then A and B of the same module). ``merge=False``: the base weights W alone, under
+    the same names (for an engine that applies the adapter itself)."""
     from engine.rollout.weights import (
         _full,
         _skipped,
@@ -158,7 +159,7 @@ def merged_tensors(
             full = _full(shard.to(device) if device is not None else shard)
             if owner in layers and module_name.endswith(".base_layer"):
                 name = f"{owner}.{leaf}"
-                if leaf == "weight":
+                if leaf == "weight" and merge:
                     full = full.float() + _delta(layers[owner], device)
             if dtype is not None and full.is_floating_point():
                 full = full.to(dtype)
@@ -179,6 +180,25 @@ def _delta(layer: Any, device: torch.device | None) -> torch.Tensor:
     b = gathered(layer.lora_B[ADAPTER])
     delta = (b @ a) * layer.scaling[ADAPTER]
     return delta.T if getattr(layer, "fan_in_fan_out", False) else delta
+
+
+def adapter_tensors(
+    model: nn.Module, dtype: torch.dtype | None, device: torch.device | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The adapter's full tensors under peft's saved names (``base_model.model.<module>.
+    lora_A.weight``), as ``PeftModel.save_pretrained`` writes them and vLLM reads them.
+    Collective: every rank gathers each, in the same order."""
+    from engine.rollout.weights import _full, clean_name
+
+    for raw_name, tensor in model.state_dict().items():
+        name = clean_name(raw_name)
+        if not is_adapter_name(name):
+            continue
+        shard = tensor.detach()
+        full = _full(shard.to(device) if device is not None else shard)
+        if dtype is not None:
+            full = full.to(dtype)
+        yield f"base_model.model.{name.replace(f'.{ADAPTER}.', '.')}", full
 
 
 def trainable_parameters(model: nn.Module) -> int:

@@ -162,21 +162,32 @@ def test_bad_lora_settings_are_refused_before_start(
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_generates_with_the_merged_weights(
-    untied_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [
+        # merged weights, the output layer's adapter among them
+        ("untied_model_dir", [f"actor_rollout_ref.model.target_modules={ALL_AND_HEAD}"]),
+        # vLLM's own LoRA: the base weights once, then the adapter at each version
+        ("tiny_model_dir", ["actor_rollout_ref.rollout.lora_as_adapter=true"]),
+    ],
+    ids=["merged", "adapter"],
+)
+def test_vllm_generates_with_the_adapted_policy(
+    model, extra, request, synthetic_data, tmp_path, base_overrides, read_metrics
 ):
-    """vLLM (its CPU build) holds W + scaling·B·A after each push: its sampling log-probs
-    are the LoRA actor's at every step; unmerged weights (the base model) would be off by
-    the adapter's change, which the learning rate makes large from step 2 on."""
+    """vLLM (its CPU build) generates with W + scaling·B·A after each push, merged or as
+    its own LoRA: its sampling log-probs are the LoRA actor's at every step. The base
+    model alone (a push that left the adapter out) would be off by the adapter's change,
+    which the learning rate makes large from step 2 on."""
     train, _val = synthetic_data
     run_dir = tmp_path / "run"
     result = _engine(
         *_lora_overrides(
             base_overrides,
-            untied_model_dir,
+            request.getfixturevalue(model),
             train,
             "actor_rollout_ref.actor.optim.lr=2e-2",
-            f"actor_rollout_ref.model.target_modules={ALL_AND_HEAD}",
+            *extra,
             "actor_rollout_ref.rollout.name=vllm",
             "actor_rollout_ref.rollout.calculate_log_probs=true",
             "trainer.total_training_steps=4",

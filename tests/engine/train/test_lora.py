@@ -199,3 +199,39 @@ def test_targets_that_match_nothing_are_refused(tiny_model_dir):
     message = str(err.value)
     assert "actor_rollout_ref.model.target_modules" in message and "qkv_proj" in message
     assert "q_proj" in message and "all-linear" in message  # the names there are, the fix
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["actor_rollout_ref.model.lora_rank=-1"], "lora_rank must be >= 0, got -1"),
+        (
+            ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=0"],
+            "lora_alpha must be > 0, got 0.0",
+        ),
+        (
+            ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[]"],
+            "target_modules must be all-linear or a non-empty list of module names",
+        ),
+        (
+            ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.ref.strategy=megatron"],
+            "actor_rollout_ref.ref.strategy=megatron with actor_rollout_ref.model.lora_rank=8",
+        ),
+        (["critic.model.lora_rank=8"], "critic.model.lora_rank=8: LoRA is for the actor only"),
+        (
+            ["actor_rollout_ref.rollout.lora_as_adapter=true"],
+            "lora_as_adapter=true needs a LoRA actor",
+        ),
+        (
+            [
+                "actor_rollout_ref.model.lora_rank=8",
+                "actor_rollout_ref.rollout.lora_as_adapter=true",
+            ],
+            "needs the vLLM rollout colocated with the actor (got name=hf",
+        ),
+    ],
+)
+def test_lora_settings_are_checked_up_front(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(["actor_rollout_ref.model.path=m", "data.train_files=t", *overrides])
+    assert expected in str(err.value)

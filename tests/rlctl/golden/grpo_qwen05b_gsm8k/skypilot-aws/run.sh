@@ -308,6 +308,7 @@ actor_rollout_ref:
     micro_batch_size: null
     calculate_log_probs: false
     update_weights_bucket_megabytes: 512
+    lora_as_adapter: false
     val_kwargs:
       'n': 1
       temperature: 0.0
