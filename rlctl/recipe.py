@@ -38,6 +38,8 @@ from rlctl.errors import RlctlError, closest_or_all
 from rlctl.images import check_image
 from rlctl.jobfiles import rebase
 from rlctl.presets import PRESETS
+from rlctl.recipe_lora import DOC as LORA_DOC
+from rlctl.recipe_lora import LORA_KEYS, lora_engine_keys, lora_problems
 from rlctl.yamlfile import load_yaml_file
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
@@ -75,14 +77,7 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
     "rollout": ("vllm, sglang or hf", "the generation backend (hf on CPU)"),
     "trainer": ("fsdp, fsdp2 or megatron", "the training backend"),
-    "lora": (
-        "mapping",
-        "`rank:` (> 0), `alpha:` (default 16; the update is scaled by alpha / rank) and"
-        " `target_modules:` (all-linear, the default, or a list of module names such as"
-        " [q_proj, v_proj]): train a LoRA adapter of the actor instead of every weight (fsdp"
-        " and fsdp2 trainers); the reference is the actor with the adapter off, so it costs"
-        " no second copy. Sets actor_rollout_ref.model.lora_rank, lora_alpha and target_modules",
-    ),
+    "lora": ("mapping", LORA_DOC),
     "checkpoints": (
         "path or bucket URL",
         "where checkpoints go (s3://, gs://, or a path); default: the job's run directory",
@@ -105,8 +100,6 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
 }
 _FIELDS = tuple(FIELD_DOCS)
-# The recipe's lora: keys and the engine keys they set (verl's names).
-_LORA_KEYS = {"rank": "lora_rank", "alpha": "lora_alpha", "target_modules": "target_modules"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _COUNT = re.compile(r"[0-9]{1,6}")
@@ -173,8 +166,7 @@ class Recipe:
             keys["custom_reward_function.name"] = self.custom_reward[1]
         if self.hardware.is_cpu:
             keys["trainer.device"] = "cpu"
-        for name, value in self.lora.items():
-            keys[f"actor_rollout_ref.model.{_LORA_KEYS[name]}"] = value
+        keys.update(lora_engine_keys(self.lora))
         keys.update(self.engine)
         if keys.get("reward_model.overlong_buffer.enable") and (
             "reward_model.overlong_buffer.len" not in keys
@@ -307,11 +299,8 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         lora=p.lora(),
     )
     p.resolvers()
-    if recipe.lora and recipe.trainer == "megatron":
-        errors.append(
-            "lora: LoRA runs under the FSDP trainers only; set trainer: fsdp2, or drop lora"
-            " to train every weight with megatron"
-        )
+    if recipe.lora:
+        errors.extend(lora_problems(recipe.lora, recipe.trainer))
     if recipe.hardware.is_cpu and recipe.rollout != "hf" and "rollout" in raw:
         errors.append(
             f"rollout: {recipe.rollout} needs GPUs; with hardware.accelerators=cpu use rollout: hf"
@@ -440,30 +429,9 @@ class _Parser:
         return custom["path"], str(custom.get("name", "compute_score"))
 
     def lora(self) -> dict[str, Any]:
-        """``lora: {rank, alpha, target_modules}``, checked; {} when absent."""
+        """``lora:`` ({} when absent), checked with the trainer (rlctl.recipe_lora)."""
         lora = self._mapping("lora")
-        self._unknown("lora", lora, tuple(_LORA_KEYS))
-        if not lora:
-            return {}
-        rank, alpha = lora.get("rank"), lora.get("alpha")
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            self.errors.append(
-                f"lora.rank: expected a positive integer (8, 16, 32, 64), got {rank!r}"
-            )
-        if alpha is not None and (
-            not isinstance(alpha, int | float) or isinstance(alpha, bool) or alpha <= 0
-        ):
-            self.errors.append(
-                f"lora.alpha: expected a positive number (often 2 × rank), got {alpha!r}"
-            )
-        targets = lora.get("target_modules", "all-linear")
-        if targets != "all-linear" and not (
-            isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets)
-        ):
-            self.errors.append(
-                "lora.target_modules: expected all-linear or a list of module names such as"
-                f" [q_proj, k_proj, v_proj, o_proj], got {targets!r}"
-            )
+        self._unknown("lora", lora, tuple(LORA_KEYS))
         return dict(lora)
 
     def hardware(self) -> HardwareSpec:
