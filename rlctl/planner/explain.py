@@ -264,7 +264,8 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     elif s.lora_rank:
         adapter = adapter_params(m, s)
         head = (
-            f"training ({c.backend}, LoRA rank {s.lora_rank} on {_targets(s)}; {roles} sharded"
+            f"training ({c.backend}, LoRA rank {s.lora_rank} on {_targets(s)};"
+            f" {roles.replace(' + reference', '')} sharded"
             f" over {_count(d, 'device')}): weights 4 B/param of the base model + adapter"
             f" {_fmt_params(adapter)} ({adapter / m.num_params:.2%} of"
             f" {_fmt_params(m.num_params)}) → {_fmt(st.weights)}, the reference being the"
