@@ -1,7 +1,7 @@
 """Export a trained role of a checkpoint as a Hugging Face model folder.
 
     python -m engine.export CKPT OUT [--role actor|critic] [--dtype float32|bfloat16|float16]
-                                     [--push-to-hub REPO_ID [--private]]
+                                     [--adapter-only] [--push-to-hub REPO_ID [--private]]
 
 CKPT is a checkpoint ``.../global_step_<k>`` (it must have its ``COMPLETE`` marker), a
 run directory (its latest complete checkpoint is taken, and named), or either of those
@@ -10,6 +10,8 @@ folder are downloaded, to a temporary directory). OUT receives ``model.safetenso
 (or its shards), ``config.json``, ``generation_config.json`` and the tokenizer, and
 loads with ``AutoModelForCausalLM.from_pretrained(OUT)``; the critic role exports a
 token-classification model with one output (``AutoModelForTokenClassification``).
+An actor trained with LoRA exports merged, or as its adapter alone with ``--adapter-only``
+(``engine.export_lora``).
 
 How: the role's ``model/`` folder is a torch distributed checkpoint of the FSDP2
 model's state dict, with Hugging Face parameter names, written in shards by every
@@ -58,7 +60,7 @@ EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 MAX_SHARD_SIZE = "5GB"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 # Written by the model's own save_pretrained, never copied from the checkpoint's hf/.
-_MODEL_FILES = ("config.json", "generation_config.json")
+_MODEL_FILES = ("config.json", "generation_config.json", "adapter_config.json")
 MEGATRON_META = "meta.json"  # engine.train.megatron's checkpoint marker, written last
 
 
@@ -70,7 +72,11 @@ class ExportError(EngineError):
 
 
 def export_checkpoint(
-    ckpt: str, out: str | Path, role: str = "actor", dtype: str = "float32"
+    ckpt: str,
+    out: str | Path,
+    role: str = "actor",
+    dtype: str = "float32",
+    adapter_only: bool = False,
 ) -> Path:
     """Write checkpoint ``ckpt``'s ``role`` to ``out`` as a Hugging Face folder; returns it.
 
@@ -84,12 +90,25 @@ def export_checkpoint(
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} already exists and is not empty: pass a new output folder")
+    from engine.export_lora import is_lora, write_lora
+
     with _local_role(str(ckpt), role) as (role_dir, tokenizer_dir):
-        model = _load_model(role_dir, role, dtype)
+        lora = is_lora(role_dir)
+        if adapter_only and not lora:
+            raise ExportError(
+                f"--adapter-only: the {role} of {ckpt} was not trained with LoRA"
+                " (actor_rollout_ref.model.lora_rank=0): leave the flag out"
+            )
+        model = None if lora else _load_model(role_dir, role, dtype)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=_parent(out)))
         try:
-            model.save_pretrained(staging, safe_serialization=True, max_shard_size=MAX_SHARD_SIZE)
-            del model
+            if lora:
+                write_lora(role_dir, staging, dtype, adapter_only, ExportError)
+            else:
+                model.save_pretrained(
+                    staging, safe_serialization=True, max_shard_size=MAX_SHARD_SIZE
+                )
+                del model
             if tokenizer_dir is not None:
                 _copy_tokenizer(tokenizer_dir, staging)
             if out.exists():
@@ -506,6 +525,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--dtype", choices=EXPORT_DTYPES, default="float32", help="weights' dtype (float32)"
     )
     parser.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="a LoRA actor: write its adapter (peft's folder) instead of the merged model",
+    )
+    parser.add_argument(
         "--push-to-hub", metavar="REPO_ID", help="then upload OUT there (token: HF_TOKEN)"
     )
     parser.add_argument("--private", action="store_true", help="create the Hub repository private")
@@ -523,7 +547,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ckpt = resolve_checkpoint(args.ckpt)
         if ckpt.rstrip("/") != args.ckpt.rstrip("/"):
             print(f"exporting {ckpt}, the latest complete checkpoint of the run", file=sys.stderr)
-        out = export_checkpoint(ckpt, args.out, role=args.role, dtype=args.dtype)
+        out = export_checkpoint(
+            ckpt, args.out, role=args.role, dtype=args.dtype, adapter_only=args.adapter_only
+        )
         print(f"exported {args.role} ({args.dtype}) to {out}")
         if args.push_to_hub:
             url = push_to_hub(out, args.push_to_hub, private=args.private)

@@ -293,6 +293,10 @@ def run_training(cfg: EngineConfig) -> None:
         reward.check_data_sources(sources - set(rm.data_sources))
     elif not rm.enable:
         reward.check_data_sources(sources)
+    if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
+        from engine.train.lora import check_targets
+
+        check_targets(model)
 
     init_ray(cfg)
     cfg = dataclasses.replace(

@@ -186,7 +186,7 @@ def _infeasible(
         fit, _ = _search(m, replace(s, nodes=None), acc, _auto_layouts(per_node))
         if fit is not None:
             hints.append(f"needs ~{fit.layout.describe(acc.name)}")
-    if s.train_backend != "megatron" and "megatron" in acc.train_backends:
+    if s.train_backend != "megatron" and "megatron" in acc.train_backends and not s.lora_rank:
         fit, _ = _search(m, replace(s, train_backend="megatron"), acc, _auto_layouts(per_node))
         if fit is not None:
             cp = f" × CP {fit.train.cp}" if fit.train.cp > 1 else ""

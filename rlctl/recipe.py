@@ -13,6 +13,7 @@
     hardware: {accelerators: H100:8, nodes: 1}     # or accelerators: auto | cpu:2
     rollout: vllm                      # vllm | sglang | hf
     trainer: fsdp2                     # fsdp | fsdp2 | megatron
+    lora: {rank: 16, alpha: 32}        # optional: train a LoRA adapter of the actor (fsdp2)
     checkpoints: s3://bucket/runs      # optional: where checkpoints go
     image: registry.example.com/rlctl/engine:0.1.0-cuda   # optional: the nodes' image
     env: {NCCL_DEBUG: INFO}            # plain settings
@@ -37,6 +38,8 @@ from rlctl.errors import RlctlError, closest_or_all
 from rlctl.images import check_image
 from rlctl.jobfiles import rebase
 from rlctl.presets import PRESETS
+from rlctl.recipe_lora import DOC as LORA_DOC
+from rlctl.recipe_lora import LORA_KEYS, lora_engine_keys, lora_problems
 from rlctl.yamlfile import load_yaml_file
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
@@ -74,6 +77,7 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
     "rollout": ("vllm, sglang or hf", "the generation backend (hf on CPU)"),
     "trainer": ("fsdp, fsdp2 or megatron", "the training backend"),
+    "lora": ("mapping", LORA_DOC),
     "checkpoints": (
         "path or bucket URL",
         "where checkpoints go (s3://, gs://, or a path); default: the job's run directory",
@@ -147,6 +151,7 @@ class Recipe:
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     engine: dict[str, Any] = field(default_factory=dict)
+    lora: dict[str, Any] = field(default_factory=dict)  # rank, alpha, target_modules
 
     def engine_overrides(self) -> dict[str, Any]:
         """The engine keys this recipe sets (before sizing), in the order they apply:
@@ -161,6 +166,7 @@ class Recipe:
             keys["custom_reward_function.name"] = self.custom_reward[1]
         if self.hardware.is_cpu:
             keys["trainer.device"] = "cpu"
+        keys.update(lora_engine_keys(self.lora))
         keys.update(self.engine)
         if keys.get("reward_model.overlong_buffer.enable") and (
             "reward_model.overlong_buffer.len" not in keys
@@ -189,6 +195,8 @@ class Recipe:
         if self.hardware.nodes is not None:
             hw["nodes"] = self.hardware.nodes
         data |= {"hardware": hw, "rollout": self.rollout, "trainer": self.trainer}
+        if self.lora:
+            data["lora"] = dict(self.lora)
         if self.checkpoints:
             data["checkpoints"] = self.checkpoints
         if self.image:
@@ -288,8 +296,11 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         env=p.env(),
         secrets=p.secrets(),
         engine=p.engine(),
+        lora=p.lora(),
     )
     p.resolvers()
+    if recipe.lora:
+        errors.extend(lora_problems(recipe.lora, recipe.trainer))
     if recipe.hardware.is_cpu and recipe.rollout != "hf" and "rollout" in raw:
         errors.append(
             f"rollout: {recipe.rollout} needs GPUs; with hardware.accelerators=cpu use rollout: hf"
@@ -416,6 +427,12 @@ class _Parser:
             return None
         self._unknown("reward.custom", custom, ("path", "name"))
         return custom["path"], str(custom.get("name", "compute_score"))
+
+    def lora(self) -> dict[str, Any]:
+        """``lora:`` ({} when absent), checked with the trainer (rlctl.recipe_lora)."""
+        lora = self._mapping("lora")
+        self._unknown("lora", lora, tuple(LORA_KEYS))
+        return dict(lora)
 
     def hardware(self) -> HardwareSpec:
         hw = self._mapping("hardware")

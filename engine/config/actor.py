@@ -226,4 +226,72 @@ def rules(cfg: EngineConfig) -> list[str]:
         p.append(
             "actor_rollout_ref.model.path is required: a Hugging Face model id or a local folder"
         )
+    return p + lora_problems(cfg)
+
+
+def lora_problems(cfg: EngineConfig) -> list[str]:
+    """LoRA's settings (``actor_rollout_ref.model.lora_*``); whether ``target_modules``
+    match the model's modules is checked against the model before any worker starts
+    (``engine.train.lora.check_targets``)."""
+    arr = cfg.actor_rollout_ref
+    model = arr.model
+    key = "actor_rollout_ref.model"
+    p = []
+    for other in ("critic",):  # the reward model's own model config has no LoRA keys
+        rank = getattr(cfg, other).model.lora_rank
+        if rank != 0:
+            p.append(
+                f"{other}.model.lora_rank={rank}: LoRA is for the actor only"
+                " (actor_rollout_ref.model.lora_rank); set it to 0"
+            )
+    if model.lora_rank < 0:
+        p.append(
+            f"{key}.lora_rank must be >= 0, got {model.lora_rank}: 0 trains every weight,"
+            " a positive rank (8, 16, 32, 64) trains a LoRA adapter"
+        )
+    if model.lora_rank <= 0:
+        if arr.rollout.lora_as_adapter:
+            p.append(
+                "actor_rollout_ref.rollout.lora_as_adapter=true needs a LoRA actor: set"
+                f" {key}.lora_rank > 0, or lora_as_adapter=false"
+            )
+        return p
+    if not model.lora_alpha > 0:
+        p.append(f"{key}.lora_alpha must be > 0, got {model.lora_alpha} (commonly 2 × lora_rank)")
+    targets = model.target_modules
+    if not (
+        targets == "all-linear"
+        or (
+            isinstance(targets, list | tuple)
+            and targets
+            and all(isinstance(t, str) and t.strip() for t in targets)
+        )
+    ):
+        p.append(
+            f"{key}.target_modules must be all-linear or a non-empty list of module names"
+            f" (e.g. [q_proj,k_proj,v_proj,o_proj]), got {targets!r}"
+        )
+    rollout = arr.rollout
+    if rollout.lora_as_adapter and (rollout.name != "vllm" or rollout.placement != "colocate"):
+        p.append(
+            "actor_rollout_ref.rollout.lora_as_adapter=true needs the vLLM rollout colocated"
+            f" with the actor (got name={rollout.name}, placement={rollout.placement}); set it"
+            " to false: the rollout then gets merged weights"
+        )
+    if rollout.lora_as_adapter and model.lora_rank > 512:
+        p.append(
+            f"{key}.lora_rank={model.lora_rank}: vLLM serves adapters of rank <= 512; set"
+            " actor_rollout_ref.rollout.lora_as_adapter=false (merged weights)"
+        )
+    # The reference is the actor's own module with the adapter off: it has no backend
+    # of its own to choose (a ref.strategy left null follows the actor's).
+    for role_key, strategy in (
+        ("actor_rollout_ref.actor.strategy", arr.actor.strategy),
+        ("actor_rollout_ref.ref.strategy", arr.ref.strategy),
+    ):
+        if strategy == "megatron":
+            p.append(
+                f"{role_key}=megatron with {key}.lora_rank={model.lora_rank}: LoRA runs under"
+                " FSDP2 only; set it to fsdp2, or lora_rank=0 to train every weight"
+            )
     return p

@@ -102,6 +102,12 @@ class RolloutConfig:
     update_weights_bucket_megabytes: int = setting(
         512, "vllm/sglang: size of the buckets the actor's weights are sent in, in MiB."
     )
+    lora_as_adapter: bool = setting(
+        False,
+        "vllm with a LoRA actor (model.lora_rank > 0): serve the adapter itself (vLLM's"
+        " enable_lora, a LoRARequest per weight version, the base weights pushed once)"
+        " instead of merged weights.",
+    )
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 

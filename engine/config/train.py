@@ -6,7 +6,7 @@ Megatron rules, which span the roles that use it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.config.fields import choice, one_of, setting
 
@@ -70,6 +70,20 @@ class ModelConfig:
         "bfloat16",
         "Training dtype of a Megatron role: bfloat16 or float32 (float32 where the device has"
         " no bf16; float16 is refused); FSDP roles use `fsdp_config.mixed_precision`.",
+    )
+    # LoRA under verl's names (engine.train.lora): the actor trains a low-rank adapter
+    # beside frozen base weights; the reference is the same module with it disabled.
+    lora_rank: int = setting(
+        0,
+        "LoRA rank r of the actor's adapter (actor_rollout_ref.model only, FSDP only); 0: every"
+        " weight trains, no adapter.",
+    )
+    lora_alpha: float = setting(16.0, "LoRA's α: the adapter's update B·A is scaled by α / r.")
+    target_modules: Any = setting(
+        "all-linear",
+        "Modules that get an adapter: all-linear (every linear layer but the output head), or"
+        " a list of module names (q_proj, v_proj, ...; a name matches a module path's end).",
+        kind="all-linear or a list of module names",
     )
 
 

@@ -55,6 +55,12 @@ def meta_twin(module: nn.Module) -> nn.Module | None:
     )
     with torch.device("meta"):
         twin = cls(module.config)
+        # A LoRA actor (engine.train.lora): the twin gets the same adapter layers, so that
+        # it binds A and B too and generates with W + scaling·B·A.
+        for adapter, peft_config in (getattr(module, "peft_config", None) or {}).items():
+            from peft import inject_adapter_in_model
+
+            inject_adapter_in_model(peft_config, twin, adapter_name=adapter)
     twin.generation_config = copy.deepcopy(module.generation_config)
     twin.eval()
     return twin

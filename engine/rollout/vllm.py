@@ -114,10 +114,17 @@ def finish_completion(
 
 class VLLMRollout:
     def __init__(
-        self, cfg: RolloutConfig, settings: EngineSettings, *, sleep_level: int = 1
+        self,
+        cfg: RolloutConfig,
+        settings: EngineSettings,
+        *,
+        sleep_level: int = 1,
+        lora_rank: int = 0,
     ) -> None:
         """``sleep_level`` 1 keeps a CPU copy of the weights while asleep; 2 drops them
-        (less host memory) and so needs ``sync_weights`` before every ``wake``."""
+        (less host memory) and so needs ``sync_weights`` before every ``wake``.
+        ``lora_rank`` > 0: the engine serves a LoRA adapter (``set_adapter``;
+        engine.rollout.vllm_lora)."""
         version = check_version("vllm")
         check_platform(version, cfg)
         # vLLM logs every request batch and cache reset at INFO: a training log would
@@ -148,6 +155,13 @@ class VLLMRollout:
         args = settings.engine_args(cfg, "vllm")
         args["enable_sleep_mode"] = self.sleep_mode
         args["weight_transfer_config"] = vllm_transfer.register()
+        self._lora: Any = None  # the LoRARequest every generation passes
+        self._adapters: Any = None
+        if lora_rank > 0:
+            from engine.rollout.vllm_lora import AdapterFolder, lora_engine_args
+
+            args.update(lora_engine_args(lora_rank))
+            self._adapters = AdapterFolder()
         with explain_kv_cache_errors("vllm", cfg, settings.max_model_len):
             self.llm = LLM(**args)
         self.llm.init_weight_transfer_engine({"init_info": {}})
@@ -171,7 +185,9 @@ class VLLMRollout:
         with seeded(group_seed(self.layout, self.group)):
             if rows:
                 prompts = [TokensPrompt(prompt_token_ids=row) for row in rows]
-                outputs = self.llm.generate(prompts, params, use_tqdm=False)
+                outputs = self.llm.generate(
+                    prompts, params, use_tqdm=False, lora_request=self._lora
+                )
         responses, finished, logprobs = [], [], []
         for output in outputs[mine]:
             tokens, lps, done = finish_completion(
@@ -200,6 +216,7 @@ class VLLMRollout:
                 self._params,
                 self.eos_token_ids,
                 self.cfg.calculate_log_probs,
+                lora_request=self._lora,
             )
 
     def sample_stream(self) -> Any:
@@ -253,6 +270,14 @@ class VLLMRollout:
         # is computed again, with the new weights, before their next token.
         self.llm.reset_prefix_cache(reset_running_requests=True)
 
+    def set_adapter(
+        self, version: int, peft_config: Any, tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> None:
+        """Serve this weight version's LoRA adapter from now on (its base weights were
+        pushed with ``sync_weights``)."""
+        self._check_usable()
+        self._lora = self._adapters.write(version, peft_config, tensors)
+
     def sleep(self) -> None:
         if not self.sleep_mode or self._asleep:
             return
@@ -273,6 +298,8 @@ class VLLMRollout:
         from vllm.distributed.parallel_state import destroy_model_parallel
 
         destroy_model_parallel()
+        if self._adapters is not None:
+            self._adapters.close()
         if self._shm_token is not None:
             from engine.rollout.vllm_cpu import unlink_segments
 

@@ -28,8 +28,10 @@ class VLLMTurnStream:
         params_for: Callable[[SamplingParams], Any],
         eos_token_ids: set[int],
         want_logprobs: bool,
+        lora_request: Any = None,
     ) -> None:
         self.engine = llm_engine
+        self.lora_request = lora_request  # a LoRA actor's adapter (rollout.lora_as_adapter)
         self.params_for = params_for
         self.eos_token_ids = eos_token_ids
         self.want_logprobs = want_logprobs
@@ -41,7 +43,10 @@ class VLLMTurnStream:
 
         handle = f"turn-{next(self._ids)}"
         self.engine.add_request(
-            handle, TokensPrompt(prompt_token_ids=list(prompt_ids)), self.params_for(sampling)
+            handle,
+            TokensPrompt(prompt_token_ids=list(prompt_ids)),
+            self.params_for(sampling),
+            lora_request=self.lora_request,
         )
         self._pending[handle] = sampling.ignore_eos
         return handle

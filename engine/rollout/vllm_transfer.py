@@ -91,7 +91,12 @@ class InProcessTransfer(WeightTransferEngine[InProcessInitInfo, InProcessUpdateI
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self.loaded = set()
-        self.expected = [name for name, _ in self.model.named_parameters(remove_duplicate=False)]
+        # With enable_lora vLLM wraps its linear layers (qkv_proj.base_layer); its loader
+        # fills them under their own names (qkv_proj.weight), and reports those.
+        self.expected = [
+            name.replace(".base_layer.", ".")
+            for name, _ in self.model.named_parameters(remove_duplicate=False)
+        ]
         initialize_layerwise_reload(self.model)
 
     def receive_weights(self, update_info: InProcessUpdateInfo) -> None:

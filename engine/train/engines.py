@@ -26,6 +26,7 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
         actor.optim,
         device,
         gradient_checkpointing=arr.model.enable_gradient_checkpointing,
+        lora=arr.model.lora_rank > 0,
     )
 
 

@@ -120,8 +120,9 @@ def full_parameters(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    # Frozen weights (LoRA's base model) get no moments: AdamW state only for what trains.
     return torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],
         lr=cfg.lr,
         betas=(cfg.betas[0], cfg.betas[1]),
         weight_decay=cfg.weight_decay,
@@ -232,8 +233,12 @@ class FSDPEngine:
         optim_cfg: OptimConfig | None,
         device: DeviceSpec,
         fsdp_cfg: FSDPConfig,
+        peft_model: Any = None,
     ) -> None:
         self.module = module
+        # LoRA (engine.train.lora): peft's wrapper around ``module``, whose adapter the
+        # optimizer trains; None when every weight trains.
+        self.peft_model = peft_model
         self.device = device
         self.fsdp_cfg = fsdp_cfg
         self.optimizer: torch.optim.Optimizer | None = None
@@ -256,12 +261,18 @@ class FSDPEngine:
         *,
         kind: str = "causal_lm",
         gradient_checkpointing: bool = False,
+        lora: bool = False,
     ) -> FSDPEngine:
         model = load_hf_model(model_cfg, kind=kind)
+        peft_model = None
         if optim_cfg is None:
             model.requires_grad_(False)
+        elif lora:  # the adapter's layers go in before sharding, then shard with the rest
+            from engine.train.lora import apply_lora
+
+            peft_model = apply_lora(model, model_cfg)
         module = shard_model(model, fsdp_cfg, device, gradient_checkpointing=gradient_checkpointing)
-        engine = cls(module, optim_cfg, device, fsdp_cfg)
+        engine = cls(module, optim_cfg, device, fsdp_cfg, peft_model)
         if kind == "causal_lm":
             engine.head = HeadOptions.of(model_cfg)
         engine.packed = model_cfg.use_remove_padding
@@ -339,19 +350,57 @@ class FSDPEngine:
     def lr_scheduler_step(self) -> None:
         self.scheduler.step()
 
+    def adapter_disabled(self) -> contextlib.AbstractContextManager:
+        """The base model for the duration (LoRA's reference policy): peft's switch."""
+        if self.peft_model is None:
+            raise RuntimeError("adapter_disabled() needs a LoRA actor (lora_rank > 0)")
+        return self.peft_model.disable_adapter()
+
     def hf_named_tensors(self, dtype: torch.dtype | None = None):
-        """Full HF-named tensors, one gather at a time (collective: every rank calls it)."""
+        """Full HF-named tensors, one gather at a time (collective: every rank calls it);
+        with LoRA the adapted weights merged (engine.train.lora.merged_tensors)."""
         from engine.rollout.weights import full_tensors
 
-        return full_tensors(self.module, dtype=dtype, device=self.device.torch_device())
+        device = self.device.torch_device()
+        if self.peft_model is not None:
+            from engine.train.lora import merged_tensors
+
+            return merged_tensors(self.module, dtype, device)
+        return full_tensors(self.module, dtype=dtype, device=device)
+
+    def base_named_tensors(self, dtype: torch.dtype | None = None):
+        """LoRA: the frozen base weights under plain HF names, unmerged (collective)."""
+        from engine.train.lora import merged_tensors
+
+        return merged_tensors(self.module, dtype, self.device.torch_device(), merge=False)
+
+    def adapter_named_tensors(self, dtype: torch.dtype | None = None):
+        """LoRA: the adapter's tensors under peft's saved names (collective)."""
+        from engine.train.lora import adapter_tensors
+
+        return adapter_tensors(self.module, dtype, self.device.torch_device())
 
     def save(self, path: str, extra: dict | None = None, tokenizer: object = None) -> None:
         from engine.train.fsdp_checkpoint import save_role
 
-        save_role(path, self.module, self.optimizer, self.scheduler, extra or {}, tokenizer)
+        save_role(
+            path,
+            self.module,
+            self.optimizer,
+            self.scheduler,
+            extra or {},
+            tokenizer,
+            peft_model=self.peft_model,
+        )
 
     def load(self, path: str) -> dict:
         """Restore in place; returns this rank's extras (those given to ``save``)."""
         from engine.train.fsdp_checkpoint import load_role
 
-        return load_role(path, self.module, self.optimizer, self.scheduler)
+        return load_role(
+            path,
+            self.module,
+            self.optimizer,
+            self.scheduler,
+            adapter_only=self.peft_model is not None,
+        )

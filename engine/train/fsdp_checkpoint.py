@@ -8,6 +8,10 @@ Layout of a role's directory (written collectively by every rank of the group):
     hf/       config.json, generation_config.json and the tokenizer (rank 0), so that
               ``python -m engine.export`` can rebuild a Hugging Face folder
 
+With LoRA (engine.train.lora) ``model/`` holds the adapter's tensors only (the frozen base
+weights are the model path's, unchanged), ``optim/`` their AdamW state, and ``hf/`` also
+peft's ``adapter_config.json`` naming the base model.
+
 Each rank writes only its own shards; loading reshards to the current world size.
 """
 
@@ -20,7 +24,28 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from engine.rollout.weights import clean_name
+
+
+def _options(adapter_only: bool) -> StateDictOptions:
+    # The frozen base weights stay out of the checkpoint (and are not expected on load).
+    return StateDictOptions(ignore_frozen_params=adapter_only, strict=not adapter_only)
+
+
+def _model_state(module: nn.Module, optimizer: torch.optim.Optimizer, adapter_only: bool):
+    model_sd, optim_sd = get_state_dict(module, optimizer, options=_options(adapter_only))
+    if adapter_only:
+        # ignore_frozen_params misses a tied weight's second name (lm_head.weight, the
+        # embedding's): keep exactly the parameters that train.
+        trainable = {clean_name(n) for n, p in module.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+    return model_sd, optim_sd
 
 
 def save_role(
@@ -30,10 +55,11 @@ def save_role(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     extra: dict[str, Any],
     tokenizer: Any = None,
+    peft_model: Any = None,
 ) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(module, optimizer)
+    model_sd, optim_sd = _model_state(module, optimizer, adapter_only=peft_model is not None)
     dcp.save(model_sd, checkpoint_id=str(path / "model"))
     dcp.save(optim_sd, checkpoint_id=str(path / "optim"))
     rank = dist.get_rank()
@@ -46,6 +72,8 @@ def save_role(
             generation.save_pretrained(hf)
         if tokenizer is not None:
             tokenizer.save_pretrained(hf)
+        if peft_model is not None:
+            peft_model.peft_config["default"].save_pretrained(hf)
     dist.barrier()
 
 
@@ -54,13 +82,20 @@ def load_role(
     module: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    adapter_only: bool = False,
 ) -> dict[str, Any]:
     """Load in place; returns this rank's extras (those passed to ``save_role``)."""
     path = Path(path)
-    model_sd, optim_sd = get_state_dict(module, optimizer)
+    model_sd, optim_sd = _model_state(module, optimizer, adapter_only)
     dcp.load(model_sd, checkpoint_id=str(path / "model"))
     dcp.load(optim_sd, checkpoint_id=str(path / "optim"))
-    set_state_dict(module, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    set_state_dict(
+        module,
+        optimizer,
+        model_state_dict=model_sd,
+        optim_state_dict=optim_sd,
+        options=_options(adapter_only),
+    )
     state = _rank_state(path)
     scheduler.load_state_dict(state.pop("scheduler"))
     return state

@@ -1,5 +1,9 @@
 """The reference role: log-probs of the frozen initial policy, for KL terms; FSDP2 or
-Megatron-core (``actor_rollout_ref.ref.strategy``, by default the actor's)."""
+Megatron-core (``actor_rollout_ref.ref.strategy``, by default the actor's).
+
+With LoRA the initial policy is the actor's own module with its adapter disabled: no model
+is loaded here; the actor beside it (the reference is always placed with the actor)
+runs the forward under peft's ``disable_adapter()``."""
 
 from __future__ import annotations
 
@@ -23,12 +27,20 @@ class ReferenceWorker:
         self.temperature = arr.rollout.temperature
         self.micro_batch_size = arr.ref.log_prob_micro_batch_size_per_gpu
         self.token_budget = cfg.token_budget("ref_log_prob")
-        self.engine = reference_engine(cfg, device)
+        self.lora = arr.model.lora_rank > 0
+        self.engine = colocated["actor"].engine if self.lora else reference_engine(cfg, device)
         self.engine.eval()
         self.module = self.engine.module
 
     @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
+        if not self.lora:
+            return self._log_probs(tokens)
+        self.engine.eval()  # the actor's module, left in train mode by its last update
+        with self.engine.adapter_disabled():
+            return self._log_probs(tokens)
+
+    def _log_probs(self, tokens: TokenBatch) -> torch.Tensor:
         return forward_in_micro_batches(
             tokens,
             self.micro_batch_size,

@@ -44,6 +44,8 @@ class RolloutWorker:
         # Separate (placement=separate): no actor here; the controller pushes its weights
         # over a bridge (receive_weights) before a generation needs them.
         self.actor = colocated.get("actor")
+        self.adapter_mode = False  # rollout.lora_as_adapter: vLLM serves the adapter
+        self.base_synced = False
         self.separate = self.actor is None
         self._bridge: Any = None
         # A Megatron actor's weights cannot generate, and a separate rollout has none
@@ -98,7 +100,10 @@ class RolloutWorker:
         if rollout_cfg.name == "vllm":
             from engine.rollout.vllm import VLLMRollout
 
-            self.engine = VLLMRollout(rollout_cfg, settings)
+            # A LoRA actor's adapter served by vLLM itself (else: merged weights).
+            self.adapter_mode = rollout_cfg.lora_as_adapter
+            lora_rank = model.lora_rank if self.adapter_mode else 0
+            self.engine = VLLMRollout(rollout_cfg, settings, lora_rank=lora_rank)
         elif rollout_cfg.name == "sglang":
             from engine.rollout.sglang import SGLangRollout
 
@@ -192,9 +197,28 @@ class RolloutWorker:
     def sync_weights(self) -> None:
         """Push the actor's current weights into the engine, in the rollout dtype, as
         the engine names them (Hugging Face names, unfused)."""
+        names = ENGINE_NAME_MAPS[self.cfg.name]
+        if self.adapter_mode:
+            self._sync_adapter(names)
+            return
         pairs = self.actor.engine.hf_named_tensors(self.rollout_dtype)  # FSDP or Megatron
-        self.engine.sync_weights(as_engine_names(pairs, ENGINE_NAME_MAPS[self.cfg.name]))
+        self.engine.sync_weights(as_engine_names(pairs, names))
         self.synced_version = self.actor.weights_version
+
+    def _sync_adapter(self, names: Any) -> None:
+        """The frozen base weights once, then the adapter of this weight version (ids
+        from 1: vLLM's LoRA ids must be positive)."""
+        engine = self.actor.engine
+        if not self.base_synced:
+            self.engine.sync_weights(
+                as_engine_names(engine.base_named_tensors(self.rollout_dtype), names)
+            )
+            self.base_synced = True
+        version = self.actor.weights_version
+        peft_config = engine.peft_model.peft_config["default"]
+        tensors = engine.adapter_named_tensors(self.rollout_dtype)
+        self.engine.set_adapter(version + 1, peft_config, tensors)
+        self.synced_version = version
 
     def receive_weights(self, address: Any) -> None:
         """The actor's weights from the bridge, loaded into the engine as they come

@@ -20,6 +20,7 @@ from rlctl.planner.memory import (
     _pick_mini,
     _train_activations,
     _TrainCfg,
+    adapter_params,
 )
 from rlctl.planner.model import (
     CPU_PARAMS_WARNING,
@@ -90,7 +91,7 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         s.train_backend, workers, False, False, s.grad_ckpt, fp32=True,
         logits_chunk=s.logits_chunk,
     )  # fmt: skip
-    st = _fsdp_state(m, c, s.critic, s.reference)
+    st = _fsdp_state(m, c, s.critic, s.reference, adapter_params(m, s))
     dynamic = bool(s.dynamic)
     token_len = s.token_len or micro * s.seq_len
     tokens = token_len if dynamic else micro * s.seq_len

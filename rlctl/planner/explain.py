@@ -24,6 +24,7 @@ from rlctl.planner.memory import (
     _megatron_state,
     _train_activations,
     _TrainCfg,
+    adapter_params,
 )
 from rlctl.planner.model import (
     ASSUMED_MFU,
@@ -245,6 +246,10 @@ def _model_line(m: ModelShape) -> str:
     )
 
 
+def _targets(s: _Settings) -> str:
+    return s.lora_targets if isinstance(s.lora_targets, str) else ", ".join(s.lora_targets)
+
+
 def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> list[str]:
     st, d = t.state, c.devices
     roles = "actor" + (" + critic" if s.critic else "") + (" + reference" if s.reference else "")
@@ -256,6 +261,18 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
             f" {_fmt(st.weights)} (not split by CP), fp32"
             f" gradient buffer {_fmt(st.grads)}, distributed optimizer (fp32 master + Adam,"
             f" 12 B/param over {_count(d, 'device')}) {_fmt(st.optimizer)}"
+        )
+    elif s.lora_rank:
+        adapter = adapter_params(m, s)
+        head = (
+            f"training ({c.backend}, LoRA rank {s.lora_rank} on {_targets(s)};"
+            f" {roles.replace(' + reference', '')} sharded"
+            f" over {_count(d, 'device')}): weights 4 B/param of the base model + adapter"
+            f" {_fmt_params(adapter)} ({adapter / m.num_params:.2%} of"
+            f" {_fmt_params(m.num_params)}) → {_fmt(st.weights)}, the reference being the"
+            f" actor with its adapter off (no second copy); gradients 4 B and Adam 8 B per"
+            f" adapter param → {_fmt(st.grads)} and {_fmt(st.optimizer)}; gathered"
+            f" {_fmt(st.gathered)}"
         )
     else:
         head = (

@@ -21,6 +21,7 @@ from rlctl.planner.memory import (
     _train_activations,
     _TrainCfg,
     _TrainMem,
+    adapter_params,
 )
 from rlctl.planner.model import (
     DYNAMIC_BSZ_MIN_TOKENS,
@@ -114,9 +115,10 @@ def _fit_train(
     per_node: int,
 ) -> tuple[_TrainFit | None, str]:
     """Micro-batch / token budget that fits; (None, why) when one sample does not."""
-    state = (_megatron_state if c.backend == "megatron" else _fsdp_state)(
-        m, c, s.critic, s.reference
-    )
+    if c.backend == "megatron":
+        state = _megatron_state(m, c, s.critic, s.reference)
+    else:
+        state = _fsdp_state(m, c, s.critic, s.reference, adapter_params(m, s))
     host = state.host * per_node
     if host > HOST_RAM_USABLE * HOST_RAM_GIB * GIB:
         return None, (

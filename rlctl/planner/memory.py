@@ -124,22 +124,58 @@ class _TrainMem:
         return max(held + self.gathered + activations, held + self.step_extra)
 
 
-def _fsdp_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) -> _TrainMem:
-    """FSDP/FSDP2 with fp32 sharded parameters, bf16 compute (docs/planner.md)."""
+# Which (in, out) widths each linear layer LoRA may target has, per decoder layer.
+def _linear_widths(m: ModelShape) -> dict[str, tuple[int, int]]:
+    h, q, kv, inner = m.hidden_size, m.q_dim, m.kv_dim // 2, m.mlp_width_per_token
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, inner),
+        "up_proj": (h, inner),
+        "down_proj": (inner, h),
+    }
+
+
+def lora_params(m: ModelShape, rank: int, targets: str | tuple[str, ...]) -> int:
+    """Adapter parameters: r × (in + out) for each targeted linear layer of every decoder
+    layer (all-linear: attention and the MLP a token passes through; names the table does
+    not know count as nothing, the engine checks them against the model)."""
+    if rank <= 0:
+        return 0
+    widths = _linear_widths(m)
+    names = widths if targets == "all-linear" else [t for t in targets if t in widths]
+    return rank * m.num_layers * sum(sum(widths[name]) for name in names)
+
+
+def adapter_params(m: ModelShape, s: _Settings) -> int:
+    """The recipe's LoRA adapter's parameters (0 without LoRA)."""
+    return lora_params(m, s.lora_rank, s.lora_targets)
+
+
+def _fsdp_state(
+    m: ModelShape, c: _TrainCfg, critic: bool, reference: bool, adapter: int = 0
+) -> _TrainMem:
+    """FSDP/FSDP2 with fp32 sharded parameters, bf16 compute (docs/planner.md). With a
+    LoRA ``adapter`` (its parameter count) the actor's gradients and Adam states are the
+    adapter's alone, and the reference is the actor with it disabled: no second copy."""
     n, nc, d = m.num_params, _critic_params(m), c.devices
-    trained = n + (nc if critic else 0)
-    kept = trained + (n if reference else 0)
+    actor_trained = adapter or n
+    trained = actor_trained + (nc if critic else 0)
+    kept = n + adapter + (nc if critic else 0) + (n if reference and not adapter else 0)
     on_device = not c.param_offload
     weights = 4 * kept / d if on_device else 0.0
-    grads = 4 * max(n, nc if critic else 0) / d if on_device else 0.0
+    largest_trained = max(actor_trained, nc if critic else 0)
+    grads = 4 * largest_trained / d if on_device else 0.0
     adam = 8 * trained / d
     optimizer = adam if on_device and not c.optimizer_offload else 0.0
     # optimizer_offload: each model's states come back for its own step only
-    step_extra = 8 * max(n, nc if critic else 0) / d if on_device and c.optimizer_offload else 0.0
+    step_extra = 8 * largest_trained / d if on_device and c.optimizer_offload else 0.0
     gather_bytes = 8 if c.fp32 else 4  # root unit + its gradient
     layer_bytes = 20 if c.fp32 else 10
     gathered = gather_bytes * m.root_params + layer_bytes * m.largest_layer_params
-    host = (4 * kept + 4 * max(n, nc if critic else 0) + adam) / d if c.param_offload else 0.0
+    host = (4 * kept + 4 * largest_trained + adam) / d if c.param_offload else 0.0
     if c.optimizer_offload and on_device:
         host = adam
     return _TrainMem(

@@ -107,6 +107,10 @@ class _Settings:
     async_mode: str = "sync"
     rollout_nodes: int | None = None
     rollout_per_node: int | None = None
+    # LoRA (actor_rollout_ref.model.lora_rank > 0, read whether pinned or default): the
+    # actor trains an adapter of this rank on these modules (memory.lora_params)
+    lora_rank: int = 0
+    lora_targets: str | tuple[str, ...] = "all-linear"
 
     @property
     def seq_len(self) -> int:
@@ -166,6 +170,7 @@ def _settings(req: PlanRequest) -> _Settings:
         notes=tuple(notes),
         multi_turn=multi_turn_of(req.config),
         **placement,
+        **_lora(req),
     )
     _check_settings(s, req)
     if s.multi_turn is not None:
@@ -231,6 +236,17 @@ def _logits_chunk(req: PlanRequest, pinned: Mapping[str, Any]) -> int | None:
     if key in pinned:
         return pinned[key]
     return req.config.actor_rollout_ref.model.fused_kernel_options.chunk_size
+
+
+def _lora(req: PlanRequest) -> dict[str, Any]:
+    if req.config is None or req.config.actor_rollout_ref.model.lora_rank <= 0:
+        return {}
+    model = req.config.actor_rollout_ref.model
+    targets = model.target_modules
+    return {
+        "lora_rank": model.lora_rank,
+        "lora_targets": targets if isinstance(targets, str) else tuple(targets),
+    }
 
 
 def _pinned_cp(pinned: Mapping[str, Any]) -> int | None:

@@ -229,6 +229,9 @@ actor_rollout_ref:
       impl_backend: torch
       chunk_size: 512
     dtype: bfloat16
+    lora_rank: 0
+    lora_alpha: 16.0
+    target_modules: all-linear
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 32
@@ -308,6 +311,7 @@ actor_rollout_ref:
     micro_batch_size: null
     calculate_log_probs: false
     update_weights_bucket_megabytes: 512
+    lora_as_adapter: false
     val_kwargs:
       'n': 1
       temperature: 0.0
@@ -359,6 +363,9 @@ critic:
       impl_backend: torch
       chunk_size: 512
     dtype: bfloat16
+    lora_rank: 0
+    lora_alpha: 16.0
+    target_modules: all-linear
   optim:
     lr: 1.0e-05
     betas:

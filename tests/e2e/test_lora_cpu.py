@@ -1,0 +1,203 @@
+"""A GRPO run with a LoRA actor on CPU, through the real command line: it learns, its
+checkpoint is the adapter alone, and it exports merged or as the adapter; bad LoRA
+settings are refused before anything starts."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).parents[2]
+
+
+def _engine(*overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.main", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
+def _lora_overrides(base_overrides, model, train, *extra):
+    return [
+        *base_overrides,
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={train}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=8",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        "actor_rollout_ref.actor.use_kl_loss=true",  # the reference: the adapter disabled
+        "actor_rollout_ref.model.lora_rank=16",
+        "actor_rollout_ref.model.lora_alpha=32",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def untied_model_dir(tmp_path_factory):
+    """The tiny model with an output layer of its own: on this task most of what the
+    policy learns is in that layer (which an adapter may not take while it is tied)."""
+    from engine.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("untied"), tie_word_embeddings=False)
+
+
+# Every linear layer of the tiny Qwen2, and its output layer.
+ALL_AND_HEAD = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_learns_and_exports(
+    untied_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    """A zero learning rate, a gradient that does not reach the adapter, or a rollout that
+    does not see it leave the score at its random-policy level (about 0.01)."""
+    tiny_model_dir = untied_model_dir
+    train, _val = synthetic_data
+    run_dir = tmp_path / "run"
+    steps = 12
+    result = _engine(
+        *_lora_overrides(
+            base_overrides,
+            tiny_model_dir,
+            train,
+            "actor_rollout_ref.actor.optim.lr=2e-2",  # LoRA's usual lr: 10× full tuning's
+            f"actor_rollout_ref.model.target_modules={ALL_AND_HEAD}",
+            f"trainer.total_training_steps={steps}",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.logger=[console]",
+            "trainer.save_freq=100",  # only the last step
+            f"trainer.export_hf_dir={tmp_path / 'merged'}",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    scores = [r["critic/score/mean"] for r in records]
+    first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
+    assert last > first + 0.04, f"score did not rise: {scores}"
+    assert any(r["actor/kl_loss"] > 0 for r in records)  # the reference is not the actor
+
+    # The checkpoint: the adapter and its optimizer state, nothing of the base model.
+    from torch.distributed.checkpoint import FileSystemReader
+
+    actor = run_dir / f"global_step_{steps}" / "actor"
+    saved = FileSystemReader(str(actor / "model")).read_metadata().state_dict_metadata
+    assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved)
+
+    # Merged export: a plain HF model, its adapted weights moved, the others untouched.
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert merged.num_parameters() == initial.num_parameters()
+    assert not merged.model.layers[0].self_attn.q_proj.weight.equal(
+        initial.model.layers[0].self_attn.q_proj.weight
+    )
+    assert not merged.lm_head.weight.equal(initial.lm_head.weight)
+    assert merged.model.embed_tokens.weight.equal(initial.model.embed_tokens.weight)
+    assert merged.model.norm.weight.equal(initial.model.norm.weight)  # not a LoRA target
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+
+    # The adapter alone: peft loads it beside the base model, and it is the merged model.
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    adapter_dir = tmp_path / "adapter"
+    export = subprocess.run(
+        [sys.executable, "-m", "engine.export", str(run_dir), str(adapter_dir), "--adapter-only"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert export.returncode == 0, export.stderr
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir
+    )
+    ids = torch.tensor([[5, 17, 33, 90, 11, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            adapted(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4, rtol=1e-4
+        )
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["actor_rollout_ref.model.target_modules=[qkv,gate_up]"],
+            "actor_rollout_ref.model.target_modules=['qkv', 'gate_up'] matches no module",
+        ),
+        (
+            ["actor_rollout_ref.model.target_modules=[q_proj,lm_head]"],
+            "adapts lm_head, which shares its weight with the input embeddings",
+        ),
+        (["actor_rollout_ref.model.lora_rank=-4"], "lora_rank must be >= 0, got -4"),
+        (
+            ["actor_rollout_ref.actor.strategy=megatron"],
+            "actor_rollout_ref.actor.strategy=megatron with actor_rollout_ref.model.lora_rank=16",
+        ),
+    ],
+    ids=["targets_match_nothing", "tied_output_layer", "negative_rank", "megatron"],
+)
+def test_bad_lora_settings_are_refused_before_start(
+    extra, expected, tiny_model_dir, synthetic_data, tmp_path, base_overrides
+):
+    train, _val = synthetic_data
+    overrides = _lora_overrides(base_overrides, tiny_model_dir, train, *extra)
+    result = _engine(*overrides, f"trainer.default_local_dir={tmp_path}", timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert expected in result.stderr
+    assert "ray" not in result.stdout.lower()  # refused before the cluster started
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [
+        # merged weights, the output layer's adapter among them
+        ("untied_model_dir", [f"actor_rollout_ref.model.target_modules={ALL_AND_HEAD}"]),
+        # vLLM's own LoRA: the base weights once, then the adapter at each version
+        ("tiny_model_dir", ["actor_rollout_ref.rollout.lora_as_adapter=true"]),
+    ],
+    ids=["merged", "adapter"],
+)
+def test_vllm_generates_with_the_adapted_policy(
+    model, extra, request, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    """vLLM (its CPU build) generates with W + scaling·B·A after each push, merged or as
+    its own LoRA: its sampling log-probs are the LoRA actor's at every step. The base
+    model alone (a push that left the adapter out) would be off by the adapter's change,
+    which the learning rate makes large from step 2 on."""
+    train, _val = synthetic_data
+    run_dir = tmp_path / "run"
+    result = _engine(
+        *_lora_overrides(
+            base_overrides,
+            request.getfixturevalue(model),
+            train,
+            "actor_rollout_ref.actor.optim.lr=2e-2",
+            *extra,
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+            "trainer.total_training_steps=4",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.logger=[console]",
+            "trainer.save_freq=100",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
+    assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy
