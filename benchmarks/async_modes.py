@@ -14,8 +14,8 @@ interleaved round by round so that a noisy neighbour hits each alike:
 - ``one-step-bypass``: the same, with the sampler's own log-probs as π_old (verl's bypass
   mode): no π_old pass;
 - ``fully-async``: the rollout generating without stopping, batches from the samples that
-  finished (``async_training.mode=fully_async``, staleness threshold 0.5, partial
-  rollouts), bypass mode.
+  finished (``async_training.mode=fully_async``, staleness threshold 1, partial
+  rollouts), bypass mode; ``fully-async-0.5``: the same with threshold 0.5.
 
 Printed per mode: seconds per step (median over the run's steps after the first), samples
 per second, and the training time (the steps' own seconds, summed: start-up excluded) at
@@ -60,6 +60,13 @@ MODES = {
         "algorithm.rollout_correction.bypass_mode=true",
     ],
     "fully-async": [
+        *SEPARATE,
+        "async_training.mode=fully_async",
+        "async_training.staleness_threshold=1",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.bypass_mode=true",
+    ],
+    "fully-async-0.5": [
         *SEPARATE,
         "async_training.mode=fully_async",
         "async_training.staleness_threshold=0.5",
