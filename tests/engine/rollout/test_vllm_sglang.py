@@ -615,6 +615,7 @@ def test_rollout_role_pushes_only_when_the_actors_weights_moved():
     role.synced_version = None
     role.agent = None  # single-turn (no multi_turn config)
     role._stream = None  # no fully asynchronous stream
+    role.adapter_mode = False  # full weights (no LoRA adapter served on its own)
     role.actor = SimpleNamespace(
         engine=SimpleNamespace(hf_named_tensors=lambda dtype=None: iter([("w", torch.ones(1))])),
         weights_version=0,
@@ -662,6 +663,7 @@ def test_rollout_role_pushes_a_megatron_actors_hf_tensors():
     role.cfg = SimpleNamespace(name="vllm", dtype="bfloat16")
     role.device = DEVICES["cpu"]
     role.megatron_actor = True
+    role.adapter_mode = False  # full weights (no LoRA adapter served on its own)
     role.actor = SimpleNamespace(
         engine=SimpleNamespace(hf_named_tensors=hf_named_tensors), weights_version=3
     )
