@@ -137,7 +137,8 @@ def _ship(key: str, shipped: Shipped, value: str, recipe_source: str) -> tuple[l
     text = _read(file, f"{field} ({value})")
     name = _shipped_name(shipped.folder, file.name, f"{field}: {value!r}")
     files = [JobFile(name, text, str(file))]
-    for path, where in _entry_paths(text, str(file), shipped):
+    # errors in the file name the recipe's field as well as the file
+    for path, where in _entry_paths(text, f"{field}: {file}", shipped):
         files.append(_entry_source(shipped, file.parent, path, where))
     return files, name
 

@@ -17,6 +17,7 @@ from rlctl.planner.model import (
     LONG_SAMPLE_TOKENS,
     RESERVED_GIB,
     UPDATES_PER_STEP,
+    InfeasiblePlanError,
 )
 from rlctl.planner.settings import _Settings
 
@@ -150,7 +151,15 @@ def lora_params(m: ModelShape, rank: int, targets: str | tuple[str, ...]) -> int
 
 
 def adapter_params(m: ModelShape, s: _Settings) -> int:
-    """The recipe's LoRA adapter's parameters (0 without LoRA)."""
+    """The recipe's LoRA adapter's parameters (0 without LoRA). A rank above the hidden
+    size adds parameters and no capacity (B·A already spans the layer): refused."""
+    if s.lora_rank and s.lora_rank > m.hidden_size:
+        raise InfeasiblePlanError(
+            f"actor_rollout_ref.model.lora_rank={s.lora_rank} is larger than the model's"
+            f" hidden size {m.hidden_size}: the adapter would outgrow what it adapts",
+            hint="use a rank of 8 to 64 (at most the hidden size), or lora_rank=0 to train"
+            " every weight",
+        )
     return lora_params(m, s.lora_rank, s.lora_targets)
 
 
