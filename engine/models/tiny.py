@@ -17,6 +17,7 @@ depend on the seed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import sysconfig
 from pathlib import Path
@@ -315,7 +316,7 @@ def build_tiny_judge(
         model.model.norm.weight.fill_(1.0)
         embeddings, head = model.model.embed_tokens.weight, model.lm_head.weight
         head.zero_()
-        for token, following in zip(chain, chain[1:], strict=False):
+        for token, following in itertools.pairwise(chain):
             head[following] = 10.0 * embeddings[token] / embeddings[token].norm()
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
