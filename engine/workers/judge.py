@@ -37,13 +37,18 @@ def judge_max_model_len(cfg: EngineConfig) -> int:
     return judge.max_prompt_length + judge.max_new_tokens
 
 
+# vLLM's default max_num_seqs: more sequences than this never decode at once, so a KV
+# cache for more would sit idle (rlctl's planner counts the same).
+JUDGE_MAX_CONCURRENT = 256
+
+
 def judge_rows_per_rank(cfg: EngineConfig) -> int:
-    """The judge prompts one rank gets per scoring call at most: its share of a step's
-    samples (validation's chunk when that is larger)."""
+    """The judge prompts one rank decodes at once at most: its share of a step's samples
+    (validation's chunk when that is larger), up to vLLM's batch cap."""
     rollout = cfg.actor_rollout_ref.rollout
     train = cfg.data.train_batch_size * rollout.n
     val = (cfg.data.val_batch_size or 0) * rollout.val_kwargs.n
-    return -(-max(train, val) // cfg.world_size)
+    return min(JUDGE_MAX_CONCURRENT, -(-max(train, val) // cfg.world_size))
 
 
 def load_judge(path: str, trust_remote_code: bool, dtype: torch.dtype) -> Any:
