@@ -120,7 +120,7 @@ def start_workers(cfg: EngineConfig) -> Any:
         roles.append("ref")
     if cfg.use_critic:
         roles.append("critic")
-    if cfg.reward_model.enable:  # the learned reward model, beside the actor
+    if cfg.reward_model.enable:  # the learned reward model or the judge, beside the actor
         roles.append("rm")
 
     def pool(nnodes: int, per_node: int, name: str) -> ResourcePool:
@@ -293,6 +293,10 @@ def run_training(cfg: EngineConfig) -> None:
         reward.check_data_sources(sources - set(rm.data_sources))
     elif not rm.enable:
         reward.check_data_sources(sources)
+    if rm.enable and rm.style == "generative":  # the judge's chat template, before start
+        from engine.reward.judge import load_judge_tokenizer
+
+        load_judge_tokenizer(rm)
     if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
         from engine.train.lora import check_targets
 

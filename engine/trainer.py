@@ -39,8 +39,9 @@ from engine.metrics import (
     throughput_metrics,
 )
 from engine.overlap import Generating, make_overlap
+from engine.reward.judge import JudgeRewards
 from engine.reward.manager import RewardManager
-from engine.reward.model import ModelRewards
+from engine.reward.model import model_rewards
 from engine.reward.types import ScoreRequest, ScoreResult
 from engine.tracking import Tracker, progress
 from engine.types import (
@@ -106,8 +107,7 @@ class Trainer:
         self.weights_version = 0
         self.pushed_version: int | None = None
         self.overlap = make_overlap(self, cfg.async_training.mode)
-        rm = cfg.reward_model
-        self.model_rewards = ModelRewards(rm, tokenizer, cfg.world_size) if rm.enable else None
+        self.model_rewards = model_rewards(cfg, tokenizer)
 
     # -- the loop -----------------------------------------------------------
 
@@ -300,6 +300,7 @@ class Trainer:
             values_BR=values,
         )
         metrics["critic/acc/mean"] = float(rollout.acc_B.mean())
+        metrics |= self.judge_metrics()  # every judging of the step (ReMax's baseline too)
         metrics |= timer.metrics()
         num_tokens = int(tokens.attention_mask_BS.sum())
         metrics |= throughput_metrics(num_tokens, timer.seconds["step"], cfg.world_size)
@@ -440,14 +441,22 @@ class Trainer:
         ]
         if self.model_rewards is None:
             return self.reward.score(requests)
+        # the judge generates verdicts (engine.workers.judge); a classifier scores
+        method = "generate" if isinstance(self.model_rewards, JudgeRewards) else "scores"
         return self.model_rewards.score(
             requests,
             prompt_ids,
             responses,
             meta.messages,
             self.reward,
-            lambda seqs: self.workers.call_split("rm", "scores", seqs),
+            lambda batch: self.workers.call_split("rm", method, batch),
         )
+
+    def judge_metrics(self, prefix: str = "") -> dict[str, float]:
+        """The judge's counts since the last call (unparsed verdicts...); none without one."""
+        if not isinstance(self.model_rewards, JudgeRewards):
+            return {}
+        return {prefix + k: v for k, v in self.model_rewards.take_metrics().items()}
 
     def token_rewards(
         self,
@@ -518,6 +527,7 @@ class Trainer:
                 ]
                 bar.update(len(prompts))
         metrics = validation_metrics(samples, seed=self.cfg.trainer.seed)
+        metrics |= self.judge_metrics(prefix="val/")
         return metrics | {"timing_s/val": timer.seconds["val"]}
 
     def pad_for_ranks(self, prompts: list[PromptSample], n: int) -> list[PromptSample]:

@@ -155,6 +155,8 @@ _ALIASES: dict[str, str] = {
     "mistral-7b-v0.2": "mistralai/Mistral-7B-v0.1",
     "qwen3-235b-a22b-2507": "Qwen/Qwen3-235B-A22B",
     "qwen3-30b-a3b-2507": "Qwen/Qwen3-30B-A3B",
+    # reward models: the body they were fine-tuned from (a one-label head for lm_head)
+    "skywork-reward-v2-qwen3-0.6b": "Qwen/Qwen3-0.6B",
 }
 
 _SUFFIXES = ("-instruct", "-chat", "-it", "-base")

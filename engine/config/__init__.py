@@ -13,6 +13,7 @@ layout so that a verl command line carries over:
     critic                        critic.py      the value model
     reward_model, custom_reward_function
                                   reward.py      scoring
+    reward_model.judge            judge.py       the generative reward model (an LLM judge)
     algorithm                     algorithm.py   advantages, KL penalty, dynamic sampling
     trainer                       trainer.py     devices, length, checkpoints, loggers
 
@@ -39,6 +40,7 @@ from engine.config.algorithm import (
 from engine.config.critic import CriticConfig
 from engine.config.data import TRUNCATION_MODES, DataConfig
 from engine.config.engine import TOKEN_BUDGET_KEYS, EngineConfig
+from engine.config.judge import JudgeConfig
 from engine.config.keys import config_keys, schema_leaf
 from engine.config.load import key_problems, load_config, to_yaml
 from engine.config.multi_turn import AGENT_LOOPS, MultiTurnConfig
@@ -88,6 +90,7 @@ __all__ = [
     "EngineConfig",
     "FSDPConfig",
     "FilterGroupsConfig",
+    "JudgeConfig",
     "KLControlConfig",
     "MegatronConfig",
     "MixedPrecisionConfig",

@@ -1,7 +1,9 @@
 """``reward_model`` and ``custom_reward_function``: how responses are scored
 (``engine.reward``): rule functions picked by each row's ``data_source``, or your own;
-a learned reward model (``engine.workers.reward_model``) for all or some data sources;
-DAPO's overlong penalty; and the rules on them."""
+a learned reward model for all or some data sources, discriminative (a sequence
+classifier, ``engine.workers.reward_model``) or generative (an LLM judge,
+``engine.workers.judge``, configured in ``judge.py``); DAPO's overlong penalty; and the
+rules on them."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config.fields import choice, positive, setting
+from engine.config.judge import JudgeConfig, judge_rules
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
 
 REWARD_MANAGERS = ("naive", "dapo")
+REWARD_MODEL_STYLES = ("discriminative", "generative")
 
 
 @dataclass
@@ -35,12 +39,14 @@ class OverlongBufferConfig:
 
 @dataclass
 class RewardModelModelConfig:
-    """The learned reward model: a Hugging Face sequence-classification model."""
+    """The learned reward model: a Hugging Face sequence-classification model
+    (discriminative) or causal LM (generative, the judge)."""
 
     path: str = setting(
         "",
-        "Folder or hub id of a *ForSequenceClassification model with num_labels=1 (required"
-        " with reward_model.enable).",
+        "Folder or hub id of a *ForSequenceClassification model with num_labels=1"
+        " (discriminative) or of a *ForCausalLM (generative); required with"
+        " reward_model.enable.",
     )
     input_tokenizer: str | None = setting(
         None,
@@ -63,9 +69,17 @@ class RewardModelConfig:
         "Score with the learned reward model (`model.path`) on the training workers,"
         " instead of the rule functions, for the data sources `data_sources` names.",
     )
+    style: str = setting(
+        "discriminative",
+        "discriminative (a sequence classifier scores each sample) or generative (an LLM"
+        " judge generates a verdict, `judge`; docs/rewards.md).",
+    )
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     micro_batch_size_per_gpu: int = setting(
-        8, "Sequences in one forward pass of the reward model, on each device."
+        8,
+        "Sequences in one forward pass of the reward model, on each device (the hf judge:"
+        " prompts in one generate call).",
     )
     data_sources: list[str] | None = setting(
         None,
@@ -115,7 +129,8 @@ def _reward_model_rules(cfg: EngineConfig) -> list[str]:
     rm = cfg.reward_model
     if not rm.enable:
         return []
-    p = positive([("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)])
+    p = choice(rm.style, REWARD_MODEL_STYLES, "reward_model.style", "reward model style")
+    p += positive([("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)])
     if cfg.async_training.mode != "sync":
         p.append(
             f"reward_model.enable=true with async_training.mode={cfg.async_training.mode}: the"
@@ -127,14 +142,18 @@ def _reward_model_rules(cfg: EngineConfig) -> list[str]:
             "reward_model.data_sources is an empty list, so the reward model scores nothing:"
             " name data sources, set it to null (every sample) or reward_model.enable=false"
         )
+    generative = rm.style == "generative"
+    if generative:
+        p += judge_rules(cfg)
     path = rm.model.path
     if not path:
+        wanted = "*ForCausalLM" if generative else "*ForSequenceClassification"
         p.append(
-            "reward_model.model.path is empty: set it to a *ForSequenceClassification model"
-            " folder or hub id, or reward_model.enable=false"
+            f"reward_model.model.path is empty: set it to a {wanted} model folder or hub id,"
+            " or reward_model.enable=false"
         )
         return p
-    return p + sequence_classifier_problems(path)
+    return p + (causal_lm_problems(path) if generative else sequence_classifier_problems(path))
 
 
 def sequence_classifier_problems(path: str) -> list[str]:
@@ -173,5 +192,38 @@ def classifier_config_problems(path: str, config: dict) -> list[str]:
         return [
             f"reward_model.model.path {path!r} has {labels} labels; a reward model gives one"
             " score per sequence: give a checkpoint saved with num_labels=1"
+        ]
+    return []
+
+
+def causal_lm_problems(path: str) -> list[str]:
+    """What keeps ``path`` from being a judge: a local folder must hold a ``config.json``
+    with a ``*ForCausalLM`` architecture (a hub id is checked where it is loaded)."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        if path.startswith(("/", ".", "~")) or path.count("/") != 1:
+            return [
+                f"reward_model.model.path {path!r} does not exist: give a local folder or a"
+                " hub id (org/name) of a *ForCausalLM model (the judge)"
+            ]
+        return []
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return [
+            f"reward_model.model.path {path!r} has no config.json: give the folder of a"
+            " Hugging Face *ForCausalLM model (the judge)"
+        ]
+    return causal_lm_config_problems(path, json.loads(config_file.read_text()))
+
+
+def causal_lm_config_problems(path: str, config: dict) -> list[str]:
+    """The problems with a model's config (its config.json as a dict) as a judge."""
+    archs = config.get("architectures") or []
+    if not any(a.endswith("ForCausalLM") for a in archs):
+        return [
+            f"reward_model.model.path {path!r} is a {', '.join(archs) or 'model of no stated'}"
+            " architecture, not a causal LM, so it cannot generate a verdict: give a"
+            " *ForCausalLM checkpoint as the judge, or reward_model.style=discriminative for"
+            " a sequence classifier"
         ]
     return []

@@ -17,6 +17,7 @@ depend on the seed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import sysconfig
 from pathlib import Path
@@ -275,6 +276,49 @@ def build_tiny_reward_model(
         model = transformers.AutoModelForSequenceClassification.from_config(config)
         with torch.no_grad():
             model.score.weight.normal_(0.0, 1.0)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_tiny_judge(
+    out_dir: str | Path, *, verdict: str = "Score: 7", seed: int = 0, vocab_size: int = 2048
+) -> Path:
+    """Save a Qwen2 causal LM that answers every chat prompt (its tokenizer's generation
+    prompt) with ``verdict`` and then EOS under greedy decoding, and its tokenizer, under
+    ``out_dir``; return it. A judge for ``reward_model.style=generative`` whose verdicts
+    are known in advance: its layers add nothing (attention and MLP outputs zeroed), so
+    the last hidden state is the normed embedding of the last token, and its untied output
+    head maps each token of the chain (the prompt's last token, the verdict's tokens) to
+    the next."""
+    import torch
+    from transformers import GenerationConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+    ids = dict(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+    config = tiny_config("qwen2", vocab_size=len(tokenizer), tie_word_embeddings=False, **ids)
+    model = random_model(config, seed)
+    asks = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "?"}], add_generation_prompt=True, tokenize=False
+    )
+    start = tokenizer(asks, add_special_tokens=False)["input_ids"][-1]
+    chain = [start, *tokenizer(verdict, add_special_tokens=False)["input_ids"], eos_id]
+    if len(set(chain)) != len(chain):
+        raise ValueError(f"verdict {verdict!r} repeats a token: the chain would loop")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        embeddings, head = model.model.embed_tokens.weight, model.lm_head.weight
+        head.zero_()
+        for token, following in itertools.pairwise(chain):
+            head[following] = 10.0 * embeddings[token] / embeddings[token].norm()
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

@@ -15,12 +15,25 @@ from typing import Any
 
 import torch
 
-from engine.config import RewardModelConfig
+from engine.config import EngineConfig, RewardModelConfig
 from engine.reward.manager import RewardManager
 from engine.reward.types import ScoreRequest, ScoreResult
 
 # The trainer's way to run the reward model on the workers: sequences -> (B,) scores.
 RunModel = Callable[[list[list[int]]], torch.Tensor]
+
+
+def model_rewards(cfg: EngineConfig, tokenizer: Any) -> Any:
+    """The learned reward model's part of scoring, of ``reward_model.style`` (a
+    ``ModelRewards`` or an ``engine.reward.judge.JudgeRewards``); None without one."""
+    rm = cfg.reward_model
+    if not rm.enable:
+        return None
+    if rm.style == "generative":
+        from engine.reward.judge import JudgeRewards
+
+        return JudgeRewards(rm, cfg.world_size)
+    return ModelRewards(rm, tokenizer, cfg.world_size)
 
 
 class ModelRewards:

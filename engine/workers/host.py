@@ -44,9 +44,9 @@ def _role_class(role: str) -> type:
 
         return CriticWorker
     if role == "rm":
-        from engine.workers.reward_model import RewardModelWorker
+        from engine.workers.reward_model import reward_model_role
 
-        return RewardModelWorker
+        return reward_model_role
     raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLE_ORDER)}")
 
 

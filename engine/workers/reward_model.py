@@ -1,5 +1,6 @@
 """The reward-model role: a Hugging Face sequence-classification model (one label) that
-scores whole sequences, prompt and response, on the training workers.
+scores whole sequences, prompt and response, on the training workers (the
+discriminative style; the generative one, an LLM judge, is engine.workers.judge).
 
 Each rank holds a full copy in eval mode (no sharding, no optimizer) and scores its share
 of the batch in micro-batches of ``reward_model.micro_batch_size_per_gpu``. The score of
@@ -81,3 +82,14 @@ class RewardModelWorker:
 
     def scores(self, sequences: list[list[int]]) -> torch.Tensor:
         return sequence_scores(self.model, sequences, self.micro_batch_size, self.device)
+
+
+def reward_model_role(
+    cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, colocated: dict[str, Any]
+) -> Any:
+    """The ``rm`` role of ``reward_model.style``."""
+    if cfg.reward_model.style == "generative":
+        from engine.workers.judge import JudgeWorker
+
+        return JudgeWorker(cfg, device, tokenizer, colocated)
+    return RewardModelWorker(cfg, device, tokenizer, colocated)

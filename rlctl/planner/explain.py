@@ -71,6 +71,8 @@ def _assemble(
         rollout_kv_cache_gib=_gib(r.kv_cache),
         rollout_pool_gib=_gib(r.pool),
         host_gib_per_node=_gib(st.host * lay.per_node),
+        reward_model_gib=_gib(st.reward_model),
+        reward_model_held=st.reward_model_held,
     )
     return Plan(
         nodes=lay.nodes,
@@ -315,7 +317,8 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
         )
     else:
         off = "offload: none (everything fits on the devices)"
-    return [head, act, off]
+    rm = [] if s.reward_model is None else [s.reward_model.describe(s.samples, d)]
+    return [head, *rm, act, off]
 
 
 def _context_parallel_lines(

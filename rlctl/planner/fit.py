@@ -119,6 +119,17 @@ def _fit_train(
         state = _megatron_state(m, c, s.critic, s.reference)
     else:
         state = _fsdp_state(m, c, s.critic, s.reference, adapter_params(m, s))
+    if s.reward_model is not None:
+        rm = s.reward_model
+        state = state.with_reward_model(rm.bytes_per_device(s.samples, c.devices), not rm.sleeps)
+        if budget is not None and state.judging > budget:
+            return None, (
+                f"the judge needs {_fmt(state.reward_model)} per device (weights, KV cache for"
+                f" {rm.rows(s.samples, c.devices)} prompts of {rm.judge_len} tokens, engine"
+                f" overhead) beside {_fmt(state.resident)} of resident training state,"
+                f" over the {_fmt(budget)} budget (a smaller judge or shorter"
+                " reward_model.judge.max_prompt_length / max_new_tokens need less)"
+            )
     host = state.host * per_node
     if host > HOST_RAM_USABLE * HOST_RAM_GIB * GIB:
         return None, (
@@ -204,6 +215,7 @@ def _log_prob_micro(
             logits = _logits_bytes(m, tokens, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False)
             act = (logits + tokens * _layer_activation_bytes_per_token(m)) / c.tp
         held = state.weights + state.optimizer + state.gathered
+        held += state.reward_model if state.reward_model_held else 0.0
         if budget is None or held + act <= budget:
             return k
     return 1

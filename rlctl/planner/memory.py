@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlctl.hardware import Accelerator
 from rlctl.models import ModelShape
@@ -117,12 +117,32 @@ class _TrainMem:
     optimizer: float
     gathered: float
     step_extra: float
-    resident: float  # left on the device during rollout
+    resident: float  # left on the device during rollout (a held reward model included)
     host: float  # per device, in host RAM
+    # The reward model's copy on this device (planner/reward_model.py): held through the
+    # run, or (a vLLM judge that sleeps) only while it judges, beside ``resident``.
+    reward_model: float = 0.0
+    reward_model_held: bool = True
 
     def peak(self, activations: float) -> float:
         held = self.weights + self.grads + self.optimizer
+        held += self.reward_model if self.reward_model_held else 0.0
         return max(held + self.gathered + activations, held + self.step_extra)
+
+    def with_reward_model(self, size: float, held: bool) -> _TrainMem:
+        """This state with a reward model of ``size`` bytes on the device."""
+        return replace(
+            self,
+            reward_model=size,
+            reward_model_held=held,
+            resident=self.resident + (size if held else 0.0),
+        )
+
+    @property
+    def judging(self) -> float:
+        """The device while a sleeping judge judges (0 for a held reward model: it is in
+        the other phases already)."""
+        return 0.0 if self.reward_model_held else self.resident + self.reward_model
 
 
 # Which (in, out) widths each linear layer LoRA may target has, per decoder layer.

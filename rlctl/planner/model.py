@@ -109,12 +109,25 @@ class MemoryEstimate:
     rollout_kv_cache_gib: float = 0.0  # KV cache the rollout engine allocates
     rollout_pool_gib: float = 0.0  # gpu_memory_utilization × device memory (vllm/sglang)
     host_gib_per_node: float = 0.0  # host RAM the offloaded state takes, per node
+    # The reward model on each training device (weights; a judge's KV cache and engine):
+    # held through training and generation (in rollout_resident_gib too), or, for a vLLM
+    # judge that sleeps, only while it judges, beside the resident training state.
+    reward_model_gib: float = 0.0
+    reward_model_held: bool = True
 
     @property
     def train_peak_gib(self) -> float:
         held = self.train_weights_gib + self.train_grads_gib + self.train_optimizer_gib
+        held += self.reward_model_gib if self.reward_model_held else 0.0
         compute = held + self.train_gathered_gib + self.train_activations_gib
         return round(max(compute, held + self.train_step_extra_gib), 3)
+
+    @property
+    def judge_peak_gib(self) -> float:
+        """A sleeping judge's phase: the resident training state and the judge."""
+        if self.reward_model_held:
+            return 0.0
+        return round(self.rollout_resident_gib + self.reward_model_gib, 3)
 
     @property
     def rollout_peak_gib(self) -> float:
@@ -123,7 +136,7 @@ class MemoryEstimate:
 
     @property
     def peak_gib(self) -> float:
-        return max(self.train_peak_gib, self.rollout_peak_gib)
+        return max(self.train_peak_gib, self.rollout_peak_gib, self.judge_peak_gib)
 
     def fits(self) -> bool:
         return self.budget_gib is None or self.peak_gib <= self.budget_gib + 0.01
@@ -132,6 +145,7 @@ class MemoryEstimate:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["train_peak_gib"] = self.train_peak_gib
         out["rollout_peak_gib"] = self.rollout_peak_gib
+        out["judge_peak_gib"] = self.judge_peak_gib
         return out
 
     @classmethod

@@ -15,6 +15,7 @@ from rlctl.planner.model import (
     PlanRequest,
 )
 from rlctl.planner.multi_turn import MultiTurn, check_multi_turn, multi_turn_of
+from rlctl.planner.reward_model import RewardModelMem, reward_model_of
 
 # ---------------------------------------------------------------------------
 # settings: the request with the recipe's pinned engine keys applied
@@ -111,6 +112,8 @@ class _Settings:
     # actor trains an adapter of this rank on these modules (memory.lora_params)
     lora_rank: int = 0
     lora_targets: str | tuple[str, ...] = "all-linear"
+    # reward_model.enable: its copy on every training device (planner/reward_model.py)
+    reward_model: RewardModelMem | None = None
 
     @property
     def seq_len(self) -> int:
@@ -144,6 +147,9 @@ def _settings(req: PlanRequest) -> _Settings:
         or bool(pinned.get("algorithm.use_kl_in_reward"))
     )
     placement = _placement(req, pinned, notes)
+    reward_model, not_counted = reward_model_of(req.config)
+    if not_counted:
+        notes.append(not_counted)
     s = _Settings(
         train_batch=take("data.train_batch_size", req.train_batch_size),
         n=take(f"{_ARR}.rollout.n", req.rollout_n),
@@ -171,6 +177,7 @@ def _settings(req: PlanRequest) -> _Settings:
         multi_turn=multi_turn_of(req.config),
         **placement,
         **_lora(req),
+        reward_model=reward_model,
     )
     _check_settings(s, req)
     if s.multi_turn is not None:

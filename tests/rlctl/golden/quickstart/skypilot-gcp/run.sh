@@ -403,10 +403,25 @@ critic:
     use_distributed_optimizer: true
 reward_model:
   enable: false
+  style: discriminative
   model:
     path: ''
     input_tokenizer: null
     trust_remote_code: false
+  judge:
+    prompt_template: null
+    prompt_template_path: null
+    apply_chat_template: true
+    verdict: score
+    pattern: null
+    score_range:
+    - 0.0
+    - 10.0
+    unparsed_score: 0.0
+    max_prompt_length: 2048
+    max_new_tokens: 512
+    temperature: 0.0
+    top_p: 1.0
   micro_batch_size_per_gpu: 8
   data_sources: null
   reward_manager: naive
