@@ -143,7 +143,8 @@ def start_workers(cfg: EngineConfig) -> Any:
         }
 
     # Megatron roles split their model over ranks, which then share rows (the worker
-    # names the reference "ref").
+    # names the reference "ref"); so do the ranks of an FSDP role's Ulysses group, which
+    # split each sequence as Megatron's context parallelism does.
     layouts = {
         {"reference": "ref"}.get(role, role): ModelParallelLayout(
             tp=section.tensor_model_parallel_size,
@@ -152,6 +153,11 @@ def start_workers(cfg: EngineConfig) -> Any:
         )
         for role, (_key, section) in cfg.megatron_roles().items()
     }
+    for role in ("actor", "reference", "critic"):
+        if cfg.ulysses_size(role) > 1:
+            layouts[{"reference": "ref"}.get(role, role)] = ModelParallelLayout(
+                cp=cfg.ulysses_size(role)
+            )
     train = WorkerGroup(
         pool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, "actor_rollout_ref"),
         WorkerHost,
@@ -297,6 +303,7 @@ def run_training(cfg: EngineConfig) -> None:
         from engine.train.lora import check_targets
 
         check_targets(model)
+    _check_ulysses_heads(cfg)
 
     init_ray(cfg)
     cfg = dataclasses.replace(
@@ -331,6 +338,22 @@ def run_training(cfg: EngineConfig) -> None:
 
         out = export_checkpoint(cfg.trainer.default_local_dir, cfg.trainer.export_hf_dir)
         print(f"exported the final policy to {out}", flush=True)
+
+
+def _check_ulysses_heads(cfg: EngineConfig) -> None:
+    """Ulysses sizes the models' heads cannot take: now, from their configs, not once
+    the workers have loaded them."""
+    from transformers import AutoConfig
+
+    from engine.config.train import ulysses_model_problems
+
+    def hf_config_of(model: Any) -> Any:
+        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        return hf.get_text_config()
+
+    problems = ulysses_model_problems(cfg, hf_config_of)
+    if problems:
+        raise ConfigError(problems)
 
 
 def run_dir(cfg: EngineConfig) -> Path:
