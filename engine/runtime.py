@@ -106,6 +106,25 @@ def resolve_cluster_device(cfg: EngineConfig) -> str:
     return "cpu"
 
 
+def role_layouts(cfg: EngineConfig) -> dict[str, ModelParallelLayout]:
+    """How each role's ranks share rows, for the roles whose ranks do (the worker names
+    the reference "ref"): Megatron roles split their model over ranks; an FSDP role's
+    Ulysses group splits each sequence, as Megatron's context parallelism does."""
+    names = {"reference": "ref"}
+    layouts = {
+        names.get(role, role): ModelParallelLayout(
+            tp=section.tensor_model_parallel_size,
+            pp=section.pipeline_model_parallel_size,
+            cp=section.context_parallel_size,
+        )
+        for role, (_key, section) in cfg.megatron_roles().items()
+    }
+    for role in ("actor", "reference", "critic"):
+        if cfg.ulysses_size(role) > 1:
+            layouts[names.get(role, role)] = ModelParallelLayout(cp=cfg.ulysses_size(role))
+    return layouts
+
+
 def start_workers(cfg: EngineConfig) -> Any:
     """One worker group for every role (colocated), or the rollout's own group beside
     the training group (``rollout.placement=separate``, engine.controller.groups)."""
@@ -142,27 +161,11 @@ def start_workers(cfg: EngineConfig) -> Any:
             "group": group,
         }
 
-    # Megatron roles split their model over ranks, which then share rows (the worker
-    # names the reference "ref"); so do the ranks of an FSDP role's Ulysses group, which
-    # split each sequence as Megatron's context parallelism does.
-    layouts = {
-        {"reference": "ref"}.get(role, role): ModelParallelLayout(
-            tp=section.tensor_model_parallel_size,
-            pp=section.pipeline_model_parallel_size,
-            cp=section.context_parallel_size,
-        )
-        for role, (_key, section) in cfg.megatron_roles().items()
-    }
-    for role in ("actor", "reference", "critic"):
-        if cfg.ulysses_size(role) > 1:
-            layouts[{"reference": "ref"}.get(role, role)] = ModelParallelLayout(
-                cp=cfg.ulysses_size(role)
-            )
     train = WorkerGroup(
         pool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, "actor_rollout_ref"),
         WorkerHost,
         host(roles),
-        layouts=layouts,
+        layouts=role_layouts(cfg),
     )
     if not separate:
         return train

@@ -348,3 +348,21 @@ def test_an_sp_update_equals_the_data_parallel_one(tiny_model_dir):
     # (in the mean: AdamW's first step is lr·g/(|g|+ε), ±lr for a gradient that is ~0)
     moved = sum(float((w_sp[n] - w_dp[n]).abs().sum()) for n in w_dp)
     assert moved < 1e-3 * step, (moved, step)
+
+
+def test_the_ranks_of_a_group_receive_the_same_rows():
+    from engine.runtime import role_layouts
+
+    cfg = _config(
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "critic.ulysses_sequence_parallel_size=4",
+    )
+    layouts = role_layouts(cfg)
+    assert set(layouts) == {"actor", "ref", "critic"}  # the reference: the actor's size
+    actor, critic = layouts["actor"], layouts["critic"]
+    assert [actor.shard(r, 4) for r in range(4)] == [0, 0, 1, 1]
+    assert actor.output_ranks(4) == [0, 2]  # one result per group
+    assert [critic.shard(r, 4) for r in range(4)] == [0, 0, 0, 0]
+    assert role_layouts(_config()) == {}
