@@ -366,3 +366,50 @@ def test_the_ranks_of_a_group_receive_the_same_rows():
     assert actor.output_ranks(4) == [0, 2]  # one result per group
     assert [critic.shard(r, 4) for r in range(4)] == [0, 0, 0, 0]
     assert role_layouts(_config()) == {}
+
+
+def test_heads_the_size_does_not_divide_are_refused_before_start(tiny_model_dir):
+    """At the engine's start (before Ray) and in ``rlctl validate``/``plan``: the key and
+    the sizes that would work."""
+    from engine.runtime import _check_ulysses_heads
+    from rlctl.spec import model_problems
+
+    cfg = _config(
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",  # 4 heads, 2 KV heads
+    )
+    with pytest.raises(ConfigError) as info:
+        _check_ulysses_heads(cfg)
+    (problem,) = info.value.problems
+    assert problem.startswith(
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size 4 must divide the model's"
+        " num_key_value_heads 2"
+    )
+    assert model_problems(cfg, str(tiny_model_dir)) == [problem]
+    _check_ulysses_heads(_config(f"actor_rollout_ref.model.path={tiny_model_dir}",
+                                 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))  # fmt: skip
+
+
+def _groups_on_rank(rank, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    group = UlyssesGroup.create(2)
+    assert (group.size, group.rank) == (2, rank % 2)
+    # (1, heads 4, local seq 3, 1) -> (1, heads 2, seq 6, 1): the group's two slices, in
+    # order, of this rank's half of the heads; values say (rank, head, position)
+    from engine.train.ulysses import all_to_all
+
+    heads = torch.arange(4.0)[None, :, None, None]
+    x = (100 * rank + 10 * heads + torch.arange(3.0)[None, None, :, None]).requires_grad_()
+    y = all_to_all(x, 1, 2, group.group)
+    first = rank - rank % 2  # the group's first rank
+    for h in range(2):
+        want = [100 * (first + s) + 10 * (2 * (rank % 2) + h) + p for s in (0, 1) for p in range(3)]
+        assert y[0, h, :, 0].tolist() == want
+    y.sum().backward()  # the exchange back: each input element's gradient is 1
+    assert (x.grad == 1).all()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # ~20 s: four processes importing torch and transformers on 2 cores
+def test_groups_are_consecutive_ranks_at_world_4():
+    mp.spawn(_groups_on_rank, args=(_free_port(),), nprocs=4, join=True)
