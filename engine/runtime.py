@@ -106,6 +106,25 @@ def resolve_cluster_device(cfg: EngineConfig) -> str:
     return "cpu"
 
 
+def role_layouts(cfg: EngineConfig) -> dict[str, ModelParallelLayout]:
+    """How each role's ranks share rows, for the roles whose ranks do (the worker names
+    the reference "ref"): Megatron roles split their model over ranks; an FSDP role's
+    Ulysses group splits each sequence, as Megatron's context parallelism does."""
+    names = {"reference": "ref"}
+    layouts = {
+        names.get(role, role): ModelParallelLayout(
+            tp=section.tensor_model_parallel_size,
+            pp=section.pipeline_model_parallel_size,
+            cp=section.context_parallel_size,
+        )
+        for role, (_key, section) in cfg.megatron_roles().items()
+    }
+    for role in ("actor", "reference", "critic"):
+        if cfg.ulysses_size(role) > 1:
+            layouts[names.get(role, role)] = ModelParallelLayout(cp=cfg.ulysses_size(role))
+    return layouts
+
+
 def start_workers(cfg: EngineConfig) -> Any:
     """One worker group for every role (colocated), or the rollout's own group beside
     the training group (``rollout.placement=separate``, engine.controller.groups)."""
@@ -142,21 +161,11 @@ def start_workers(cfg: EngineConfig) -> Any:
             "group": group,
         }
 
-    # Megatron roles split their model over ranks, which then share rows (the worker
-    # names the reference "ref").
-    layouts = {
-        {"reference": "ref"}.get(role, role): ModelParallelLayout(
-            tp=section.tensor_model_parallel_size,
-            pp=section.pipeline_model_parallel_size,
-            cp=section.context_parallel_size,
-        )
-        for role, (_key, section) in cfg.megatron_roles().items()
-    }
     train = WorkerGroup(
         pool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, "actor_rollout_ref"),
         WorkerHost,
         host(roles),
-        layouts=layouts,
+        layouts=role_layouts(cfg),
     )
     if not separate:
         return train
@@ -301,6 +310,7 @@ def run_training(cfg: EngineConfig) -> None:
         from engine.train.lora import check_targets
 
         check_targets(model)
+    _check_ulysses_heads(cfg)
 
     init_ray(cfg)
     cfg = dataclasses.replace(
@@ -335,6 +345,22 @@ def run_training(cfg: EngineConfig) -> None:
 
         out = export_checkpoint(cfg.trainer.default_local_dir, cfg.trainer.export_hf_dir)
         print(f"exported the final policy to {out}", flush=True)
+
+
+def _check_ulysses_heads(cfg: EngineConfig) -> None:
+    """Ulysses sizes the models' heads cannot take: now, from their configs, not once
+    the workers have loaded them."""
+    from transformers import AutoConfig
+
+    from engine.config.train import ulysses_model_problems
+
+    def hf_config_of(model: Any) -> Any:
+        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        return hf.get_text_config()
+
+    problems = ulysses_model_problems(cfg, hf_config_of)
+    if problems:
+        raise ConfigError(problems)
 
 
 def run_dir(cfg: EngineConfig) -> Path:

@@ -1,6 +1,6 @@
 """What the launcher (rlctl) may use of the engine, in one place: the config schema and
 its rules, what each advantage estimator needs, the config error, the Megatron parallel
-rules and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
+rules, the Ulysses sizes against a model's heads and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
 Megatron backend converts) that the planner and ``rlctl validate`` need. Torch-free,
 Ray-free: rlctl imports the engine through this module only
 (tests/rlctl/test_import_graph.py checks both)."""
@@ -14,6 +14,7 @@ from engine.config import (
     schema_leaf,
     to_yaml,
 )
+from engine.config.train import ulysses_model_problems
 from engine.errors import ConfigError
 from engine.models.families import MODEL_TYPES, family_rules
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
@@ -31,4 +32,5 @@ __all__ = [
     "pipeline_stage_layers",
     "schema_leaf",
     "to_yaml",
+    "ulysses_model_problems",
 ]

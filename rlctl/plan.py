@@ -203,6 +203,7 @@ def _infeasible(
             ("tensor_model_parallel_size", s.rollout_tp),
             ("gpu_memory_utilization", s.fraction),
             ("context_parallel_size", s.cp if s.train_backend == "megatron" else None),
+            ("ulysses_sequence_parallel_size", s.sp if s.train_backend != "megatron" else None),
             (
                 "fsdp_config offload flags",
                 s.param_offload if s.param_offload is not None else s.optimizer_offload,

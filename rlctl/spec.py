@@ -213,13 +213,13 @@ def extras_needed(cfg: Any) -> tuple[str, ...]:
 
 def engine_config(dotted: dict[str, Any], source: str, model: str | None = None) -> Any:
     """The engine's typed config for these keys, validated; errors name the recipe's keys.
-    With ``model``, the Megatron roles' sizes are also checked against its config
-    (``megatron_problems``): what the engine would refuse once the cluster is up."""
+    With ``model``, the Megatron roles' and the Ulysses sizes are also checked against its
+    config (``model_problems``): what the engine would refuse once the cluster is up."""
     from engine.schema import ConfigError, load_config
 
     try:
         cfg = load_config(base=nest(dotted))
-        problems = megatron_problems(cfg, model) if model is not None else []
+        problems = model_problems(cfg, model) if model is not None else []
     except ConfigError as exc:
         problems = [p.replace("base config: ", "engine.") for p in exc.problems]
     if problems:
@@ -229,6 +229,20 @@ def engine_config(dotted: dict[str, Any], source: str, model: str | None = None)
             hint="change the recipe's engine: keys (or hardware/algorithm) as each line says",
         ) from None
     return cfg
+
+
+def model_problems(cfg: Any, model: str) -> list[str]:
+    """``megatron_problems``, and Ulysses sizes that do not divide the model's heads."""
+    from types import SimpleNamespace
+
+    from engine.schema import ulysses_model_problems
+    from rlctl.models import model_config
+
+    problems = megatron_problems(cfg, model)
+    if any(cfg.ulysses_size(role) > 1 for role in ("actor", "reference", "critic")):
+        fields = SimpleNamespace(**model_config(model))
+        problems += ulysses_model_problems(cfg, lambda _model: fields)
+    return problems
 
 
 def megatron_problems(cfg: Any, model: str) -> list[str]:

@@ -22,6 +22,7 @@ from engine.config.train import (
     dtype_problems,
     fused_kernel_problems,
     optim_problems,
+    ulysses_problems,
 )
 
 if TYPE_CHECKING:
@@ -121,6 +122,14 @@ class ActorConfig:
     kl_loss_type: str = setting("low_var_kl", f"Estimator of that KL: {KL_ESTIMATOR_HELP}")
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    ulysses_sequence_parallel_size: int = setting(
+        1,
+        "Ulysses sequence parallelism (FSDP roles): consecutive ranks that split every packed"
+        " micro-batch by sequence and exchange attention heads all-to-all; needs"
+        " model.use_remove_padding=true and must divide the world size and the model's"
+        " attention and KV heads (docs/training.md). Megatron roles use"
+        " megatron.context_parallel_size.",
+    )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
@@ -148,6 +157,9 @@ class RefConfig:
     )
     log_prob_max_token_len_per_gpu: int | None = setting(
         None, "Tokens per packed micro-batch; null: the actor's `ppo_max_token_len_per_gpu`."
+    )
+    ulysses_sequence_parallel_size: int | None = setting(
+        None, "The reference's Ulysses sequence-parallel size; null: the actor's."
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -185,6 +197,9 @@ def rules(cfg: EngineConfig) -> list[str]:
         )
     p += optim_problems(f"{key}.optim", actor.optim)
     p += fused_kernel_problems(cfg)
+    p += ulysses_problems(cfg, "actor")
+    if cfg.use_reference:
+        p += ulysses_problems(cfg, "reference")
     mixed = actor.fsdp_config.mixed_precision
     p += dtype_problems(
         [

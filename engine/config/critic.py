@@ -16,6 +16,7 @@ from engine.config.train import (
     ModelConfig,
     OptimConfig,
     optim_problems,
+    ulysses_problems,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ class CriticConfig:
         "token-mean", f"How per-token losses become one: {one_of(names.LOSS_AGG_MODES)}."
     )
     grad_clip: float = setting(1.0, "Clip the global gradient norm to this before each step.")
+    ulysses_sequence_parallel_size: int = setting(
+        1,
+        "The critic's Ulysses sequence-parallel size (FSDP; see"
+        " actor_rollout_ref.actor.ulysses_sequence_parallel_size).",
+    )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
@@ -73,6 +79,8 @@ def rules(cfg: EngineConfig) -> list[str]:
             " there are no vocabulary-wide logits to chunk; set it false (the actor's is"
             " actor_rollout_ref.model.use_fused_kernels)"
         )
+    if cfg.use_critic:
+        p += ulysses_problems(cfg, "critic")
     if critic.cliprange_value <= 0:
         p.append(f"critic.cliprange_value must be > 0, got {critic.cliprange_value}")
     return p

@@ -91,13 +91,33 @@ class EngineConfig:
     def token_budget(self, role: str) -> int | None:
         """Padded tokens per micro-batch for ``role`` (a key of ``TOKEN_BUDGET_KEYS``)
         when it packs micro-batches by tokens, else None. A role's unset (null) keys
-        take the actor's."""
+        take the actor's. Under Ulysses the key counts tokens per device and a
+        micro-batch is split over the SP group: the budget is that × the SP size (verl's)."""
         if role not in TOKEN_BUDGET_KEYS:
             raise ValueError(f"unknown role {role!r}; valid: {', '.join(TOKEN_BUDGET_KEYS)}")
         own = [selected(self, key) for key in TOKEN_BUDGET_KEYS[role]]
         actor = [selected(self, key) for key in TOKEN_BUDGET_KEYS["actor"]]
         dynamic, budget = (a if o is None else o for o, a in zip(own, actor, strict=True))
-        return budget if dynamic else None
+        return budget * max(1, self.ulysses_size(BUDGET_ROLES[role])) if dynamic else None
+
+    def ulysses_size(self, role: str) -> int:
+        """Ranks that split each sequence of ``role`` (actor, reference or critic) with
+        Ulysses: its ``ulysses_sequence_parallel_size`` (the reference's null, or any with
+        LoRA, where the reference runs on the actor's module: the actor's); 1 under
+        Megatron, whose roles split sequences by context parallelism."""
+        if role not in ULYSSES_KEYS:
+            raise ValueError(f"unknown role {role!r}; valid: {', '.join(ULYSSES_KEYS)}")
+        strategy = {
+            "actor": self.actor_rollout_ref.actor.strategy,
+            "reference": self.ref_strategy,
+            "critic": self.critic.strategy,
+        }[role]
+        if strategy == "megatron":
+            return 1
+        size = selected(self, ULYSSES_KEYS[role])
+        if role == "reference" and (size is None or self.actor_rollout_ref.model.lora_rank > 0):
+            size = self.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+        return size
 
 
 # Each role's (use_dynamic_bsz, max_token_len) keys; the actor's are the defaults.
@@ -115,4 +135,16 @@ TOKEN_BUDGET_KEYS = {
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
     ),
     "critic": ("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
+}
+# Which role's Ulysses size each token budget's micro-batches are split by.
+BUDGET_ROLES = {
+    "actor": "actor",
+    "actor_log_prob": "actor",
+    "ref_log_prob": "reference",
+    "critic": "critic",
+}
+ULYSSES_KEYS = {
+    "actor": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "reference": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+    "critic": "critic.ulysses_sequence_parallel_size",
 }

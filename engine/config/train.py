@@ -216,6 +216,117 @@ def fused_kernel_problems(cfg: EngineConfig) -> list[str]:
     return p
 
 
+def ulysses_problems(cfg: EngineConfig, role: str) -> list[str]:
+    """``<role>.ulysses_sequence_parallel_size`` (``engine.train.ulysses``) against the
+    strategy, the world size and padding removal; against the model's heads:
+    ``ulysses_heads_problems``, once the model's config is at hand."""
+    from engine.config.engine import ULYSSES_KEYS
+
+    key = ULYSSES_KEYS[role]
+    size = _configured_ulysses(cfg, role)
+    if size is None:  # the reference's null: the actor's, checked there
+        return []
+    if size < 1:
+        return [f"{key} must be a positive integer, got {size}; 1 turns Ulysses off"]
+    if size == 1:
+        return []
+    p = []
+    if role in cfg.megatron_roles():
+        return [
+            f"{key}={size} is for the fsdp/fsdp2 strategies; {_strategy_key(role)}=megatron"
+            f" splits sequences by context parallelism: set {_megatron_key(role)}"
+            f".context_parallel_size={size} instead, and {key}=1"
+        ]
+    lora = cfg.actor_rollout_ref.model.lora_rank > 0
+    actor_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+    if role == "reference" and lora and size != actor_size:
+        p.append(
+            f"{key}={size}: with LoRA the reference is the actor's own module with its adapter"
+            f" off, split as the actor's (actor_rollout_ref.actor.ulysses_sequence_parallel"
+            f"_size={actor_size}); leave {key} unset (null)"
+        )
+    world = cfg.world_size
+    if world % size:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        p.append(
+            f"{key} {size} must divide the world size {world} (trainer.nnodes ×"
+            f" trainer.n_gpus_per_node): every {size} consecutive ranks share their rows; use"
+            f" one of {', '.join(map(str, divisors))}"
+        )
+    model_key = _model_key(cfg, role)
+    if not selected_model(cfg, role).use_remove_padding:
+        p.append(
+            f"{key}={size} needs {model_key}.use_remove_padding=true (the SP group splits the"
+            f" packed row of each micro-batch by sequence): set it, or {key}=1"
+        )
+    return p
+
+
+def ulysses_heads_problems(size: int, key: str, hf_config: Any) -> list[str]:
+    """A Ulysses size the model's attention cannot take: the all-to-all hands each rank
+    whole query heads and whole KV heads (the heads of one query group stay together)."""
+    if size <= 1:
+        return []
+    heads = getattr(hf_config, "num_attention_heads", None)
+    if heads is None:  # fields that do not say (the engine checks the loaded model)
+        return []
+    kv = getattr(hf_config, "num_key_value_heads", None) or heads
+    p = []
+    for what, value in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if value % size:
+            fits = [d for d in range(1, value + 1) if value % d == 0]
+            p.append(
+                f"{key} {size} must divide the model's {what} {value} (each rank of the"
+                f" sequence-parallel group attends with whole heads); use one of"
+                f" {', '.join(map(str, fits))}"
+            )
+    return p
+
+
+def ulysses_model_problems(cfg: EngineConfig, hf_config_of: Any) -> list[str]:
+    """``ulysses_heads_problems`` for every role that runs with Ulysses;
+    ``hf_config_of(model_cfg)``: the Hugging Face config (or its fields) of a role's model."""
+    from engine.config.engine import ULYSSES_KEYS
+
+    used = {"actor": True, "reference": cfg.use_reference, "critic": cfg.use_critic}
+    p = []
+    for role, key in ULYSSES_KEYS.items():
+        size = cfg.ulysses_size(role)
+        if used[role] and size > 1:
+            p += ulysses_heads_problems(size, key, hf_config_of(selected_model(cfg, role)))
+    return p
+
+
+def _configured_ulysses(cfg: EngineConfig, role: str) -> int | None:
+    arr = cfg.actor_rollout_ref
+    return {
+        "actor": arr.actor.ulysses_sequence_parallel_size,
+        "reference": arr.ref.ulysses_sequence_parallel_size,
+        "critic": cfg.critic.ulysses_sequence_parallel_size,
+    }[role]
+
+
+def selected_model(cfg: EngineConfig, role: str) -> ModelConfig:
+    """The model a role loads: the critic's own when its path is set, else the actor's."""
+    if role == "critic" and cfg.critic.model.path:
+        return cfg.critic.model
+    return cfg.actor_rollout_ref.model
+
+
+def _model_key(cfg: EngineConfig, role: str) -> str:
+    if role == "critic" and cfg.critic.model.path:
+        return "critic.model"
+    return "actor_rollout_ref.model"
+
+
+def _megatron_key(role: str) -> str:
+    return {
+        "actor": "actor_rollout_ref.actor.megatron",
+        "reference": "actor_rollout_ref.ref.megatron",
+        "critic": "critic.megatron",
+    }[role]
+
+
 def megatron_rules(cfg: EngineConfig) -> list[str]:
     """The Megatron engine's parallel sizes, for each role that uses it."""
     roles = cfg.megatron_roles()

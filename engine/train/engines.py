@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import EngineConfig, ModelConfig
+from engine.config.engine import ULYSSES_KEYS
 from engine.device import DeviceSpec
 from engine.train.fsdp import FSDPEngine
 
@@ -27,6 +28,8 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
         device,
         gradient_checkpointing=arr.model.enable_gradient_checkpointing,
         lora=arr.model.lora_rank > 0,
+        ulysses=cfg.ulysses_size("actor"),
+        ulysses_key=ULYSSES_KEYS["actor"],
     )
 
 
@@ -34,7 +37,14 @@ def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
     arr = cfg.actor_rollout_ref
     if cfg.ref_strategy == "megatron":
         return _megatron(cfg, device, "reference", arr.model, arr.ref.megatron, None)
-    return FSDPEngine.from_hf(arr.model, arr.ref.fsdp_config, None, device)
+    return FSDPEngine.from_hf(
+        arr.model,
+        arr.ref.fsdp_config,
+        None,
+        device,
+        ulysses=cfg.ulysses_size("reference"),
+        ulysses_key=ULYSSES_KEYS["reference"],
+    )
 
 
 def critic_model(cfg: EngineConfig) -> ModelConfig:
@@ -54,6 +64,8 @@ def critic_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
         device,
         kind="value",
         gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        ulysses=cfg.ulysses_size("critic"),
+        ulysses_key=ULYSSES_KEYS["critic"],
     )
 
 

@@ -39,6 +39,7 @@ def response_logprobs(
     entropy_grad: bool = False,
     head: HeadOptions | None = None,
     packed: bool = False,
+    ulysses=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(o_t | prefix) for every response token, and optionally the entropy.
 
@@ -50,9 +51,10 @@ def response_logprobs(
     coefficient is not 0; otherwise it is a metric and its backward would be wasted).
     With ``head`` (the model's ``use_fused_kernels``) the logits are never whole:
     ``engine.train.fused_head``. ``packed``: the rows end to end, no padding
-    (``engine.train.packing``).
+    (``engine.train.packing``). ``ulysses``: this rank's sequence-parallel group
+    (``engine.train.ulysses``; packed only).
     """
-    call = model_call(model, tokens, device, packed)
+    call = model_call(model, tokens, device, packed, ulysses)
     if head is not None:
         logp, entropy, _ = _fused(
             model, call, temperature, head, entropy=with_entropy,
@@ -75,11 +77,12 @@ def response_logprobs_sum_pi_squared(
     temperature: float = 1.0,
     head: HeadOptions | None = None,
     packed: bool = False,
+    ulysses=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(o_t | prefix) and Σ_v π(v | prefix)² at every response position, from the
     same temperature-scaled logits (the optimal token baseline reads both of π_old). Σπ²
     is another reduction over the vocabulary, so only the passes that need it ask."""
-    call = model_call(model, tokens, device, packed)
+    call = model_call(model, tokens, device, packed, ulysses)
     if head is not None:
         logp, _, sum_sq = _fused(
             model, call, temperature, head, entropy=False, entropy_grad=False, sum_sq=True
@@ -115,10 +118,14 @@ def _response_logits(model: nn.Module, call: ModelCall, temperature: float) -> t
 
 
 def response_values(
-    model: nn.Module, tokens: TokenBatch, device: torch.device, packed: bool = False
+    model: nn.Module,
+    tokens: TokenBatch,
+    device: torch.device,
+    packed: bool = False,
+    ulysses=None,
 ) -> torch.Tensor:
     """V(prefix) before each response token, from a one-output token-classification head."""
-    call = model_call(model, tokens, device, packed)
+    call = model_call(model, tokens, device, packed, ulysses)
     # use_cache=False: with a cache transformers ignores the packed rows' positions
     out = model(**call.inputs, **call.kwargs).logits  # (B', S', 1)
     return call.unpack(call.head_positions(out)[..., 0].float())

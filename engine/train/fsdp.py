@@ -167,15 +167,16 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     return float(norm)
 
 
-def global_loss_scale(mask_BR: torch.Tensor, device: DeviceSpec) -> LossScale:
+def global_loss_scale(mask_BR: torch.Tensor, device: DeviceSpec, sp_size: int = 1) -> LossScale:
     """The loss normalisers of a mini-batch of which this rank holds ``mask_BR``: the
-    token and sequence counts summed over the data-parallel group."""
+    token and sequence counts summed over the data-parallel group (summed over every
+    rank, then divided by the Ulysses size: the ranks of a group hold the same rows)."""
     local = LossScale.of(mask_BR)
     counts = torch.tensor(
         [local.num_tokens, local.num_seqs], dtype=torch.float64, device=device.torch_device()
     )
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    tokens, seqs = counts.tolist()
+    tokens, seqs = (count / sp_size for count in counts.tolist())
     return LossScale(num_tokens=tokens, num_seqs=seqs)
 
 
@@ -226,6 +227,8 @@ class FSDPEngine:
     head: HeadOptions | None = None
     # The model's use_remove_padding: rows packed end to end (engine.train.packing).
     packed: bool = False
+    # The role's Ulysses group (engine.train.ulysses); None at size 1.
+    ulysses: Any = None
 
     def __init__(
         self,
@@ -262,8 +265,15 @@ class FSDPEngine:
         kind: str = "causal_lm",
         gradient_checkpointing: bool = False,
         lora: bool = False,
+        ulysses: int = 1,
+        ulysses_key: str = "ulysses_sequence_parallel_size",
     ) -> FSDPEngine:
         model = load_hf_model(model_cfg, kind=kind)
+        if ulysses > 1:  # checked by config too; here against the model loaded
+            from engine.train import ulysses as sp
+
+            sp.check_heads(model, ulysses, ulysses_key)
+            sp.enable(model)
         peft_model = None
         if optim_cfg is None:
             model.requires_grad_(False)
@@ -276,11 +286,19 @@ class FSDPEngine:
         if kind == "causal_lm":
             engine.head = HeadOptions.of(model_cfg)
         engine.packed = model_cfg.use_remove_padding
+        if ulysses > 1:
+            engine.ulysses = sp.UlyssesGroup.create(ulysses)
         return engine
 
     @property
     def dp_size(self) -> int:
-        return dist.get_world_size()  # FSDP shards and averages over every rank
+        """Ranks holding different rows: all of them, but for a Ulysses group's ranks,
+        which share theirs."""
+        return dist.get_world_size() // self.sp_size
+
+    @property
+    def sp_size(self) -> int:
+        return 1 if self.ulysses is None else self.ulysses.size
 
     @property
     def lr(self) -> float:
@@ -310,6 +328,7 @@ class FSDPEngine:
             entropy_grad=entropy_grad,
             head=self.head,
             packed=self.packed,
+            ulysses=self.ulysses,
         )
 
     def response_logprobs_sum_pi_squared(
@@ -318,20 +337,30 @@ class FSDPEngine:
         from engine.train.forward import response_logprobs_sum_pi_squared
 
         return response_logprobs_sum_pi_squared(
-            self.module, tokens, self.device.torch_device(), temperature, self.head, self.packed
+            self.module,
+            tokens,
+            self.device.torch_device(),
+            temperature,
+            self.head,
+            self.packed,
+            self.ulysses,
         )
 
     def response_values(self, tokens: TokenBatch) -> torch.Tensor:
         from engine.train.forward import response_values
 
-        return response_values(self.module, tokens, self.device.torch_device(), self.packed)
+        return response_values(
+            self.module, tokens, self.device.torch_device(), self.packed, self.ulysses
+        )
 
     def global_loss_scale(self, mask_BR: torch.Tensor) -> LossScale:
-        return global_loss_scale(mask_BR, self.device)
+        return global_loss_scale(mask_BR, self.device, self.sp_size)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Each rank holds part of the global sum; FSDP averages gradients over ranks."""
-        (loss * self.dp_size).backward()
+        """Each rank holds part of the global sum; FSDP averages gradients over all ranks.
+        A Ulysses group's ranks hold the same part, each its positions' share of the
+        gradient (``engine.train.ulysses``): × the world size undoes the mean either way."""
+        (loss * dist.get_world_size()).backward()
 
     def forward_backward(
         self, micro_batches: Sequence[Any], step: Callable[[Any], torch.Tensor]

@@ -68,8 +68,12 @@ def trim_padding(tokens: TokenBatch) -> TokenBatch:
 
 
 def model_call(
-    model: nn.Module, tokens: TokenBatch, device: torch.device, packed: bool
+    model: nn.Module, tokens: TokenBatch, device: torch.device, packed: bool, ulysses=None
 ) -> ModelCall:
+    """The call of a micro-batch; with ``ulysses`` (an ``engine.train.ulysses.UlyssesGroup``,
+    packed only) this rank's slice of it, bins padded to a multiple of the group's size."""
+    if ulysses is not None:
+        return ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
     return _packed(model, tokens, device) if packed else _padded(model, tokens, device)
 
 
@@ -94,14 +98,17 @@ def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> Model
     )
 
 
-def _packed(model: nn.Module, tokens: TokenBatch, device: torch.device) -> ModelCall:
+def _packed(
+    model: nn.Module, tokens: TokenBatch, device: torch.device, multiple: int = 1
+) -> ModelCall:
     """Every row's real tokens end to end (prompt then response, positions from 0), in
     bins; the head at the positions before response tokens. A flash-attention model
     takes one bin of all the tokens (its variable-length kernels cost each row's own
     length squared); others (sdpa, eager: a dense mask over the bin) bins as long as the
     longest row, filled first-fit by decreasing length, so that attention costs no more
     than padded rows would. The ends of the bins are filled with a row of pad tokens
-    of its own, which no real token attends to."""
+    of its own, which no real token attends to; ``multiple``: the bins' length is rounded
+    up to a multiple of it (Ulysses splits them into that many equal slices)."""
     attention = tokens.attention_mask_BS.bool()
     r_len = tokens.response_length
     lengths = attention.sum(dim=1).tolist()
@@ -110,6 +117,7 @@ def _packed(model: nn.Module, tokens: TokenBatch, device: torch.device) -> Model
     config = getattr(model, "config", None)
     flash = "flash" in str(getattr(config, "_attn_implementation", ""))
     width = sum(lengths) if flash else max(lengths)
+    width = -(-width // multiple) * multiple
     bins: list[list[int]] = []
     room: list[int] = []
     for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):

@@ -20,6 +20,7 @@ from rlctl.planner.fit import (
 )
 from rlctl.planner.memory import (
     _budget_bytes,
+    _fsdp_state,
     _megatron_lengths,
     _megatron_state,
     _train_activations,
@@ -85,7 +86,8 @@ def _assemble(
         ppo_mini_batch_size=fit.mini,
         micro_batch_size_per_device=t.micro,
         use_dynamic_bsz=t.dynamic,
-        max_token_len_per_device=t.token_len,
+        # under Ulysses the key counts one device's share (the engine multiplies by SP)
+        max_token_len_per_device=math.ceil(t.token_len / c.sp),
         param_offload=c.param_offload,
         optimizer_offload=c.optimizer_offload,
         gradient_checkpointing=c.grad_ckpt,
@@ -97,6 +99,7 @@ def _assemble(
         **_made_for(s),
         train_ep=c.ep,
         train_cp=c.cp,
+        train_sp=c.sp,
         log_prob_micro_batch_size_per_device=t.log_prob_micro,
         hf_rollout_micro_batch_size=r.hf_micro,
         estimated_step_seconds=round(step_1 / lay.devices, 1),
@@ -139,6 +142,8 @@ def _reasoning(
     lines += _train_lines(m, s, c, t)
     if c.backend == "megatron":
         lines += _context_parallel_lines(m, s, c, _budget_bytes(acc), lay.per_node)
+    else:
+        lines += _ulysses_lines(m, s, c, _budget_bytes(acc))
     per_device = fit.mini * s.n // lay.devices
     mini_why = (
         "pinned"
@@ -158,6 +163,12 @@ def _reasoning(
             f"; the {_count(dp, 'data-parallel replica')} (TP × PP × CP = {c.model_parallel}"
             f" devices each) take {fit.mini * s.n // dp} samples each per mini-batch"
         )
+    elif c.sp > 1:
+        dp = lay.devices // c.sp
+        lines[-1] += (
+            f"; the {_count(dp, 'Ulysses group')} ({c.sp} devices each, sharing their rows)"
+            f" take {fit.mini * s.n // dp} samples each per mini-batch"
+        )
     if t.dynamic:
         why = "pinned" if s.dynamic is not None else f"≥ {DYNAMIC_BSZ_MIN_TOKENS}"
         split = (
@@ -165,6 +176,12 @@ def _reasoning(
             if c.cp > 1
             else " per device"
         )
+        if c.sp > 1:
+            split = (
+                f" per micro-batch of a Ulysses group, {math.ceil(t.token_len / c.sp)} on each"
+                f" of its {c.sp} ranks (ppo_max_token_len_per_gpu counts those; the engine"
+                " multiplies by SP)"
+            )
         lines.append(
             f"dynamic batch size: on ({s.seq_len} tokens per sample, {why}): micro-batches"
             f" are packed up to {t.token_len} tokens{split}"
@@ -290,6 +307,9 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     if c.backend == "megatron" and parts:
         split = " / " + (parts[0] if len(parts) == 1 else f"({' × '.join(parts)})")
     logits_all = t.logits if c.backend != "megatron" else tokens * m.vocab_size * LOGITS_BYTES
+    if c.sp > 1 and c.logits_chunk is None:  # Ulysses: each rank's share of the tokens
+        split = f" / SP {c.sp}"
+        logits_all = tokens * m.vocab_size * (LOGITS_BYTES_FP32 if c.fp32 else LOGITS_BYTES)
     biggest = " — the largest term" if t.logits >= 0.5 * t.activations else ""
     mask = (
         f"; the attention mask (S × S booleans per sequence, each rank building only its"
@@ -354,6 +374,37 @@ def _context_parallel_lines(
             f" (TP × CP = {c.tp * c.cp} ranks span {c.tp * c.cp // per_node} nodes: the"
             " all-gather crosses the inter-node network)"
         )
+    return [line]
+
+
+def _ulysses_lines(m: ModelShape, s: _Settings, c: _TrainCfg, budget: float) -> list[str]:
+    """FSDP's Ulysses size: the split it makes and, when SP > 1, what one sample needs at
+    half of it (the planner takes the smallest size that fits, as CP under Megatron)."""
+    seq = s.seq_len
+    if c.sp == 1 and seq < LONG_SAMPLE_TOKENS and s.sp is None:
+        return []  # short samples: Ulysses is not considered
+    line = f"sequence parallel (Ulysses): SP {c.sp}"
+    if s.sp is not None:
+        line += " (pinned by the recipe)"
+    if c.sp == 1:
+        if s.remove_padding is False and s.sp is None:
+            return [line + ": use_remove_padding=false is pinned (Ulysses splits packed rows)"]
+        return [line + f": one {seq}-token sample fits on a device without it"]
+    line += (
+        f": every micro-batch's packed tokens are split over {c.sp} consecutive ranks"
+        f" (~{math.ceil(seq / c.sp)} tokens of a {seq}-token sample each, the {c.sp} ranks"
+        " sharing their rows); attention exchanges queries, keys, values and its output"
+        f" all-to-all, each rank attending over the whole sequence with {m.num_attention_heads}"
+        f"/{c.sp} query heads and {m.num_kv_heads}/{c.sp} KV heads; activations and logits"
+        " scale 1/SP, the sharded weights and optimizer do not; sets"
+        " ulysses_sequence_parallel_size and use_remove_padding=true"
+    )
+    if s.sp is None:
+        half = replace(c, sp=c.sp // 2)
+        state = _fsdp_state(m, half, s.critic, s.reference, adapter_params(m, s))
+        need = state.peak(_train_activations(m, half, seq, seq).total)
+        if need > budget:
+            line += f"; at SP {half.sp} one sample needs {_fmt(need)} > budget {_fmt(budget)}"
     return [line]
 
 

@@ -147,7 +147,7 @@ def _fit_train(
     if not fits(seq):
         act = _train_activations(m, c, seq, seq)
         mask = f" and the attention mask {_fmt(act.mask)}" if act.mask else ""
-        where = f" at CP {c.cp}" if c.cp > 1 else ""
+        where = f" at CP {c.cp}" if c.cp > 1 else (f" at SP {c.sp}" if c.sp > 1 else "")
         return None, (
             f"training one {seq}-token sample{where} needs {_fmt(state.peak(act.total))} per"
             f" device (weights {_fmt(state.weights)}, grads {_fmt(state.grads)}, Adam"
@@ -169,15 +169,16 @@ def _fit_train(
         divisors = [k for k in _divisors(per_device) if k <= MAX_MICRO] or [1]
         micro = max(k for k in divisors if k == 1 or fits(k * seq))
     if s.token_len is not None:
-        token_len = s.token_len
+        token_len = s.token_len * c.sp  # per device: a Ulysses group's micro-batch is SP ×
         if dynamic and not fits(token_len):
             return None, (
-                f"pinned ppo_max_token_len_per_gpu {token_len} does not fit in"
+                f"pinned ppo_max_token_len_per_gpu {s.token_len} does not fit in"
                 f" {_fmt(budget or 0)} per device"
             )
     elif dynamic:
         # The cap is per device: under context parallelism each rank holds 1/CP of it.
-        cap = max(seq, MAX_TOKEN_BUDGET * c.cp)
+        # (and under Ulysses the key counts a device's share: the engine multiplies by SP)
+        cap = max(seq, MAX_TOKEN_BUDGET * c.cp * c.sp)
         token_len = seq
         step = 1024
         candidate = (cap // step) * step
@@ -212,8 +213,9 @@ def _log_prob_micro(
         if c.backend == "megatron":
             act = _megatron_forward_bytes(m, c, tokens, seq)
         else:
-            logits = _logits_bytes(m, tokens, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False)
-            act = (logits + tokens * _layer_activation_bytes_per_token(m)) / c.tp
+            local = math.ceil(tokens / c.sp)
+            logits = _logits_bytes(m, local, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False)
+            act = logits + local * _layer_activation_bytes_per_token(m)
         held = state.weights + state.optimizer + state.gathered
         held += state.reward_model if state.reward_model_held else 0.0
         if budget is None or held + act <= budget:

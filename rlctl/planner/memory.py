@@ -101,6 +101,7 @@ class _TrainCfg:
     pp: int = 1
     ep: int = 1
     cp: int = 1
+    sp: int = 1  # FSDP: Ulysses size (each micro-batch's tokens split over SP ranks)
     fp32: bool = False  # CPU: no mixed precision
     logits_chunk: int | None = None  # FSDP with use_fused_kernels: tokens of logits at once
 
@@ -273,15 +274,24 @@ def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _A
     act_bytes, logits_bytes = (4, LOGITS_BYTES_FP32) if c.fp32 else (2, LOGITS_BYTES)
     if c.backend == "megatron":
         return _megatron_activations(m, c, tokens, seq)
+    local = math.ceil(tokens / c.sp)  # Ulysses: this rank's share of the micro-batch
     total, logits = _activation_terms(
         m,
-        tokens,
+        local,
         c.grad_ckpt,
         act_bytes=act_bytes,
         logits_bytes=logits_bytes,
         logits_chunk=c.logits_chunk,
     )
+    if c.sp > 1:
+        total += _ulysses_exchange_bytes(m, local, act_bytes)
     return _Act(total, logits)
+
+
+def _ulysses_exchange_bytes(m: ModelShape, local: float, act_bytes: int) -> float:
+    """One layer's all-to-all copies under Ulysses: its queries, keys, values and attention
+    output as sent and as received (L/SP tokens × all heads = L tokens × heads/SP)."""
+    return 2 * local * (2 * m.q_dim + m.kv_dim) * act_bytes
 
 
 def _megatron_lengths(c: _TrainCfg, seq: int, tokens: float) -> tuple[int, float]:

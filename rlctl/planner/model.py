@@ -243,6 +243,7 @@ class Plan:
     use_reference: bool = False
     train_ep: int = 1  # megatron: expert parallel size (MoE)
     train_cp: int = 1  # megatron: context parallel size (each sample split over CP ranks)
+    train_sp: int = 1  # fsdp: Ulysses size (each micro-batch split over SP ranks)
     log_prob_micro_batch_size_per_device: int = 1
     hf_rollout_micro_batch_size: int | None = None  # hf rollout: sequences per generate call
     estimated_step_seconds: float | None = None
@@ -293,6 +294,11 @@ class Plan:
         if fsdp:
             out[f"{arr}.actor.fsdp_config.param_offload"] = self.param_offload
             out[f"{arr}.actor.fsdp_config.optimizer_offload"] = self.optimizer_offload
+            if self.train_sp > 1:  # the reference's null follows the actor's
+                out[f"{arr}.actor.ulysses_sequence_parallel_size"] = self.train_sp
+                out[f"{arr}.model.use_remove_padding"] = True  # Ulysses splits packed rows
+                if self.use_critic:
+                    out["critic.ulysses_sequence_parallel_size"] = self.train_sp
         else:  # one set of sizes: colocated roles share Megatron's parallel state
             for role in (
                 [f"{arr}.actor"]

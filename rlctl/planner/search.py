@@ -90,9 +90,17 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
     ]
     if s.train_backend != "megatron":
         # FSDP: no offload on more devices beats offload on fewer (parameter offload
-        # streams every layer from the host); each offload level is its own tier.
+        # streams every layer from the host); each offload level is its own tier, in which
+        # the smallest Ulysses size that fits wins (as the smallest CP does under Megatron).
         return [
-            [[_TrainCfg(s.train_backend, d, po, oo, s.grad_ckpt, logits_chunk=s.logits_chunk)]]
+            [
+                [
+                    _TrainCfg(
+                        s.train_backend, d, po, oo, s.grad_ckpt, sp=sp, logits_chunk=s.logits_chunk
+                    )
+                ]
+                for sp in _ulysses_sizes(m, layout, s)
+            ]
             for po, oo in offloads
         ]
     # Megatron: offload only moves state out of the way of the rollout between phases,
@@ -118,6 +126,29 @@ def _context_parallel_sizes(seq: int, room: int, pinned: int | None) -> list[int
     while room % cp == 0 and seq // cp >= CP_MIN_TOKENS_PER_RANK:
         sizes.append(cp)
         cp *= 2
+    return sizes
+
+
+def _ulysses_sizes(m: ModelShape, layout: _Layout, s: _Settings) -> list[int]:
+    """Ulysses sizes for FSDP: the pinned one (if it divides the devices); only 1 when
+    the recipe pins use_remove_padding=false (Ulysses splits the packed rows); else 1 and
+    the powers of two within a node that divide the devices, the query heads and the KV
+    heads (each rank attends with whole heads) and leave each rank at least
+    ``CP_MIN_TOKENS_PER_RANK`` tokens of a sample (as CP: for long samples only)."""
+    if s.sp is not None:
+        return [s.sp] if layout.devices % s.sp == 0 else []
+    if s.remove_padding is False:
+        return [1]
+    sizes, sp = [1], 2
+    while (
+        sp <= layout.per_node
+        and layout.devices % sp == 0
+        and m.num_attention_heads % sp == 0
+        and m.num_kv_heads % sp == 0
+        and s.seq_len // sp >= CP_MIN_TOKENS_PER_RANK
+    ):
+        sizes.append(sp)
+        sp *= 2
     return sizes
 
 
@@ -185,6 +216,12 @@ def _search(
                     " allows"
                 )
                 continue
+            if not options[layout][tier] and s.sp is not None:  # fsdp: the pin does not divide
+                tried.append(
+                    f"{layout.describe(acc.name)}: the pinned ulysses_sequence_parallel_size"
+                    f" {s.sp} does not divide {layout.devices} devices"
+                )
+                continue
             reasons = []
             failed: list[_TrainCfg] = []
             for group in options[layout][tier]:
@@ -209,6 +246,12 @@ def _search(
                     tried[index] = entry
                 else:
                     tried.append(entry)
+                if s.train_backend != "megatron" and len(failed) > 1:  # and the largest SP
+                    last = max(failed, key=lambda f: f.sp)
+                    tried.append(
+                        f"at the largest Ulysses size tried, SP {last.sp} with"
+                        f" {_offload_label(last)}: {reasons[failed.index(last)]}"
+                    )
                 if s.train_backend == "megatron" and len(failed) > 1:  # and the largest split
                     i = max(
                         range(len(failed)),
@@ -220,5 +263,7 @@ def _search(
                         f" {last.cp} with {_offload_label(last)}: {reasons[i]}"
                     )
             elif not any(t.startswith(layout.describe(acc.name)) for t in tried):
-                tried.append(f"{layout.describe(acc.name)}: {reasons[0]}")  # first tier's
+                # the first tier's; under FSDP at the largest Ulysses size tried (the last)
+                reason = reasons[-1] if s.train_backend != "megatron" else reasons[0]
+                tried.append(f"{layout.describe(acc.name)}: {reason}")
     return None, tried

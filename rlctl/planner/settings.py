@@ -47,6 +47,8 @@ _HONOURED = frozenset(
         f"{_ARR}.rollout.gpu_memory_utilization",
         "critic.enable",
         *(f"{role}.megatron.context_parallel_size" for role in _MEGATRON_ROLES),
+        f"{_ARR}.actor.ulysses_sequence_parallel_size",
+        f"{_ARR}.model.use_remove_padding",
         f"{_ARR}.actor.use_kl_loss",
         "algorithm.use_kl_in_reward",
         # the rollout on devices of its own (planner/split.py): with it, trainer.nnodes and
@@ -94,6 +96,8 @@ class _Settings:
     fraction: float | None
     target_s: float
     cp: int | None = None  # megatron context_parallel_size pinned by the recipe
+    sp: int | None = None  # fsdp ulysses_sequence_parallel_size pinned by the recipe
+    remove_padding: bool | None = None  # use_remove_padding pinned (Ulysses needs it on)
     # use_fused_kernels: the tokens whose logits exist at once (None: every token's)
     logits_chunk: int | None = None
     notes: tuple[str, ...] = ()
@@ -172,6 +176,8 @@ def _settings(req: PlanRequest) -> _Settings:
         fraction=pinned.get(f"{_ARR}.rollout.gpu_memory_utilization"),
         target_s=req.target_step_minutes * 60.0,
         cp=_pinned_cp(pinned),
+        sp=pinned.get(f"{_ARR}.actor.ulysses_sequence_parallel_size"),
+        remove_padding=pinned.get(f"{_ARR}.model.use_remove_padding"),
         logits_chunk=_logits_chunk(req, pinned),
         notes=tuple(notes),
         multi_turn=multi_turn_of(req.config),
@@ -292,6 +298,7 @@ def _check_settings(s: _Settings, req: PlanRequest) -> None:
         ("trainer.n_gpus_per_node", s.per_node),
         ("num_devices", req.num_devices),
         ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", s.sp),
         ("actor_rollout_ref.rollout.separate_nnodes", s.rollout_nodes),
         ("actor_rollout_ref.rollout.separate_n_gpus_per_node", s.rollout_per_node),
     ):
@@ -307,6 +314,7 @@ def _check_settings(s: _Settings, req: PlanRequest) -> None:
         ("trainer.n_gpus_per_node", s.per_node, MAX_COUNT),
         ("hardware.accelerators (devices per node)", req.max_devices_per_node, MAX_COUNT),
         ("actor_rollout_ref.actor.megatron.context_parallel_size", s.cp, MAX_COUNT),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", s.sp, MAX_COUNT),
         ("actor_rollout_ref.rollout.separate_nnodes", s.rollout_nodes, MAX_COUNT),
         ("actor_rollout_ref.rollout.separate_n_gpus_per_node", s.rollout_per_node, MAX_COUNT),
         ("data.max_prompt_length", s.prompt_len, MAX_TOKENS),

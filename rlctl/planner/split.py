@@ -371,6 +371,11 @@ def _evaluate_split(
             f"training: the pinned context_parallel_size {s.cp} does not divide"
             f" {c.train.devices} / (TP × PP) for any TP and PP the model allows"
         )
+    if not options[tier] and s.sp is not None:
+        return None, (
+            f"training: the pinned ulysses_sequence_parallel_size {s.sp} does not divide"
+            f" {c.train.devices} devices"
+        )
     why = ""
     for group in options[tier]:
         for cfg in group:  # the least offload first

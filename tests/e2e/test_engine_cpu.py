@@ -122,6 +122,19 @@ ALGORITHMS = {
         "actor_rollout_ref.model.use_remove_padding=true",
         "critic.model.use_remove_padding=true",
     ],
+    # Ulysses sequence parallelism (engine.train.ulysses) over both workers for the actor,
+    # the reference (the actor's size) and the critic; the HF rollout generates with the
+    # same module, its attention passing straight through.
+    "ppo_kl_loss_ulysses2": [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "critic.optim.lr=1e-3",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "critic.ulysses_sequence_parallel_size=2",
+    ],
     "grpo_kl_loss": [
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.actor.use_kl_loss=true",

@@ -398,9 +398,10 @@ def test_nothing_fits_at_the_largest_size_suggests_megatron():
 
 
 def test_one_sample_too_long_for_any_layout():
+    # (60000 tokens fit 32 nodes at Ulysses SP 8: tests/rlctl/test_plan_ulysses.py)
     with pytest.raises(InfeasiblePlanError) as info:
-        make_plan(PlanRequest("Qwen/Qwen2.5-32B", "L40S", None, max_response_length=60000))
-    assert "61024-token sample" in str(info.value)
+        make_plan(PlanRequest("Qwen/Qwen2.5-32B", "L40S", None, max_response_length=200000))
+    assert "training one 201024-token sample at SP 8 needs" in str(info.value)
     assert "shorten the sequences" in info.value.hint
 
 

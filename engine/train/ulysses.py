@@ -1,0 +1,258 @@
+"""Ulysses sequence parallelism for the FSDP2 engine (``<role>.ulysses_sequence_parallel_size``,
+verl's key; DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509).
+
+Groups. ``size`` consecutive ranks form a sequence-parallel (SP) group; they receive the
+same rows (the controller's ``ModelParallelLayout(cp=size)``) and split each packed
+micro-batch (``engine.train.packing``, padded to a multiple of ``size`` tokens) by
+sequence: rank r of the group runs the model on tokens [r·L/size, (r+1)·L/size) of each
+bin. Everything outside attention is per token and runs on the local slice as is, RoPE
+included (the slice carries its own positions).
+
+Attention. Each layer's queries, keys and values (after RoPE) go through an all-to-all
+that turns (local sequence, all heads) into (whole sequence, heads/size): each rank then
+attends over the whole sequence with its share of the heads, and a second all-to-all
+turns the output back into (local sequence, all heads) for ``o_proj``. Query head h uses
+KV head h // (H/KV), so handing rank r query heads [r·H/size, ...) and KV heads
+[r·KV/size, ...) keeps each query group whole: ``size`` must divide both. The packed
+rows' block-diagonal causal mask is built here from the positions of the *whole* bin
+(each row restarts at 0), which ride along in the model call's keyword arguments (so
+that a layer recomputed under gradient checkpointing sees them again). The model's own
+attention function (sdpa, eager, flash-attention) then runs on the exchanged tensors:
+the model is switched to a registered attention name ``rlctl_ulysses|<inner>`` that
+passes straight through when a call carries no SP state (the colocated HF rollout
+generates with the same module).
+
+Results. Each rank computes the per-token quantities (log-probs, entropy, values) at the
+head positions in its slice; they are gathered into the bin's order, so every rank of
+the group returns the same (B, R) tensors an SP-1 forward would. Every rank then computes
+the same loss from them, and the gather's backward keeps each rank's own positions'
+gradient: summed over the group (FSDP's reduce-scatter), the gradients are the loss's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from engine.errors import ConfigError, EngineError
+from engine.train.packing import ModelCall
+
+PREFIX = "rlctl_ulysses|"
+STATE_KWARG = "rlctl_ulysses"  # the model call's keyword that carries the SP state
+INNER = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+
+
+class SequenceParallelError(EngineError):
+    """The model or the call cannot be split as asked."""
+
+
+@dataclass(frozen=True)
+class UlyssesGroup:
+    """This rank's SP group: ``size`` consecutive ranks, this one ``rank`` within it."""
+
+    size: int
+    rank: int
+    group: Any
+
+    @classmethod
+    def create(cls, size: int) -> UlyssesGroup:
+        """Every rank calls this (``new_group`` is collective over the world)."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world % size:
+            raise SequenceParallelError(
+                f"ulysses_sequence_parallel_size {size} must divide the world size {world}"
+            )
+        mine = None
+        for start in range(0, world, size):
+            group = dist.new_group(list(range(start, start + size)))
+            if start <= rank < start + size:
+                mine = group
+        return cls(size=size, rank=rank % size, group=mine)
+
+    def split(self, call: ModelCall) -> ModelCall:
+        """This rank's part of a packed call (its length a multiple of ``size``): its slice
+        of every bin, the head positions in it, and an ``unpack`` that gathers the group's
+        per-token results back into the whole call's (B, R)."""
+        ids, pos = call.inputs["input_ids"], call.inputs["position_ids"]
+        bins, length = ids.shape
+        if length % self.size:
+            raise SequenceParallelError(f"a packed length {length} not a multiple of {self.size}")
+        local = length // self.size
+        lo = self.rank * local
+        keep = call.kwargs.get("logits_to_keep")
+        keep = call.select if keep is None else keep
+        columns = keep[:-1]  # the head positions (the last entry is the padding one)
+        first = int(torch.searchsorted(columns, lo))
+        last = int(torch.searchsorted(columns, lo + local))
+        mine = columns[first:last] - lo
+        local_keep = torch.cat([mine, mine.new_tensor([local - 1])])
+        kwargs = dict(call.kwargs)
+        kwargs[STATE_KWARG] = UlyssesState(self, pos)
+        select = None
+        if "logits_to_keep" in kwargs:
+            kwargs["logits_to_keep"] = local_keep
+        else:
+            select = local_keep
+        group = self
+
+        def unpack(values_KN: torch.Tensor) -> torch.Tensor:
+            slice_KS = values_KN.new_zeros((bins, local)).index_copy(1, mine, values_KN)
+            whole_KL = _GatherSlices.apply(slice_KS, group)
+            return call.unpack(whole_KL[:, columns])
+
+        return ModelCall(
+            inputs={
+                "input_ids": ids[:, lo : lo + local],
+                "position_ids": pos[:, lo : lo + local],
+            },
+            kwargs=kwargs,
+            targets=call.targets[:, first:last],
+            select=select,
+            unpack=unpack,
+        )
+
+
+@dataclass(eq=False)
+class UlyssesState:
+    """What attention needs beyond its inputs: the group, and the positions of the whole
+    bins (the mask is built from them once per forward and kept for the recomputation)."""
+
+    group: UlyssesGroup
+    position_ids: torch.Tensor  # (K, L), the whole bins
+    _masks: dict = field(default_factory=dict)
+
+    def mask(self, kind: str, dtype: torch.dtype, window: int | None) -> torch.Tensor:
+        """The (K, 1, L, L) mask of the packed rows: each token attends to the earlier
+        tokens of its own row (and within ``window`` of it when the layer slides), as a
+        boolean (sdpa) or an additive float (eager)."""
+        key = (kind, dtype, window)
+        if key not in self._masks:
+            pos = self.position_ids
+            # A row starts where the position does not follow the one before it.
+            starts = torch.ones_like(pos, dtype=torch.bool)
+            starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+            row = starts.cumsum(-1)
+            index = torch.arange(pos.shape[1], device=pos.device)
+            allowed = (row[:, :, None] == row[:, None, :]) & (index[:, None] >= index[None, :])
+            if window is not None:
+                allowed &= (index[:, None] - index[None, :]) < window
+            allowed = allowed[:, None]
+            if kind == "eager":
+                zero = torch.zeros((), dtype=dtype, device=pos.device)
+                low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=pos.device)
+                allowed = torch.where(allowed, zero, low)
+            self._masks[key] = allowed
+        return self._masks[key]
+
+
+def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Any) -> torch.Tensor:
+    """Chunk ``i`` of ``scatter_dim`` goes to rank ``i``; what arrives from rank ``j`` is
+    chunk ``j`` of ``gather_dim``."""
+    size = dist.get_world_size(group)
+    send = torch.stack(x.chunk(size, dim=scatter_dim)).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return torch.cat(received.unbind(0), dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    """The exchange and, for its gradient, the exchange back."""
+
+    @staticmethod
+    def forward(ctx, x, scatter_dim, gather_dim, group):
+        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
+        return _all_to_all(x, scatter_dim, gather_dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        scatter_dim, gather_dim = ctx.dims
+        return _all_to_all(grad.contiguous(), gather_dim, scatter_dim, ctx.group), None, None, None
+
+
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: Any) -> torch.Tensor:
+    return _AllToAll.apply(x, scatter_dim, gather_dim, group)
+
+
+class _GatherSlices(torch.autograd.Function):
+    """Each rank's (K, S) slice into the whole (K, S·size), in rank order. Every rank
+    computes the same loss from the result, so the backward keeps this rank's slice of
+    the gradient (no sum)."""
+
+    @staticmethod
+    def forward(ctx, slice_KS, ulysses: UlyssesGroup):
+        parts = [torch.empty_like(slice_KS) for _ in range(ulysses.size)]
+        dist.all_gather(parts, slice_KS.contiguous(), group=ulysses.group)
+        ctx.rank, ctx.width = ulysses.rank, slice_KS.shape[1]
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.narrow(1, ctx.rank * ctx.width, ctx.width), None
+
+
+def _inner_function(module: nn.Module, name: str) -> Callable:
+    """The attention function the model was loaded with (eager: its own module's)."""
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    from transformers import AttentionInterface
+
+    return AttentionInterface._global_mapping[name]
+
+
+def ulysses_attention(module, query, key, value, attention_mask, *args, **kwargs):
+    """Registered as ``rlctl_ulysses|<inner>``: the exchange around the inner attention
+    when the call carries SP state, else the inner attention itself."""
+    inner = module.config._attn_implementation.removeprefix(PREFIX)
+    function = _inner_function(module, inner)
+    state: UlyssesState | None = kwargs.pop(STATE_KWARG, None)
+    if state is None:
+        return function(module, query, key, value, attention_mask, *args, **kwargs)
+    group = state.group.group
+    # (B, heads, L/size, D) -> (B, heads/size, L, D)
+    query, key, value = (all_to_all(t, 1, 2, group) for t in (query, key, value))
+    if inner.startswith("flash"):
+        mask = None  # the variable-length kernels find the rows from the positions
+    else:
+        mask = state.mask(inner, query.dtype, kwargs.get("sliding_window"))
+    kwargs["position_ids"] = state.position_ids
+    out, _ = function(module, query, key, value, mask, *args, **kwargs)
+    # (B, L, heads/size, D) -> (B, L/size, heads, D)
+    return all_to_all(out, 1, 2, group), None
+
+
+def enable(model: nn.Module) -> None:
+    """Route ``model``'s attention through ``ulysses_attention`` (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    config = model.config
+    current = config._attn_implementation or "eager"
+    if current.startswith(PREFIX):
+        return
+    if current not in INNER:
+        raise SequenceParallelError(
+            f"ulysses_sequence_parallel_size > 1 runs around sdpa, eager or flash-attention;"
+            f" {type(model).__name__} was loaded with attn_implementation={current!r}"
+        )
+    name = PREFIX + current
+    AttentionInterface.register(name, ulysses_attention)
+    # Without SP state the mask is the inner one's (the colocated rollout's generation).
+    mask_function = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(current)
+    if mask_function is not None:
+        AttentionMaskInterface.register(name, mask_function)
+    config._attn_implementation = name
+
+
+def check_heads(model: nn.Module, size: int, key: str) -> None:
+    """The model's heads against the SP size (also checked before start, by config)."""
+    from engine.config.train import ulysses_heads_problems
+
+    problems = ulysses_heads_problems(size, key, model.config)
+    if problems:
+        raise ConfigError(problems)
