@@ -274,6 +274,7 @@ actor_rollout_ref:
       min_lr_ratio: 0.0
       num_cycles: 0.5
       total_training_steps: -1
+    ulysses_sequence_parallel_size: 1
     fsdp_config:
       param_offload: false
       optimizer_offload: false
@@ -335,6 +336,7 @@ actor_rollout_ref:
     log_prob_micro_batch_size_per_gpu: 32
     log_prob_use_dynamic_bsz: null
     log_prob_max_token_len_per_gpu: null
+    ulysses_sequence_parallel_size: null
     fsdp_config:
       param_offload: false
       optimizer_offload: false
@@ -387,6 +389,7 @@ critic:
   cliprange_value: 0.5
   loss_agg_mode: token-mean
   grad_clip: 1.0
+  ulysses_sequence_parallel_size: 1
   fsdp_config:
     param_offload: false
     optimizer_offload: false
