@@ -5,7 +5,7 @@ that names the field; every rendered shell line passes user values literally (th
 are run, in a scratch directory, and must create nothing and echo the values back).
 
 The quick run tries a few hundred examples in all; ``-m slow`` runs the thorough profile
-(ten times as many). Both are derandomized, the same examples each run, so CI is
+(five times as many). Both are derandomized, the same examples each run, so CI is
 reproducible; ``RLCTL_PROPERTIES_RANDOM=1`` makes the thorough profile random, to hunt for
 new failures (each one found becomes a named regression test beside the code it fixes)."""
 
@@ -29,7 +29,7 @@ from rlctl.recipe import FIELD_DOCS, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 # (examples per property in the quick run, in the thorough one)
-QUICK, THOROUGH = {"loader": 120, "pipeline": 60, "planner": 80, "shell": 12, "model": 40}, 10
+QUICK, THOROUGH = {"loader": 120, "pipeline": 60, "planner": 80, "shell": 12, "model": 40}, 5
 
 
 def check(prop, strategy, examples: int, quick: bool) -> None:
