@@ -8,6 +8,9 @@ k the rollout already generates batch k+1, with the weights of the update before
     step 2                          wait b1 | push v1, generate b2 ‖ train b1 -> v2
     step k                          wait bk-1 | push vk-1, generate bk ‖ train bk-1 -> vk
 
+The next generation starts as soon as batch k has come back, before batch k is scored:
+a reward model (on the training workers) scores it while the rollout generates.
+
 So every batch is trained by weights one update newer than those that sampled it: the
 PPO ratio takes the current weights as π_old (the proximal policy), and
 ``algorithm.rollout_correction`` corrects between them and the sampler when the engine's
@@ -57,12 +60,14 @@ class OneStepOff:
         t = self.trainer
         if self.pending is None:  # the first step (or the first after a resume)
             self.pending = self._start()
+        done = self.pending
         with timer("wait_prev_gen"):
-            rollout = t.finish_generation(self.pending, timer)
-        metrics[STALENESS] = float(t.weights_version - self.pending.version)
-        # the next batch generates while this one trains (none after the last step)
+            output = done.pending.result()
+        metrics[STALENESS] = float(t.weights_version - done.version)
+        # The next batch generates while this one is scored (a reward model on the
+        # training workers) and trained; none after the last step.
         self.pending = self._start() if t.step < t.total_steps else None
-        return rollout
+        return t.scored(done.expanded, done.n, output, timer)
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The loader's state to save, and the trainer state's ``extra`` (none here)."""

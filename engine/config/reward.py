@@ -131,12 +131,6 @@ def _reward_model_rules(cfg: EngineConfig) -> list[str]:
         return []
     p = choice(rm.style, REWARD_MODEL_STYLES, "reward_model.style", "reward model style")
     p += positive([("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)])
-    if cfg.async_training.mode != "sync":
-        p.append(
-            f"reward_model.enable=true with async_training.mode={cfg.async_training.mode}: the"
-            " reward model runs on the training workers, which the overlapped modes keep busy"
-            " while scoring (not supported yet); use async_training.mode=sync"
-        )
     if rm.data_sources is not None and not rm.data_sources:
         p.append(
             "reward_model.data_sources is an empty list, so the reward model scores nothing:"

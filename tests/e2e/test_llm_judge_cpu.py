@@ -19,7 +19,19 @@ JUDGED = "prefs/judged"  # no rule function knows it
 VLLM = pytest.param(["actor_rollout_ref.rollout.name=vllm"], marks=pytest.mark.vllm, id="vllm")
 
 
-@pytest.mark.parametrize("backend", [pytest.param([], id="hf"), VLLM])
+# the rollout on a worker of its own, the judge beside the actor on the other
+ONE_STEP_OFF = [
+    "trainer.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.placement=separate",
+    "actor_rollout_ref.rollout.separate_nnodes=1",
+    "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+    "async_training.mode=one_step_off",
+]
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param([], id="hf"), pytest.param(ONE_STEP_OFF, id="hf_one_step_off"), VLLM]
+)
 def test_grpo_scored_by_the_judge_and_the_rule(
     backend, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
 ):

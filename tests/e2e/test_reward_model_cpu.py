@@ -1,7 +1,9 @@
 """A GRPO run on CPU scored by a learned reward model (a tiny Qwen2 sequence classifier
 built here) on the two Ray workers beside the actor. The rows' data source has no rule
 function, so a run that fell back to the rules would fail at start; the logged scores
-are the model's (continuous, acc 0), not a rule's."""
+are the model's (continuous, acc 0), not a rule's. With the rollout on a worker of its
+own (one step off, fully asynchronous) the reward model stays on the training worker and
+scores a batch while the rollout generates the next."""
 
 import json
 
@@ -13,10 +15,25 @@ from engine.config import load_config
 pytestmark = pytest.mark.slow
 
 SOURCE = "prefs/chat"  # no rule function knows it
+# one training worker (the actor and the reward model) and one rollout worker
+SEPARATE = [
+    "trainer.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.placement=separate",
+    "actor_rollout_ref.rollout.separate_nnodes=1",
+    "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+]
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param([], id="sync"),
+        pytest.param([*SEPARATE, "async_training.mode=one_step_off"], id="one_step_off"),
+        pytest.param([*SEPARATE, "async_training.mode=fully_async"], id="fully_async"),
+    ],
+)
 def test_grpo_scored_by_the_reward_model(
-    ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    mode, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
 ):
     from engine.models.tiny import build_tiny_reward_model
     from engine.runtime import run_training
@@ -45,7 +62,8 @@ def test_grpo_scored_by_the_reward_model(
             "trainer.logger=[]",
             "reward_model.enable=true",
             f"reward_model.model.path={rm_dir}",
-            "reward_model.micro_batch_size_per_gpu=3",  # 8 rows a rank: 3 micro-batches
+            "reward_model.micro_batch_size_per_gpu=3",  # 8 or 16 rows a rank
+            *mode,
         ]
     )
     run_training(cfg)

@@ -154,7 +154,6 @@ def test_a_sequence_classifier_is_refused_as_the_judge(tmp_path):
         ),
         (["reward_model.judge.verdict=likert"], "reward_model.judge.verdict", "score"),
         (["reward_model.judge.max_prompt_length=8"], "max_prompt_length", "raise it"),
-        (["async_training.mode=one_step_off"], "async_training.mode", "mode=sync"),
         (["reward_model.style=judge"], "reward_model.style", "generative"),
     ],
 )

@@ -134,8 +134,6 @@ def test_bad_reward_model_settings_are_refused_before_start(rm_dir, tmp_path):
         validate(_cfg(""))
     with pytest.raises(ConfigError, match="does not exist"):
         validate(_cfg(tmp_path / "nowhere"))
-    with pytest.raises(ConfigError, match=r"async_training\.mode=sync"):
-        validate(_cfg(rm_dir, "async_training.mode=one_step_off"))
     two = tmp_path / "two_labels"
     two.mkdir()
     config = json.loads((rm_dir / "config.json").read_text())
