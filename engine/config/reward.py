@@ -8,6 +8,7 @@ rules on them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -154,21 +155,31 @@ def sequence_classifier_problems(path: str) -> list[str]:
     """What keeps ``path`` from being a reward model: a local folder must hold a
     ``config.json`` with a ``*ForSequenceClassification`` architecture and one label (a
     hub id is checked where it is loaded, ``engine.workers.reward_model``)."""
+    return _model_folder_problems(
+        path, "*ForSequenceClassification model", classifier_config_problems
+    )
+
+
+def _model_folder_problems(
+    path: str, wanted: str, config_problems: Callable[[str, dict], list[str]]
+) -> list[str]:
+    """A missing local folder or config.json named as such, else ``config_problems`` of
+    its config.json; nothing for a hub id (org/name), which is checked where it loads."""
     folder = Path(path).expanduser()
     if not folder.exists():
         if path.startswith(("/", ".", "~")) or path.count("/") != 1:
             return [
                 f"reward_model.model.path {path!r} does not exist: give a local folder or a"
-                " hub id (org/name) of a *ForSequenceClassification model"
+                f" hub id (org/name) of a {wanted}"
             ]
         return []
     config_file = folder / "config.json"
     if not config_file.is_file():
         return [
             f"reward_model.model.path {path!r} has no config.json: give the folder of a"
-            " Hugging Face *ForSequenceClassification model"
+            f" Hugging Face {wanted}"
         ]
-    return classifier_config_problems(path, json.loads(config_file.read_text()))
+    return config_problems(path, json.loads(config_file.read_text()))
 
 
 def classifier_config_problems(path: str, config: dict) -> list[str]:
@@ -193,21 +204,7 @@ def classifier_config_problems(path: str, config: dict) -> list[str]:
 def causal_lm_problems(path: str) -> list[str]:
     """What keeps ``path`` from being a judge: a local folder must hold a ``config.json``
     with a ``*ForCausalLM`` architecture (a hub id is checked where it is loaded)."""
-    folder = Path(path).expanduser()
-    if not folder.exists():
-        if path.startswith(("/", ".", "~")) or path.count("/") != 1:
-            return [
-                f"reward_model.model.path {path!r} does not exist: give a local folder or a"
-                " hub id (org/name) of a *ForCausalLM model (the judge)"
-            ]
-        return []
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        return [
-            f"reward_model.model.path {path!r} has no config.json: give the folder of a"
-            " Hugging Face *ForCausalLM model (the judge)"
-        ]
-    return causal_lm_config_problems(path, json.loads(config_file.read_text()))
+    return _model_folder_problems(path, "*ForCausalLM model (the judge)", causal_lm_config_problems)
 
 
 def causal_lm_config_problems(path: str, config: dict) -> list[str]:
