@@ -16,7 +16,13 @@ pytestmark = pytest.mark.slow
 
 JUDGED = "prefs/judged"  # no rule function knows it
 
-VLLM = pytest.param(["actor_rollout_ref.rollout.name=vllm"], marks=pytest.mark.vllm, id="vllm")
+# one worker: its two vLLM engines (the rollout's and the judge's) start in one process,
+# which is what a colocated judge does; a second worker would only double the start-up
+VLLM = pytest.param(
+    ["actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=1"],
+    marks=pytest.mark.vllm,
+    id="vllm",
+)
 
 
 # the rollout on a worker of its own, the judge beside the actor on the other
