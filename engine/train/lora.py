@@ -32,10 +32,13 @@ ADAPTER_CONFIG = "adapter_config.json"  # peft's file, in a checkpoint's hf/
 TARGETS_KEY = "actor_rollout_ref.model.target_modules"
 
 
-def lora_config(model_cfg: ModelConfig) -> Any:
+def lora_config(model_cfg: ModelConfig, targets: list[str] | None = None) -> Any:
+    """peft's config of the actor's adapter; ``targets``: the module names it adapts,
+    when known (a separate rollout reads them off the pushed tensors), else the
+    configured ``target_modules``."""
     from peft import LoraConfig
 
-    targets = model_cfg.target_modules
+    targets = model_cfg.target_modules if targets is None else targets
     return LoraConfig(
         r=model_cfg.lora_rank,
         lora_alpha=model_cfg.lora_alpha,
