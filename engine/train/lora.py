@@ -9,7 +9,9 @@ What each role sees:
 - reference: the very same module under peft's ``disable_adapter()``: the initial policy
   without a second copy of the model (``engine.workers.reference``).
 - rollout: merged weights, W + (α/r)·B·A under the model's own Hugging Face names
-  (``merged_tensors``), computed as they are sent; W itself is never written to.
+  (``merged_tensors``), computed as they are sent; W itself is never written to. Or, for
+  vLLM serving the adapter itself (``rollout.lora_as_adapter``), W once (``merge=False``)
+  and the adapter's tensors at each sync (``adapter_tensors``).
 - checkpoints: the adapter and its optimizer state only (``engine.train.fsdp_checkpoint``),
   and ``hf/adapter_config.json`` naming the base model, from which ``engine.export``
   writes the merged model or the adapter alone.

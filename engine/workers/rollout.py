@@ -16,7 +16,10 @@ FSDP's shards gathered, or Megatron's TP slices merged), one at a time.
 With ``rollout.placement=separate`` the rollout has workers of its own and no actor
 beside it: its engine (any of the three) holds its own copy, and the controller pushes
 the actor's weights to it over a bridge (``receive_weights``; engine.controller.groups)
-before a generation needs them.
+before a generation needs them. With ``rollout.lora_as_adapter`` (vLLM serving a LoRA
+actor's adapter) both placements load the base weights once and serve each version's
+adapter: colocated from the actor beside it (``_sync_adapter``), separate from the
+parts each push names (``receive_weights``).
 """
 
 from __future__ import annotations
