@@ -43,6 +43,7 @@ from engine.reward.judge import JudgeRewards
 from engine.reward.manager import RewardManager
 from engine.reward.model import model_rewards
 from engine.reward.types import ScoreRequest, ScoreResult
+from engine.rollout.bridge import Pushed
 from engine.tracking import Tracker, progress
 from engine.types import (
     ActorBatch,
@@ -106,6 +107,7 @@ class Trainer:
         self.separate = rollout.placement == "separate"
         self.weights_version = 0
         self.pushed_version: int | None = None
+        self.pushed = Pushed()  # what the pushes since the last step's metrics carried
         self.overlap = make_overlap(self, cfg.async_training.mode)
         self.model_rewards = model_rewards(cfg, tokenizer)
 
@@ -305,6 +307,10 @@ class Trainer:
         num_tokens = int(tokens.attention_mask_BS.sum())
         metrics |= throughput_metrics(num_tokens, timer.seconds["step"], cfg.world_size)
         metrics["training/epoch"] = float(self.train_loader.epoch)
+        if self.separate:  # a LoRA adapter served by vLLM: only the first push is large
+            metrics["rollout/weights_pushed_mb"] = self.pushed.bytes / 2**20
+            metrics["rollout/weights_pushed_tensors"] = float(self.pushed.tensors)
+            self.pushed = Pushed()
         return metrics
 
     # -- stages -------------------------------------------------------------
@@ -379,7 +385,7 @@ class Trainer:
         """A rollout on workers of its own gets the actor's weights when they changed
         (colocated, each rollout worker syncs from the actor beside it)."""
         if self.separate and self.pushed_version != self.weights_version:
-            self.workers.push_weights()
+            self.pushed += self.workers.push_weights()
             self.pushed_version = self.weights_version
 
     def finish_generation(self, started: Generating, timer: StageTimer) -> Rollout:

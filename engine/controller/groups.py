@@ -17,7 +17,7 @@ import ray
 
 from engine.controller import dispatch
 from engine.controller.worker_group import Pending, WorkerGroup
-from engine.rollout.bridge import BridgeAddress
+from engine.rollout.bridge import SENDER, BridgeAddress, Pushed
 
 ROLLOUT = "rollout"
 
@@ -64,10 +64,10 @@ class SeparateGroups:
         rollout = [getattr(w, method).remote(*args) for w in self.rollout.workers]
         return self._get_both(train, rollout)
 
-    def push_weights(self) -> None:
+    def push_weights(self) -> Pushed:
         """The actor's current weights into every rollout engine: the actor's ranks
         gather them tensor by tensor, its first rank sends them bucket by bucket, each
-        rollout rank receives and loads them as they come."""
+        rollout rank receives and loads them as they come; what the sender sent."""
         if self._bridge is None:
             host, port = ray.get(self.train.workers[0].rendezvous_address.remote())
             self._bridge = BridgeAddress(host, port, 1 + self.rollout.world_size)
@@ -75,7 +75,7 @@ class SeparateGroups:
         load = [
             w.call.remote(ROLLOUT, "receive_weights", self._bridge) for w in self.rollout.workers
         ]
-        self._get_both(send, load)
+        return self._get_both(send, load)[SENDER]
 
     def _get_both(self, train: list[Any], rollout: list[Any]) -> list[Any]:
         """Both groups' results, waiting on all at once: a rank that fails in either is

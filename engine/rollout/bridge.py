@@ -14,12 +14,18 @@ then its bytes in one flat tensor. A receiver turns each bucket back into named 
 that buffer and hands them to its engine as they come, so no side ever holds more than
 one bucket beyond the model it has (plus one tensor larger than a bucket). An empty
 header ends the transfer.
+
+A push (``send_push``/``receive_push``) is a manifest, the list of its parts
+(``WeightPart``: full weights; or a LoRA actor's base weights and its adapter), then one
+transfer a part, in that order: the receiver knows what each tensor is from the sender's
+word, never from its name.
 """
 
 from __future__ import annotations
 
+import enum
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,6 +35,28 @@ import torch.distributed as dist
 from engine.rollout.weights import NamedTensor, bucketize
 
 SENDER = 0
+
+
+class WeightPart(enum.Enum):
+    """What one transfer of a push holds."""
+
+    FULL = "full"  # every weight under HF names (a LoRA actor's merged), loaded as it comes
+    BASE = "base"  # a LoRA actor's frozen base weights, unmerged, loaded as they come
+    ADAPTER = "adapter"  # its adapter under peft's names, served by the engine (vLLM's LoRA)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What the sender sent: tensors and bytes, and the parts, in order."""
+
+    tensors: int = 0
+    bytes: int = 0
+    parts: tuple[str, ...] = ()
+
+    def __add__(self, other: Pushed) -> Pushed:
+        return Pushed(
+            self.tensors + other.tensors, self.bytes + other.bytes, self.parts + other.parts
+        )
 
 
 @dataclass(frozen=True)
@@ -65,9 +93,29 @@ class WeightBridge:
             self.group = dist.ProcessGroupGloo(prefixed, rank, address.size, timeout)
         self._store = store  # the sender's hosts the store: keep it alive
 
-    def send(self, named_tensors: Iterable[NamedTensor], bucket_bytes: int) -> int:
-        """Broadcast every tensor, bucket by bucket; the number sent."""
-        sent = 0
+    def send_push(
+        self, parts: Sequence[tuple[WeightPart, Iterable[NamedTensor]]], bucket_bytes: int
+    ) -> Pushed:
+        """The manifest (the parts' kinds), then each part's tensors as one transfer."""
+        self._broadcast_header([part.value for part, _ in parts])
+        pushed = Pushed()
+        for part, named_tensors in parts:
+            sent = self.send(named_tensors, bucket_bytes)
+            pushed += Pushed(sent.tensors, sent.bytes, (part.value,))
+        return pushed
+
+    def receive_push(self) -> Iterator[tuple[WeightPart, Iterator[NamedTensor]]]:
+        """Each part of the sender's push with its tensors as they arrive; a part's
+        tensors are to be taken before the next part (what is left is drained here)."""
+        for value in self._broadcast_header(None):
+            tensors = self.receive()
+            yield WeightPart(value), tensors
+            for _ in tensors:  # keep in step with the sender whatever the caller took
+                pass
+
+    def send(self, named_tensors: Iterable[NamedTensor], bucket_bytes: int) -> Pushed:
+        """Broadcast every tensor, bucket by bucket; how many and how many bytes."""
+        sent = nbytes = 0
         for bucket in bucketize(named_tensors, bucket_bytes):
             header = [
                 (name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in bucket
@@ -78,8 +126,9 @@ class WeightBridge:
             )
             self._broadcast(flat.to(self.device))
             sent += len(bucket)
+            nbytes += flat.numel()
         self._broadcast_header([])
-        return sent
+        return Pushed(sent, nbytes)
 
     def receive(self) -> Iterator[NamedTensor]:
         """The sender's tensors, as they arrive (views of each bucket's buffer)."""

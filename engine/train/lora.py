@@ -9,7 +9,9 @@ What each role sees:
 - reference: the very same module under peft's ``disable_adapter()``: the initial policy
   without a second copy of the model (``engine.workers.reference``).
 - rollout: merged weights, W + (α/r)·B·A under the model's own Hugging Face names
-  (``merged_tensors``), computed as they are sent; W itself is never written to.
+  (``merged_tensors``), computed as they are sent; W itself is never written to. Or, for
+  vLLM serving the adapter itself (``rollout.lora_as_adapter``), W once (``merge=False``)
+  and the adapter's tensors at each sync (``adapter_tensors``).
 - checkpoints: the adapter and its optimizer state only (``engine.train.fsdp_checkpoint``),
   and ``hf/adapter_config.json`` naming the base model, from which ``engine.export``
   writes the merged model or the adapter alone.
@@ -32,10 +34,13 @@ ADAPTER_CONFIG = "adapter_config.json"  # peft's file, in a checkpoint's hf/
 TARGETS_KEY = "actor_rollout_ref.model.target_modules"
 
 
-def lora_config(model_cfg: ModelConfig) -> Any:
+def lora_config(model_cfg: ModelConfig, targets: list[str] | None = None) -> Any:
+    """peft's config of the actor's adapter; ``targets``: the module names it adapts,
+    when known (a separate rollout reads them off the pushed tensors), else the
+    configured ``target_modules``."""
     from peft import LoraConfig
 
-    targets = model_cfg.target_modules
+    targets = model_cfg.target_modules if targets is None else targets
     return LoraConfig(
         r=model_cfg.lora_rank,
         lora_alpha=model_cfg.lora_alpha,

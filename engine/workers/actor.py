@@ -55,6 +55,9 @@ class ActorWorker:
         # inference engine with its own copy re-syncs when it sees a new version.
         self.weights_version = 0
         self.consecutive_skips = 0  # ... in a row, up to the last update
+        # A separate vLLM serving the adapter holds the base weights once this process
+        # has pushed them (send_weights)
+        self._base_pushed = False
 
     @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
@@ -110,22 +113,44 @@ class ActorWorker:
         result["actor/consecutive_skipped_updates"] = float(self.consecutive_skips)
         return result
 
-    def send_weights(self, address: Any) -> int:
+    def send_weights(self, address: Any) -> Any:
         """The weights, to a rollout on workers of its own (placement=separate): every
         rank gathers each tensor (one collective a tensor, in the same order), the first
-        sends it over the bridge (engine.rollout.bridge); the number of tensors walked."""
+        sends it over the bridge (engine.rollout.bridge); what it sent (a ``Pushed``;
+        None on the other ranks)."""
         import torch.distributed as dist
 
         from engine.rollout.bridge import SENDER, WeightBridge
         from engine.train.fsdp import DTYPES
 
         dtype = DTYPES[self.rollout_cfg.dtype] if self.device.supports_bf16 else None
-        pairs = self.engine.hf_named_tensors(dtype)
+        parts = self._weight_parts(dtype)
+        pushed = None
         if dist.get_rank() != SENDER:
-            return sum(1 for _ in pairs)
-        if getattr(self, "_bridge", None) is None:
-            self._bridge = WeightBridge(address, SENDER, self.device.torch_device())
-        return self._bridge.send(pairs, self.rollout_cfg.update_weights_bucket_megabytes * 2**20)
+            for _, tensors in parts:  # the gathers are collective: walk them all the same
+                for _ in tensors:
+                    pass
+        else:
+            if getattr(self, "_bridge", None) is None:
+                self._bridge = WeightBridge(address, SENDER, self.device.torch_device())
+            bucket_bytes = self.rollout_cfg.update_weights_bucket_megabytes * 2**20
+            pushed = self._bridge.send_push(parts, bucket_bytes)
+        self._base_pushed = True
+        return pushed
+
+    def _weight_parts(self, dtype: torch.dtype | None) -> list[tuple[Any, Any]]:
+        """Merged weights; or, for a vLLM that serves the adapter itself
+        (``rollout.lora_as_adapter``), the frozen base weights at this process's first
+        push only (the engine starts with dummy weights), and the adapter at every push
+        (after a resume it is not zero, so the first push carries it too)."""
+        from engine.rollout.bridge import WeightPart
+
+        if not self.rollout_cfg.lora_as_adapter:
+            return [(WeightPart.FULL, self.engine.hf_named_tensors(dtype))]
+        adapter = (WeightPart.ADAPTER, self.engine.adapter_named_tensors(dtype))
+        if self._base_pushed:
+            return [adapter]
+        return [(WeightPart.BASE, self.engine.base_named_tensors(dtype)), adapter]
 
     def save(self, path: str) -> None:
         counters = {"skipped": self.skipped_updates, "consecutive": self.consecutive_skips}

@@ -16,7 +16,10 @@ FSDP's shards gathered, or Megatron's TP slices merged), one at a time.
 With ``rollout.placement=separate`` the rollout has workers of its own and no actor
 beside it: its engine (any of the three) holds its own copy, and the controller pushes
 the actor's weights to it over a bridge (``receive_weights``; engine.controller.groups)
-before a generation needs them.
+before a generation needs them. With ``rollout.lora_as_adapter`` (vLLM serving a LoRA
+actor's adapter) both placements load the base weights once and serve each version's
+adapter: colocated from the actor beside it (``_sync_adapter``), separate from the
+parts each push names (``receive_weights``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class RolloutWorker:
         rollout_cfg = cfg.actor_rollout_ref.rollout
         self.cfg = rollout_cfg
         self.device = device
+        self.model_cfg = cfg.actor_rollout_ref.model
         # Separate (placement=separate): no actor here; the controller pushes its weights
         # over a bridge (receive_weights) before a generation needs them.
         self.actor = colocated.get("actor")
@@ -222,16 +226,40 @@ class RolloutWorker:
 
     def receive_weights(self, address: Any) -> None:
         """The actor's weights from the bridge, loaded into the engine as they come
-        (placement=separate; engine.controller.groups.SeparateGroups.push_weights)."""
+        (placement=separate; engine.controller.groups.SeparateGroups.push_weights): full
+        weights, or the base weights (the first push) and the adapter (every push) for a
+        vLLM that serves it, each part named by the sender (engine.rollout.bridge)."""
         import torch.distributed as dist
 
-        from engine.rollout.bridge import WeightBridge
+        from engine.rollout.bridge import WeightBridge, WeightPart
 
         if self._bridge is None:  # the rollout's ranks are 1.. (the actor's sender is 0)
             self._bridge = WeightBridge(address, 1 + dist.get_rank(), self.device.torch_device())
         names = ENGINE_NAME_MAPS[self.cfg.name]
-        self.engine.sync_weights(as_engine_names(self._bridge.receive(), names))
-        self.synced_version = (self.synced_version or 0) + 1
+        version = (self.synced_version or 0) + 1  # vLLM's LoRA ids: positive, new each time
+        takes = (WeightPart.BASE, WeightPart.ADAPTER) if self.adapter_mode else (WeightPart.FULL,)
+        for part, tensors in self._bridge.receive_push():
+            if part not in takes:  # the two sides disagree on lora_as_adapter: a bug
+                raise EngineError(
+                    f"the rollout (lora_as_adapter={self.adapter_mode}) was pushed"
+                    f" {part.value} weights"
+                )
+            if part is WeightPart.ADAPTER:
+                self._set_pushed_adapter(version, list(tensors))
+            else:
+                self.engine.sync_weights(as_engine_names(tensors, names))
+                self.base_synced = True
+        self.synced_version = version
+
+    def _set_pushed_adapter(self, version: int, tensors: list[Any]) -> None:
+        """Serve a pushed adapter; its peft config is the actor's (``lora_config``), its
+        target modules those the tensors name (``all-linear`` resolved as peft did)."""
+        from engine.train.lora import lora_config
+
+        if not self.base_synced:
+            raise EngineError("the rollout was pushed an adapter before the base weights")
+        targets = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name, _ in tensors})
+        self.engine.set_adapter(version, lora_config(self.model_cfg, targets), tensors)
 
     @property
     def rollout_dtype(self) -> Any:

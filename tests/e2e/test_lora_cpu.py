@@ -201,3 +201,55 @@ def test_vllm_generates_with_the_adapted_policy(
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
     assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_separate_vllm_is_pushed_the_adapter_alone(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    """vLLM on a worker of its own (placement=separate) serving the adapter: the first
+    push carries the base weights and the adapter, each later one the adapter alone, and
+    after each its log-probs are the actor's (a push that did not land, or a base the
+    adapter was not applied to, would be off by the adapter's change)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    train, _val = synthetic_data
+    run_dir = tmp_path / "run"
+    result = _engine(
+        *_lora_overrides(
+            base_overrides,
+            tiny_model_dir,
+            train,
+            "actor_rollout_ref.actor.optim.lr=2e-2",
+            "data.train_batch_size=16",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.placement=separate",
+            "actor_rollout_ref.rollout.separate_nnodes=1",
+            "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.lora_as_adapter=true",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+            "trainer.total_training_steps=4",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.logger=[console]",
+            "trainer.save_freq=100",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
+    assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy
+
+    # The adapter's tensors: A and B of every linear layer (all-linear, the default).
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir))
+        adapted = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+    adapter = sum(1 for name, _ in adapted.named_parameters() if ".lora_" in name)
+    pushed = [r["rollout/weights_pushed_tensors"] for r in records]
+    megabytes = [r["rollout/weights_pushed_mb"] for r in records]
+    assert pushed[0] > adapter and pushed[1:] == [adapter] * 3
+    assert max(megabytes[1:]) < megabytes[0] / 4

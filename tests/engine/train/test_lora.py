@@ -227,7 +227,17 @@ def test_targets_that_match_nothing_are_refused(tiny_model_dir):
                 "actor_rollout_ref.model.lora_rank=8",
                 "actor_rollout_ref.rollout.lora_as_adapter=true",
             ],
-            "needs the vLLM rollout colocated with the actor (got name=hf",
+            "lora_as_adapter=true needs the vLLM rollout (got actor_rollout_ref.rollout.name=hf)",
+        ),
+        (
+            [
+                "actor_rollout_ref.model.lora_rank=8",
+                "actor_rollout_ref.rollout.lora_as_adapter=true",
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.placement=separate",
+                "async_training.mode=fully_async",
+            ],
+            "lora_as_adapter=true does not work with async_training.mode=fully_async",
         ),
     ],
 )
@@ -235,3 +245,23 @@ def test_lora_settings_are_checked_up_front(overrides, expected):
     with pytest.raises(ConfigError) as err:
         load_config(["actor_rollout_ref.model.path=m", "data.train_files=t", *overrides])
     assert expected in str(err.value)
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+def test_vllm_serves_the_adapter_on_workers_of_its_own(mode):
+    """A separate vLLM rollout takes the base weights once and the adapter after."""
+    cfg = load_config(
+        [
+            "actor_rollout_ref.model.path=m",
+            "data.train_files=t",
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.lora_as_adapter=true",
+            "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.placement=separate",
+            "actor_rollout_ref.rollout.separate_nnodes=1",
+            "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+            f"async_training.mode={mode}",
+        ]
+    )
+    assert cfg.actor_rollout_ref.rollout.lora_as_adapter
