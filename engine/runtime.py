@@ -44,7 +44,8 @@ def init_ray(cfg: EngineConfig) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
         check_node_secrets(secret_names())
         return
-    needed = cfg.world_size * cfg.trainer.cpus_per_worker
+    own_rm = cfg.rm_world_size if cfg.reward_model.enable_resource_pool else 0
+    needed = (cfg.world_size + own_rm) * cfg.trainer.cpus_per_worker
     ray.init(
         num_cpus=max(needed, os.cpu_count() or 1),
         include_dashboard=False,
@@ -126,20 +127,27 @@ def role_layouts(cfg: EngineConfig) -> dict[str, ModelParallelLayout]:
 
 
 def start_workers(cfg: EngineConfig) -> Any:
-    """One worker group for every role (colocated), or the rollout's own group beside
-    the training group (``rollout.placement=separate``, engine.controller.groups)."""
+    """One worker group for every role (colocated), or beside the training group the
+    rollout's own (``rollout.placement=separate``) and the reward model's own
+    (``reward_model.enable_resource_pool``), engine.controller.groups."""
     from engine.workers.host import WorkerHost
 
     device_name = cfg.trainer.device
     spec = DEVICES["cuda" if device_name == "cuda" else device_name]
     rollout = cfg.actor_rollout_ref.rollout
-    separate = rollout.placement == "separate"
-    roles = ["actor"] if separate else ["actor", "rollout"]
+    rm = cfg.reward_model
+    own: dict[str, tuple[int, int]] = {}  # role -> (nodes, devices per node) of its group
+    if rollout.placement == "separate":
+        own["rollout"] = (rollout.separate_nnodes, rollout.separate_n_gpus_per_node)
+    if rm.enable and rm.enable_resource_pool:
+        own["rm"] = (rm.nnodes, rm.n_gpus_per_node)
+    # the learned reward model or the judge: beside the actor unless on its own
+    roles = [r for r in ("actor", "rollout") if r not in own]
     if cfg.use_reference:
         roles.append("ref")
     if cfg.use_critic:
         roles.append("critic")
-    if cfg.reward_model.enable:  # the learned reward model or the judge, beside the actor
+    if rm.enable and "rm" not in own:
         roles.append("rm")
 
     def pool(nnodes: int, per_node: int, name: str) -> ResourcePool:
@@ -167,21 +175,24 @@ def start_workers(cfg: EngineConfig) -> Any:
         host(roles),
         layouts=role_layouts(cfg),
     )
-    if not separate:
+    if not own:
         return train
     from engine.controller.groups import SeparateGroups
 
+    groups: dict[str, WorkerGroup] = {}
     try:
-        own = WorkerGroup(
-            pool(rollout.separate_nnodes, rollout.separate_n_gpus_per_node, "rollout"),
-            WorkerHost,
-            host(["rollout"], group="rollout"),
-            label="rollout",
-        )
+        for role, (nnodes, per_node) in own.items():
+            groups[role] = WorkerGroup(
+                pool(nnodes, per_node, role),
+                WorkerHost,
+                host([role], group=role),
+                label=role,
+            )
     except BaseException:
-        train.shutdown()
+        for group in [train, *groups.values()]:
+            group.shutdown()
         raise
-    return SeparateGroups(train, own)
+    return SeparateGroups(train, groups)
 
 
 @dataclass
@@ -373,18 +384,17 @@ def run_dir(cfg: EngineConfig) -> Path:
 
 
 def write_worker_table(workers: Any, directory: Path) -> None:
-    """Which process holds each rank (of which group, with a rollout group of its own):
-    for operators, and for fault tests."""
+    """Which process holds each rank (of which group, with a rollout or reward model
+    group of its own): for operators, and for fault tests."""
     directory.mkdir(parents=True, exist_ok=True)
     pids = workers.host_all("pid")
-    groups = [("", workers.world_size)]
-    if hasattr(workers, "rollout"):  # engine.controller.groups.SeparateGroups
-        groups.append(("rollout", workers.rollout.world_size))
+    # engine.controller.groups.SeparateGroups: its groups' hosts in this order
+    groups = getattr(workers, "groups", [workers])
     table = []
-    for group, size in groups:
-        for rank in range(size):
+    for group in groups:
+        for rank in range(group.world_size):
             row = {"rank": rank, "pid": pids[len(table)]}
-            table.append({**row, "group": group} if group else row)
+            table.append({**row, "group": group.label} if group.label else row)
     (directory / "workers.json").write_text(json.dumps(table))
 
 

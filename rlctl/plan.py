@@ -61,8 +61,10 @@ from rlctl.planner.model import (
     MemoryEstimate,
     Plan,
     PlanRequest,
+    RewardPool,
     RolloutSplit,
 )
+from rlctl.planner.reward_pool import training_request, with_own_pool
 from rlctl.planner.search import (
     _auto_layouts,
     _context_parallel_sizes,
@@ -83,6 +85,11 @@ from rlctl.planner.split import separate_plan
 
 def make_plan(req: PlanRequest) -> Plan:
     """Size a run; raises ``InfeasiblePlanError`` with the reason and what would fit."""
+    # the reward model's own devices, if any, come beside the training's
+    return with_own_pool(_training_plan(training_request(req)), req)
+
+
+def _training_plan(req: PlanRequest) -> Plan:
     s = _settings(req)
     m = model_shape(req.model)
     if req.accelerator is None:
@@ -232,6 +239,7 @@ __all__ = [
     "MemoryEstimate",
     "Plan",
     "PlanRequest",
+    "RewardPool",
     "RolloutSplit",
     "make_plan",
 ]

@@ -172,6 +172,12 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
             rollout.separate_n_gpus_per_node,
             plan.split.node_size if plan.split is not None else plan.devices_per_node,
         )
+    rm = cfg.reward_model
+    if rm.enable and rm.enable_resource_pool:  # its own devices too (planner/reward_model.py)
+        from rlctl.planner.model import job_nodes
+
+        node_size = plan.split.node_size if plan.split is not None else plan.devices_per_node
+        nodes, per_node = job_nodes(nodes, per_node, rm.nnodes, rm.n_gpus_per_node, node_size)
     layout = Layout(
         nodes=nodes,
         devices_per_node=per_node,

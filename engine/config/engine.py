@@ -41,6 +41,17 @@ class EngineConfig:
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
 
     @property
+    def rm_world_size(self) -> int:
+        """Devices the reward model runs on: its own pool's, or the training devices."""
+        rm = self.reward_model
+        return rm.nnodes * rm.n_gpus_per_node if rm.enable_resource_pool else self.world_size
+
+    @property
+    def rm_devices_per_node(self) -> int:
+        rm = self.reward_model
+        return rm.n_gpus_per_node if rm.enable_resource_pool else self.trainer.n_gpus_per_node
+
+    @property
     def use_critic(self) -> bool:
         if self.critic.enable is None:
             return self.algorithm.adv_estimator in names.CRITIC_ADVANTAGE_ESTIMATORS

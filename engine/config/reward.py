@@ -67,9 +67,20 @@ class RewardModelConfig:
 
     enable: bool = setting(
         False,
-        "Score with the learned reward model (`model.path`) on the training workers,"
-        " instead of the rule functions, for the data sources `data_sources` names.",
+        "Score with the learned reward model (`model.path`) instead of the rule functions,"
+        " for the data sources `data_sources` names: on the training workers, or on its"
+        " own (`enable_resource_pool`).",
     )
+    enable_resource_pool: bool = setting(
+        False,
+        "Run the reward model on Ray workers of its own, `nnodes` × `n_gpus_per_node`"
+        " devices beside the training ones (the job asks for them too), instead of on"
+        " every training device.",
+    )
+    n_gpus_per_node: int = setting(
+        0, "With `enable_resource_pool`: the reward model's devices on each of its nodes."
+    )
+    nnodes: int = setting(0, "With `enable_resource_pool`: the reward model's nodes.")
     style: str = setting(
         "discriminative",
         "discriminative (a sequence classifier scores each sample) or generative (an LLM"
@@ -123,6 +134,12 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"reward_model.overlong_buffer.len {ob.len} must be in (0, data.max_response_length"
             f" = {cfg.data.max_response_length}): the penalty ramps over the last len tokens"
         )
+    if rm.enable_resource_pool and not rm.enable:
+        p.append(
+            "reward_model.enable_resource_pool=true without reward_model.enable: no reward"
+            " model would run on the devices it asks for; set reward_model.enable=true or"
+            " enable_resource_pool=false"
+        )
     return p + _reward_model_rules(cfg)
 
 
@@ -137,6 +154,7 @@ def _reward_model_rules(cfg: EngineConfig) -> list[str]:
             "reward_model.data_sources is an empty list, so the reward model scores nothing:"
             " name data sources, set it to null (every sample) or reward_model.enable=false"
         )
+    p += _pool_rules(cfg)
     generative = rm.style == "generative"
     if generative:
         p += judge_rules(cfg)
@@ -149,6 +167,22 @@ def _reward_model_rules(cfg: EngineConfig) -> list[str]:
         )
         return p
     return p + (causal_lm_problems(path) if generative else sequence_classifier_problems(path))
+
+
+def _pool_rules(cfg: EngineConfig) -> list[str]:
+    rm = cfg.reward_model
+    if not rm.enable_resource_pool:
+        return []
+    return [
+        f"reward_model.{key} must be >= 1 with reward_model.enable_resource_pool=true, got"
+        f" {value}: set the reward model's own {what}, or enable_resource_pool=false to run"
+        " it on the training workers"
+        for key, value, what in (
+            ("nnodes", rm.nnodes, "node count"),
+            ("n_gpus_per_node", rm.n_gpus_per_node, "devices per node"),
+        )
+        if value < 1
+    ]
 
 
 def sequence_classifier_problems(path: str) -> list[str]:

@@ -1,11 +1,13 @@
-"""The rollout on a worker group of its own (``actor_rollout_ref.rollout.placement=separate``).
+"""Roles on worker groups of their own: the rollout (``rollout.placement=separate``) and
+the reward model (``reward_model.enable_resource_pool``).
 
 Colocated, one ``WorkerGroup`` hosts every role. Separate, the actor, reference and
 critic keep the training group and the rollout gets a group of its own devices (and
 torch.distributed world), so that generation can run while the actor trains
-(``async_training``). ``SeparateGroups`` answers the controller's calls as one group
-does, routing each by its role, and moves the actor's weights to the rollout's engines
-over a bridge of their own (``engine.rollout.bridge``) when the controller says so.
+(``async_training``); the reward model may get one too. ``SeparateGroups`` answers the
+controller's calls as one group does, routing each by its role (a role without a group
+of its own goes to the training group), and moves the actor's weights to the rollout's
+engines over a bridge of their own (``engine.rollout.bridge``) when the controller says so.
 """
 
 from __future__ import annotations
@@ -23,13 +25,20 @@ ROLLOUT = "rollout"
 
 
 class SeparateGroups:
-    def __init__(self, train: WorkerGroup, rollout: WorkerGroup) -> None:
-        self.train, self.rollout = train, rollout
+    def __init__(self, train: WorkerGroup, own: dict[str, WorkerGroup]) -> None:
+        """``own``: role -> the group of its own (each labelled by its role)."""
+        self.train, self.own = train, dict(own)
+        self.rollout = self.own.get(ROLLOUT)  # None when the rollout is colocated
         self.world_size = train.world_size
         self._bridge: BridgeAddress | None = None
 
+    @property
+    def groups(self) -> list[WorkerGroup]:
+        """The training group, then the others in the order given."""
+        return [self.train, *self.own.values()]
+
     def group_of(self, role: str) -> WorkerGroup:
-        return self.rollout if role == ROLLOUT else self.train
+        return self.own.get(role, self.train)
 
     def call_split(
         self,
@@ -58,16 +67,17 @@ class SeparateGroups:
         return self.group_of(role).call_all(role, method, *args, **kwargs)
 
     def host_all(self, method: str, *args: Any) -> list[Any]:
-        """Every host of both groups, at once (each group's hosts meet in their own
-        collectives: a checkpoint's barrier); the training group's results first."""
-        train = [getattr(w, method).remote(*args) for w in self.train.workers]
-        rollout = [getattr(w, method).remote(*args) for w in self.rollout.workers]
-        return self._get_both(train, rollout)
+        """Every host of every group, at once (each group's hosts meet in their own
+        collectives: a checkpoint's barrier); in the order of ``groups``."""
+        return self._get_all(
+            [(g, [getattr(w, method).remote(*args) for w in g.workers]) for g in self.groups]
+        )
 
     def push_weights(self) -> Pushed:
         """The actor's current weights into every rollout engine: the actor's ranks
         gather them tensor by tensor, its first rank sends them bucket by bucket, each
         rollout rank receives and loads them as they come; what the sender sent."""
+        assert self.rollout is not None, "push_weights needs the rollout's own group"
         if self._bridge is None:
             host, port = ray.get(self.train.workers[0].rendezvous_address.remote())
             self._bridge = BridgeAddress(host, port, 1 + self.rollout.world_size)
@@ -75,20 +85,18 @@ class SeparateGroups:
         load = [
             w.call.remote(ROLLOUT, "receive_weights", self._bridge) for w in self.rollout.workers
         ]
-        return self._get_both(send, load)[SENDER]
+        return self._get_all([(self.train, send), (self.rollout, load)])[SENDER]
 
-    def _get_both(self, train: list[Any], rollout: list[Any]) -> list[Any]:
-        """Both groups' results, waiting on all at once: a rank that fails in either is
-        noticed while the other group's ranks still wait on it (in the bridge)."""
-        pending = {ref: group for group, refs in ((self.train, train), (self.rollout, rollout))
-                   for ref in refs}  # fmt: skip
+    def _get_all(self, calls: list[tuple[WorkerGroup, list[Any]]]) -> list[Any]:
+        """Every group's results, waiting on all at once: a rank that fails in one is
+        noticed (named by its group) while the other groups' ranks still wait on it."""
+        pending = {ref: (group, refs) for group, refs in calls for ref in refs}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
-            group = pending.pop(done[0])
-            refs = train if group is self.train else rollout
+            group, refs = pending.pop(done[0])
             group.get([done[0]], first_rank=refs.index(done[0]))
-        return ray.get(train) + ray.get(rollout)
+        return [result for _, refs in calls for result in ray.get(refs)]
 
     def shutdown(self, grace_s: float = 10.0) -> None:
-        for group in (self.rollout, self.train):
+        for group in reversed(self.groups):
             group.shutdown(grace_s)

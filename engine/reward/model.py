@@ -32,13 +32,13 @@ def model_rewards(cfg: EngineConfig, tokenizer: Any) -> Any:
     if rm.style == "generative":
         from engine.reward.judge import JudgeRewards
 
-        return JudgeRewards(rm, cfg.world_size)
-    return ModelRewards(rm, tokenizer, cfg.world_size)
+        return JudgeRewards(rm, cfg.rm_world_size)
+    return ModelRewards(rm, tokenizer, cfg.rm_world_size)
 
 
 class ModelRewards:
     def __init__(self, cfg: RewardModelConfig, policy_tokenizer: Any, ranks: int) -> None:
-        self.ranks = ranks  # the rows go evenly over the workers' ranks
+        self.ranks = ranks  # the rows go evenly over the rm role's ranks
         self.sources = None if cfg.data_sources is None else set(cfg.data_sources)
         self.policy_tokenizer = policy_tokenizer
         self.rm_tokenizer = None

@@ -1,8 +1,8 @@
 """The generative reward model's role (``rm`` with ``reward_model.style=generative``): an
-LLM judge on the training workers, served by a second instance of the rollout's engine
-(``actor_rollout_ref.rollout.name``) that loads the judge's own weights from
-``reward_model.model.path`` and only generates: it never receives the policy's weight
-syncs.
+LLM judge on the training workers (or on its own, ``reward_model.enable_resource_pool``),
+served by a second instance of the rollout's engine (``actor_rollout_ref.rollout.name``)
+that loads the judge's own weights from ``reward_model.model.path`` and only generates:
+it never receives the policy's weight syncs.
 
 Each rank holds a full copy (no tensor parallelism; a judge small enough to sit beside
 the actor on one device, like the discriminative reward model) and generates its share
@@ -48,7 +48,7 @@ def judge_rows_per_rank(cfg: EngineConfig) -> int:
     rollout = cfg.actor_rollout_ref.rollout
     train = cfg.data.train_batch_size * rollout.n
     val = (cfg.data.val_batch_size or 0) * rollout.val_kwargs.n
-    return min(JUDGE_MAX_CONCURRENT, -(-max(train, val) // cfg.world_size))
+    return min(JUDGE_MAX_CONCURRENT, -(-max(train, val) // cfg.rm_world_size))
 
 
 def load_judge(path: str, trust_remote_code: bool, dtype: torch.dtype) -> Any:
@@ -132,7 +132,7 @@ def _vllm_judge(cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, dtype: st
         seed=cfg.trainer.seed,
         trust_remote_code=rm.model.trust_remote_code,
         load_format="auto",  # its own weights, read once: nothing is ever pushed to it
-        local_world_size=cfg.trainer.n_gpus_per_node,
+        local_world_size=cfg.rm_devices_per_node,
         dtype=dtype,
         # Sized for this rank's prompts at full length, on every platform: a fraction of
         # the device (gpu_memory_utilization) would be the rollout engine's to take.

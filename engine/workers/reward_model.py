@@ -1,6 +1,6 @@
 """The reward-model role: a Hugging Face sequence-classification model (one label) that
-scores whole sequences, prompt and response, on the training workers (the
-discriminative style; the generative one, an LLM judge, is engine.workers.judge).
+scores whole sequences, prompt and response, on the training workers or on its own
+(``reward_model.enable_resource_pool``) (the discriminative style; the generative one, an LLM judge, is engine.workers.judge).
 
 Each rank holds a full copy in eval mode (no sharding, no optimizer) and scores its share
 of the batch in micro-batches of ``reward_model.micro_batch_size_per_gpu``. The score of

@@ -211,6 +211,20 @@ class RolloutSplit:
 
 
 @dataclass(frozen=True)
+class RewardPool:
+    """The reward model on devices of its own (``reward_model.enable_resource_pool``):
+    its devices, and the training (and rollout) layout the job holds beside them."""
+
+    nodes: int
+    devices_per_node: int
+    train_nodes: int  # the plan's layout before the reward model's devices were added
+    train_devices_per_node: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class Plan:
     # The job's layout: every node it asks for and the devices on each (with the rollout
     # on devices of its own, both groups: ``split`` has each group's share).
@@ -248,6 +262,7 @@ class Plan:
     hf_rollout_micro_batch_size: int | None = None  # hf rollout: sequences per generate call
     estimated_step_seconds: float | None = None
     split: RolloutSplit | None = None  # None: the rollout shares the actor's devices
+    reward_pool: RewardPool | None = None  # None: the reward model (if any) shares them too
 
     @property
     def num_devices(self) -> int:
@@ -258,12 +273,15 @@ class Plan:
         arr = "actor_rollout_ref"
         fsdp = self.train_backend in ("fsdp", "fsdp2")
         cpu = self.accelerator is None
-        split = self.split
+        split, pool = self.split, self.reward_pool
+        nodes, per_node = (
+            (pool.train_nodes, pool.train_devices_per_node)
+            if pool
+            else (self.nodes, self.devices_per_node)
+        )
         out: dict[str, Any] = {
-            "trainer.nnodes": split.train_nodes if split else self.nodes,
-            "trainer.n_gpus_per_node": split.train_devices_per_node
-            if split
-            else self.devices_per_node,
+            "trainer.nnodes": split.train_nodes if split else nodes,
+            "trainer.n_gpus_per_node": split.train_devices_per_node if split else per_node,
             "trainer.device": "cpu" if cpu else get_accelerator(self.accelerator).torch_device,
             "data.train_batch_size": self.train_batch_size,
             "data.max_prompt_length": self.max_prompt_length,
@@ -332,9 +350,9 @@ class Plan:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "split" and value is None:
+            if f.name in ("split", "reward_pool") and value is None:
                 continue  # colocated plans read as they did before the split existed
-            if f.name in ("memory", "model", "split"):
+            if f.name in ("memory", "model", "split", "reward_pool"):
                 value = value.to_json()
             elif f.name == "reasoning":
                 value = list(value)
@@ -352,4 +370,6 @@ class Plan:
         values["reasoning"] = list(data["reasoning"])
         if data.get("split") is not None:
             values["split"] = RolloutSplit.from_json(data["split"])
+        if data.get("reward_pool") is not None:
+            values["reward_pool"] = RewardPool(**data["reward_pool"])
         return cls(**values)

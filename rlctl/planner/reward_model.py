@@ -13,7 +13,11 @@ Where it lives: both the discriminative model and an hf judge stay on the device
 whole run, so they are held beside the training state through training and generation.
 A vLLM judge with sleep mode (``free_cache_engine``, on GPUs) sleeps at level 1 between
 judgings: it is a phase of its own, after generation (the rollout engine asleep), with
-the training state left resident beside it."""
+the training state left resident beside it.
+
+With a pool of its own (``reward_model.enable_resource_pool``) none of this is on the
+training devices: the job asks for the reward model's devices too (reward_pool.py),
+and its memory is checked against one of its own devices."""
 
 from __future__ import annotations
 
@@ -64,7 +68,7 @@ class RewardModelMem:
             overhead = 0.0
         return BF16 * self.params + self.kv_bytes(samples, devices) + overhead
 
-    def describe(self, samples: int, devices: int) -> str:
+    def describe(self, samples: int, devices: int, own: bool = False) -> str:
         what = f"judge on {self.backend}" if self.style == "generative" else "sequence classifier"
         parts = [f"bf16 weights {BF16 * self.params / GIB:.2f} GiB"]
         if self.style == "generative":
@@ -81,7 +85,9 @@ class RewardModelMem:
                     " per generate call)"
                 )
         where = (
-            "asleep while training and generating (sleep mode), judged after generation"
+            f"on each of its own {devices} device(s), nothing of training beside it"
+            if own
+            else "asleep while training and generating (sleep mode), judged after generation"
             " beside the resident training state"
             if self.sleeps
             else "held on every training device through training and generation"
@@ -116,3 +122,12 @@ def reward_model_of(config: Any) -> tuple[RewardModelMem | None, str | None]:
         micro=rm.micro_batch_size_per_gpu,
         sleeps=rm.style == "generative" and rollout.name == "vllm" and rollout.free_cache_engine,
     ), None
+
+
+def own_pool(config: Any) -> tuple[int, int] | None:
+    """(nodes, devices per node) of the reward model's own workers; None when it runs on
+    the training devices (or there is none)."""
+    if config is None or not config.reward_model.enable:
+        return None
+    rm = config.reward_model
+    return (rm.nnodes, rm.n_gpus_per_node) if rm.enable_resource_pool else None

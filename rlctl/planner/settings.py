@@ -15,7 +15,7 @@ from rlctl.planner.model import (
     PlanRequest,
 )
 from rlctl.planner.multi_turn import MultiTurn, check_multi_turn, multi_turn_of
-from rlctl.planner.reward_model import RewardModelMem, reward_model_of
+from rlctl.planner.reward_model import RewardModelMem, own_pool, reward_model_of
 
 # ---------------------------------------------------------------------------
 # settings: the request with the recipe's pinned engine keys applied
@@ -116,7 +116,8 @@ class _Settings:
     # actor trains an adapter of this rank on these modules (memory.lora_params)
     lora_rank: int = 0
     lora_targets: str | tuple[str, ...] = "all-linear"
-    # reward_model.enable: its copy on every training device (planner/reward_model.py)
+    # reward_model.enable: its copy on every training device (planner/reward_model.py);
+    # None with a pool of its own
     reward_model: RewardModelMem | None = None
 
     @property
@@ -154,6 +155,8 @@ def _settings(req: PlanRequest) -> _Settings:
     reward_model, not_counted = reward_model_of(req.config)
     if not_counted:
         notes.append(not_counted)
+    if own_pool(req.config) is not None:  # on devices of its own (reward_model.with_own_pool)
+        reward_model = None
     s = _Settings(
         train_batch=take("data.train_batch_size", req.train_batch_size),
         n=take(f"{_ARR}.rollout.n", req.rollout_n),

@@ -3,7 +3,8 @@ built here) on the two Ray workers beside the actor. The rows' data source has n
 function, so a run that fell back to the rules would fail at start; the logged scores
 are the model's (continuous, acc 0), not a rule's. With the rollout on a worker of its
 own (one step off, fully asynchronous) the reward model stays on the training worker and
-scores a batch while the rollout generates the next."""
+scores a batch while the rollout generates the next. With a pool of its own
+(reward_model.enable_resource_pool) it scores on a worker process of its own."""
 
 import json
 
@@ -23,11 +24,20 @@ SEPARATE = [
     "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
 ]
 
+# one training worker (the actor, rollout colocated) and one reward model worker
+OWN_POOL = [
+    "trainer.n_gpus_per_node=1",
+    "reward_model.enable_resource_pool=true",
+    "reward_model.nnodes=1",
+    "reward_model.n_gpus_per_node=1",
+]
+
 
 @pytest.mark.parametrize(
     "mode",
     [
         pytest.param([], id="sync"),
+        pytest.param(OWN_POOL, id="own_pool"),
         pytest.param([*SEPARATE, "async_training.mode=one_step_off"], id="one_step_off"),
         pytest.param([*SEPARATE, "async_training.mode=fully_async"], id="fully_async"),
     ],
@@ -62,7 +72,7 @@ def test_grpo_scored_by_the_reward_model(
             "trainer.logger=[]",
             "reward_model.enable=true",
             f"reward_model.model.path={rm_dir}",
-            "reward_model.micro_batch_size_per_gpu=3",  # 8 or 16 rows a rank
+            "reward_model.micro_batch_size_per_gpu=3",  # 8 or 16 (own pool: 16) rows a rank
             *mode,
         ]
     )
@@ -82,3 +92,9 @@ def test_grpo_scored_by_the_reward_model(
         assert record["critic/acc/mean"] == 0.0  # the model checks no ground truth
         assert record["critic/score/max"] > record["critic/score/min"]
         assert record["timing_s/reward"] > 0
+    workers = json.loads((tmp_path / "run" / "workers.json").read_text())
+    if mode is OWN_POOL:  # the rm role's one rank, in a process other than the actor's
+        assert [w.get("group", "") for w in workers] == ["", "rm"]
+        assert workers[0]["pid"] != workers[1]["pid"]
+    else:
+        assert all(w.get("group", "") != "rm" for w in workers)

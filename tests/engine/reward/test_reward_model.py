@@ -142,3 +142,46 @@ def test_bad_reward_model_settings_are_refused_before_start(rm_dir, tmp_path):
     with pytest.raises(ConfigError, match="2 labels"):
         validate(_cfg(two))
     validate(_cfg(rm_dir))  # the good one passes
+
+
+def test_own_pool_needs_its_size_and_a_reward_model(rm_dir):
+    from engine.config import validate
+
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(rm_dir, "reward_model.enable_resource_pool=true"))
+    problems = "\n".join(info.value.problems)
+    assert "reward_model.nnodes must be >= 1" in problems
+    assert "reward_model.n_gpus_per_node must be >= 1" in problems
+    assert "enable_resource_pool=false" in problems  # the fix
+    with pytest.raises(ConfigError, match=r"reward_model\.enable_resource_pool=true without"):
+        validate(
+            _cfg(
+                rm_dir,
+                "reward_model.enable=false",
+                "reward_model.enable_resource_pool=true",
+                "reward_model.nnodes=1",
+                "reward_model.n_gpus_per_node=1",
+            )
+        )
+
+
+@pytest.mark.parametrize("style", ["discriminative", "generative"])
+def test_rows_go_over_the_reward_models_own_ranks(rm_dir, style, monkeypatch):
+    from engine.config import validate
+    from engine.reward import model as model_module
+    from engine.workers.judge import judge_rows_per_rank
+
+    own = ["reward_model.enable_resource_pool=true", "reward_model.nnodes=1"]
+    cfg = _cfg(rm_dir, "trainer.n_gpus_per_node=4", *own, "reward_model.n_gpus_per_node=2")
+    validate(cfg)
+    assert (cfg.world_size, cfg.rm_world_size, cfg.rm_devices_per_node) == (4, 2, 2)
+    assert _cfg(rm_dir, "trainer.n_gpus_per_node=4").rm_world_size == 4  # colocated
+    if style == "generative":  # the judge's tokenizer is not needed to count its ranks
+        monkeypatch.setattr("engine.reward.judge.load_judge_tokenizer", lambda cfg: None)
+        monkeypatch.setattr("engine.reward.judge.JudgePrompts", lambda *a: None)
+        cfg.reward_model.style = "generative"
+        cfg.data.train_batch_size, cfg.data.val_batch_size = 8, None
+        cfg.actor_rollout_ref.rollout.n = 5
+        # 8 × 5 samples a step over the judge's 2 ranks, not the 4 training ranks
+        assert judge_rows_per_rank(cfg) == 8 * 5 // 2
+    assert model_module.model_rewards(cfg, tokenizer=None).ranks == 2

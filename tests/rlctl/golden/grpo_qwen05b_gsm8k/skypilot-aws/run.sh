@@ -407,6 +407,9 @@ critic:
     use_distributed_optimizer: true
 reward_model:
   enable: false
+  enable_resource_pool: false
+  n_gpus_per_node: 0
+  nnodes: 0
   style: discriminative
   model:
     path: ''

@@ -407,6 +407,9 @@ critic:
     use_distributed_optimizer: true
 reward_model:
   enable: true
+  enable_resource_pool: false
+  n_gpus_per_node: 0
+  nnodes: 0
   style: generative
   model:
     path: Qwen/Qwen2.5-1.5B-Instruct

@@ -407,6 +407,9 @@ critic:
     use_distributed_optimizer: true
 reward_model:
   enable: true
+  enable_resource_pool: false
+  n_gpus_per_node: 0
+  nnodes: 0
   style: discriminative
   model:
     path: Skywork/Skywork-Reward-V2-Qwen3-0.6B
