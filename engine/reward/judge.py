@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.config import RewardModelConfig
 from engine.reward.manager import RewardManager
+from engine.reward.model import even_for_ranks, scored_with_rules
 from engine.reward.types import ScoreRequest, ScoreResult
 from engine.reward.verdict import JudgePrompts, VerdictParser
 from engine.types import GenerationOutput, GenerationRequest, SamplingParams
@@ -90,20 +91,12 @@ class JudgeRewards:
         verdict is its call on correctness; ``extras["judge_score"]``, and
         ``extras["judge_unparsed"]`` 1 where it fell back) where it covers the data
         source, the rule functions' elsewhere; DAPO's overlong penalty on both."""
-        on_judge = [i for i, r in enumerate(requests) if self.covers(r.data_source)]
-        chosen = set(on_judge)
-        on_rule = [i for i in range(len(requests)) if i not in chosen]
-        results: list[ScoreResult | None] = [None] * len(requests)
-        for i, result in zip(on_rule, rules.score([requests[i] for i in on_rule]), strict=True):
-            results[i] = result
-        if on_judge:
-            judged = self.judge(requests, messages, on_judge, run_judge)
-            for i, result in zip(on_judge, judged, strict=True):
-                results[i] = result
-            rules.add_overlong_penalty(
-                [requests[i] for i in on_judge], [results[i] for i in on_judge]
-            )
-        return [r for r in results if r is not None]
+        return scored_with_rules(
+            requests,
+            self.covers,
+            rules,
+            lambda rows: self.judge(requests, messages, rows, run_judge),
+        )
 
     def judge(
         self,
@@ -130,9 +123,7 @@ class JudgeRewards:
         verdicts: list[str | None] = [None] * len(ids)
         if fits:
             sent = [ids[k] for k in fits]
-            # every rank gets the same number of rows: the first repeated, its verdicts dropped
-            padded = sent + sent[:1] * (-len(sent) % self.ranks)
-            output = run_judge(GenerationRequest(padded, self.sampling))
+            output = run_judge(GenerationRequest(even_for_ranks(sent, self.ranks), self.sampling))
             decoded = self.tokenizer.batch_decode(
                 output.response_ids[: len(sent)], skip_special_tokens=True
             )
@@ -145,20 +136,11 @@ class JudgeRewards:
         results = []
         for text in verdicts:
             verdict = self.parse(text) if text is not None else None
-            if verdict is None or not verdict.parsed:
-                self._counts.unparsed += int(verdict is not None)
-                reward = self.unparsed_score
-                results.append(
-                    ScoreResult(reward, reward, {"judge_score": reward, "judge_unparsed": 1.0})
-                )
-            else:
-                results.append(
-                    ScoreResult(
-                        verdict.reward,
-                        verdict.reward,
-                        {"judge_score": verdict.reward, "judge_unparsed": 0.0},
-                    )
-                )
+            parsed = verdict is not None and verdict.parsed
+            self._counts.unparsed += int(verdict is not None and not parsed)
+            reward = verdict.reward if parsed else self.unparsed_score
+            extras = {"judge_score": reward, "judge_unparsed": 0.0 if parsed else 1.0}
+            results.append(ScoreResult(reward, reward, extras))
         return results
 
 

@@ -11,7 +11,7 @@ The forward passes run on the workers (``engine.workers.reward_model``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -21,6 +21,35 @@ from engine.reward.types import ScoreRequest, ScoreResult
 
 # The trainer's way to run the reward model on the workers: sequences -> (B,) scores.
 RunModel = Callable[[list[list[int]]], torch.Tensor]
+T = TypeVar("T")
+
+
+def scored_with_rules(
+    requests: list[ScoreRequest],
+    covers: Callable[[str], bool],
+    rules: RewardManager,
+    score_rows: Callable[[list[int]], list[ScoreResult]],
+) -> list[ScoreResult]:
+    """Each request's result: ``score_rows(rows)`` for the rows whose data source the
+    reward model covers (either style), the rule functions' for the others; DAPO's
+    overlong penalty on the model's results too."""
+    on_model = [i for i, r in enumerate(requests) if covers(r.data_source)]
+    chosen = set(on_model)
+    on_rule = [i for i in range(len(requests)) if i not in chosen]
+    results: list[ScoreResult | None] = [None] * len(requests)
+    for i, result in zip(on_rule, rules.score([requests[i] for i in on_rule]), strict=True):
+        results[i] = result
+    if on_model:
+        for i, result in zip(on_model, score_rows(on_model), strict=True):
+            results[i] = result
+        rules.add_overlong_penalty([requests[i] for i in on_model], [results[i] for i in on_model])
+    return [r for r in results if r is not None]
+
+
+def even_for_ranks(rows: list[T], ranks: int) -> list[T]:
+    """``rows`` with the first repeated until every rank gets as many (the repeats'
+    results are dropped)."""
+    return rows + rows[:1] * (-len(rows) % ranks)
 
 
 def model_rewards(cfg: EngineConfig, tokenizer: Any) -> Any:
@@ -83,24 +112,14 @@ class ModelRewards:
         """Each request's result: the reward model's score (``acc`` 0: no ground truth is
         checked; the score also in ``extras["rm_score"]``) where it covers the data
         source, the rule functions' elsewhere; DAPO's overlong penalty on both."""
-        on_model = [i for i, r in enumerate(requests) if self.covers(r.data_source)]
-        chosen = set(on_model)
-        on_rule = [i for i in range(len(requests)) if i not in chosen]
-        results: list[ScoreResult | None] = [None] * len(requests)
-        for i, result in zip(on_rule, rules.score([requests[i] for i in on_rule]), strict=True):
-            results[i] = result
-        if on_model:
+
+        def score_rows(rows: list[int]) -> list[ScoreResult]:
             seqs = self.sequences(
-                [prompt_ids[i] for i in on_model],
-                [responses[i] for i in on_model],
-                [messages[i] for i in on_model] if self.rm_tokenizer is not None else [],
+                [prompt_ids[i] for i in rows],
+                [responses[i] for i in rows],
+                [messages[i] for i in rows] if self.rm_tokenizer is not None else [],
             )
-            # every rank gets the same number of rows: the first repeated, its scores dropped
-            padded = seqs + seqs[:1] * (-len(seqs) % self.ranks)
-            values = run_model(padded)[: len(seqs)].tolist()
-            for i, value in zip(on_model, values, strict=True):
-                results[i] = ScoreResult(score=value, acc=0.0, extras={"rm_score": value})
-            rules.add_overlong_penalty(
-                [requests[i] for i in on_model], [results[i] for i in on_model]
-            )
-        return [r for r in results if r is not None]
+            values = run_model(even_for_ranks(seqs, self.ranks))[: len(seqs)].tolist()
+            return [ScoreResult(score=v, acc=0.0, extras={"rm_score": v}) for v in values]
+
+        return scored_with_rules(requests, self.covers, rules, score_rows)
