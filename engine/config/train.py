@@ -247,11 +247,13 @@ def ulysses_problems(cfg: EngineConfig, role: str) -> list[str]:
         )
     world = cfg.world_size
     if world % size:
-        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        # (a local import: batches imports engine.config.engine, which imports this module)
+        from engine.config.batches import divisors_near
+
         p.append(
             f"{key} {size} must divide the world size {world} (trainer.nnodes ×"
             f" trainer.n_gpus_per_node): every {size} consecutive ranks share their rows; use"
-            f" one of {', '.join(map(str, divisors))}"
+            f" one of {', '.join(map(str, divisors_near(world, size)))}"
         )
     model_key = _model_key(cfg, role)
     if not selected_model(cfg, role).use_remove_padding:
@@ -271,10 +273,12 @@ def ulysses_heads_problems(size: int, key: str, hf_config: Any) -> list[str]:
     if heads is None:  # fields that do not say (the engine checks the loaded model)
         return []
     kv = getattr(hf_config, "num_key_value_heads", None) or heads
+    from engine.config.batches import divisors_near
+
     p = []
     for what, value in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
         if value % size:
-            fits = [d for d in range(1, value + 1) if value % d == 0]
+            fits = divisors_near(value, size)
             p.append(
                 f"{key} {size} must divide the model's {what} {value} (each rank of the"
                 f" sequence-parallel group attends with whole heads); use one of"
