@@ -44,8 +44,16 @@ def init_ray(cfg: EngineConfig) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
         check_node_secrets(secret_names())
         return
+    # every worker of every group: the training one, and the rollout's and the reward
+    # model's when they have their own
+    rollout = cfg.actor_rollout_ref.rollout
+    own_rollout = (
+        rollout.separate_nnodes * rollout.separate_n_gpus_per_node
+        if rollout.placement == "separate"
+        else 0
+    )
     own_rm = cfg.rm_world_size if cfg.reward_model.enable_resource_pool else 0
-    needed = (cfg.world_size + own_rm) * cfg.trainer.cpus_per_worker
+    needed = (cfg.world_size + own_rollout + own_rm) * cfg.trainer.cpus_per_worker
     ray.init(
         num_cpus=max(needed, os.cpu_count() or 1),
         include_dashboard=False,
