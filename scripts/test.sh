@@ -2,6 +2,9 @@
 # The test suite, as the README runs it. Extra arguments go to pytest:
 #   scripts/test.sh -m "not slow"     # the quick run
 #   scripts/test.sh -m "not vllm"     # without the real vLLM engine
+#   RLCTL_TEST_WORKERS=1 scripts/test.sh tests/x.py -s   # one process (pdb, -s, one test)
+# It runs on RLCTL_TEST_WORKERS pytest-xdist workers (2): a whole-run test keeps about 1.4
+# of 2 cores busy, so two at a time fill the machine (tests/conftest.py groups them).
 # It runs in .venv (scripts/setup.sh) when there is one, activated or not; otherwise in
 # the python on the PATH.
 set -euo pipefail
@@ -17,4 +20,9 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ -d .megatron-core ]; then
     export PYTHONPATH="$PWD/.megatron-core${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec "$py" -m pytest -q "$@"
+workers=${RLCTL_TEST_WORKERS:-2}
+parallel=()
+if [ "$workers" -gt 1 ]; then
+    parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+fi
+exec "$py" -m pytest -q "${parallel[@]}" "$@"

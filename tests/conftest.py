@@ -39,7 +39,33 @@ def _needs_megatron(item: pytest.Item) -> bool:
     )
 
 
+# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup): a whole
+# module goes to one worker, so its module-scoped fixtures (a Ray cluster, a warm-started
+# model) are built once. The tests that start the real Slurm and SkyPilot daemons share a
+# session-scoped cluster, so they form one group. Groups are handed out in this order:
+# the longest first (measured on the 2-core machine), so no long one starts last.
+DAEMONS = ("tests/slurm/", "tests/skypilot/")
+LONGEST_FIRST = (
+    "tests/e2e/test_tool_task_cpu.py",  # about 11 minutes
+    "daemons",  # 8
+    "tests/e2e/test_async_cpu.py",  # 7
+    "tests/e2e/test_engine_cpu.py",  # 6
+    "tests/e2e/test_resume.py",  # 6
+    "tests/e2e/test_lora_cpu.py",  # 4
+)
+
+
+def _group(item: pytest.Item) -> str:
+    path = item.nodeid.split("::", 1)[0]
+    return "daemons" if path.startswith(DAEMONS) else path
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: modules stay whole
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
     if os.environ.get("RLCTL_TEST_MEGATRON") == "all":
         return
     skip = pytest.mark.skip(
@@ -113,6 +139,19 @@ def _find_processes(*needles: str) -> dict[int, str]:
         if state != "Z":  # exited, not yet reaped: nothing left to stop
             found[int(entry.name)] = cmd[:160]
     return found
+
+
+@pytest.fixture
+def vllm_tp_alone() -> Iterator[None]:
+    """No other test's tensor-parallel vLLM runs on this machine while the test does (an
+    exclusive lock across pytest-xdist workers): its shared-memory segments, which a test
+    checks are gone at the end, are then its own."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "rlctl-tests-vllm-tp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -284,14 +284,33 @@ def _algorithm_marks(name: str) -> list:
     return marks
 
 
+def _tp_segments() -> set[str]:
+    """The shared-memory segments of vLLM's CPU TP groups (named ...-cpushm_<rank>; the
+    engine prefixes them with a token of its own, engine/rollout/vllm_cpu.py)."""
+    return {name for name in os.listdir("/dev/shm") if "cpushm" in name}
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_algorithm_marks(n)) for n in ALGORITHMS])
 def test_algorithm_runs(
-    name, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    name,
+    ray_cluster,
+    tiny_model_dir,
+    synthetic_data,
+    tmp_path,
+    base_overrides,
+    read_metrics,
+    request,
 ):
     from engine.runtime import run_training
 
     train, _ = synthetic_data
-    shared_memory = set(os.listdir("/dev/shm"))
+    tp = any(
+        o.startswith("actor_rollout_ref.rollout.tensor_model_parallel_size=") and o[-2:] != "=1"
+        for o in ALGORITHMS[name]
+    )
+    if tp:  # the segments checked below are then this run's alone
+        request.getfixturevalue("vllm_tp_alone")
+    segments = _tp_segments()
     cfg = load_config(
         [
             *base_overrides,
@@ -350,4 +369,4 @@ def test_algorithm_runs(
     if cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
         # vLLM's CPU all-reduce and broadcast segments go with the run (a second TP run
         # on the machine would otherwise fail to create them, and they hold memory).
-        assert set(os.listdir("/dev/shm")) <= shared_memory
+        assert _tp_segments() <= segments

@@ -250,7 +250,7 @@ def secret(*, value):
 
 @pytest.mark.vllm
 def test_multi_turn_on_a_tensor_parallel_vllm_runs_each_call_once(
-    secret_task, tmp_path, base_overrides, read_metrics
+    secret_task, tmp_path, base_overrides, read_metrics, vllm_tp_alone
 ):
     """vLLM at TP 2 over the two CPU workers, one engine run SPMD: the group's first
     member runs every trajectory's loop and tools, the other steps the engine with it

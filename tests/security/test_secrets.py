@@ -18,33 +18,11 @@ import pytest
 
 import rlctl.api
 from rlctl.jobs import JobState, JobStore
+from tests.security.secret_files import files_holding, ray_dirs_since
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = {"HF_TOKEN": "hf_canary_7f3a9c1e5b", "RLCTL_CANARY_API_KEY": "canary-d41d8cd98f"}
 VALUES = tuple(CANARY.values())
-
-
-def files_holding(roots: list[Path], values: tuple[str, ...] = VALUES) -> list[str]:
-    """Every regular file under ``roots`` that contains one of ``values``."""
-    found = []
-    for root in roots:
-        paths = [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file())
-        for path in paths:
-            if path.is_symlink():
-                continue
-            try:
-                data = path.read_bytes()
-            except OSError:  # a socket, or gone meanwhile
-                continue
-            found += [f"{path}: {v[:6]}..." for v in values if v.encode() in data]
-    return found
-
-
-def ray_dirs_since(started: float) -> list[Path]:
-    """Ray's temp dirs (the engine's /tmp/rayXXXX, Ray's default /tmp/ray) and ~/.ray
-    changed since ``started``: other runs' are read too, harmlessly."""
-    dirs = [*Path("/tmp").glob("ray*"), Path.home() / ".ray"]
-    return [d for d in dirs if d.is_dir() and d.stat().st_mtime >= started - 1]
 
 
 def recipe(tmp_path: Path, **engine) -> Path:
@@ -131,7 +109,7 @@ def test_a_local_ray_cluster_gets_the_secrets_and_writes_none(monkeypatch):
     finally:
         ray.shutdown()
     time.sleep(1)  # Ray's log monitor flushes as it stops
-    assert files_holding(ray_dirs_since(started)) == []
+    assert files_holding(ray_dirs_since(started), VALUES) == []
 
 
 @pytest.mark.slow
@@ -161,7 +139,7 @@ def test_a_local_job_through_the_cli_leaves_no_secret(tmp_path):
         time.sleep(1)
     assert job.state is JobState.SUCCEEDED, cli("logs", job_id).stdout[-3000:]
     assert "HF_TOKEN" in store.get(job_id).recipe_yaml  # by name
-    assert files_holding([tmp_path, *ray_dirs_since(started)]) == []
+    assert files_holding([tmp_path, *ray_dirs_since(started)], VALUES) == []
 
 
 # ---------------------------------------------------------------------------
@@ -195,7 +173,7 @@ def test_slurm_submission_passes_values_in_sbatchs_environment_only(tmp_path, mo
     assert digests == [hashlib.sha256(v.encode()).hexdigest() for v in CANARY.values()]
     script = (jobs / job.id / "job.sbatch").read_text()
     assert f"export RLCTL_SECRET_NAMES={','.join(CANARY)}" in script
-    assert files_holding([jobs, home, out]) == []
+    assert files_holding([jobs, home, out], VALUES) == []
 
 
 # ---------------------------------------------------------------------------
@@ -246,4 +224,4 @@ def test_skypilot_task_carries_values_as_secrets_only(tmp_path, monkeypatch):
     )  # fmt: skip
     assert plan.returncode == 0, plan.stderr
     assert "secrets:" in emitted.read_text()
-    assert files_holding([tmp_path]) == []
+    assert files_holding([tmp_path], VALUES) == []

@@ -16,23 +16,13 @@ from pathlib import Path
 import pytest
 
 from rlctl.jobs import JobStore
+from tests.security.secret_files import files_holding, ray_dirs_since
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = {"HF_TOKEN": "hf_slurm_canary_3e9b7d", "RLCTL_CANARY_API_KEY": "slurm-canary-0c4f2a"}
-
-
-def files_holding(roots: list[Path]) -> list[str]:
-    found = []
-    for root in roots:
-        for path in (p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
-            try:
-                data = path.read_bytes()
-            except OSError:
-                continue
-            found += [f"{path}: {v[:6]}..." for v in CANARY.values() if v.encode() in data]
-    return found
+VALUES = tuple(CANARY.values())
 
 
 def test_secrets_reach_every_node_and_no_file(tmp_path, slurm_cluster, wait_state):
@@ -74,19 +64,14 @@ def test_secrets_reach_every_node_and_no_file(tmp_path, slurm_cluster, wait_stat
     assert done["state"] == "SUCCEEDED", rlctl("logs", job_id).stdout[-3000:]
     slurm_id = JobStore(home / "jobs.db").get(job_id).handle["slurm_job_id"]
     # the job's Ray temp dirs (/tmp/rlray-<id>-<node>), and any other Ray dir since
-    ray_dirs = [
-        d
-        for d in [*Path("/tmp").glob(f"rlray-{slurm_id}-*"), *Path("/tmp").glob("ray*"),
-                  Path.home() / ".ray"]
-        if d.is_dir() and d.stat().st_mtime >= started - 1
-    ]  # fmt: skip
+    ray_dirs = ray_dirs_since(started, f"rlray-{slurm_id}-*")
     assert any(d.name.startswith(f"rlray-{slurm_id}-") for d in ray_dirs)
-    assert files_holding([tmp_path, *ray_dirs]) == []
+    assert files_holding([tmp_path, *ray_dirs], VALUES) == []
     # Slurm's own files: slurmd's spool and the job completion log hold no value; slurmctld
     # keeps the batch environment in its state directory until the record is purged
     # (MinJobAge; docs/security.md): not rlctl's to clean, so reported, not asserted
     base = slurm_cluster.base
     spools = [d for d in (base / "state").iterdir() if d.name != "ctld"]
-    assert files_holding([base / "log", *spools]) == []
-    kept = files_holding([base / "state" / "ctld"])
+    assert files_holding([base / "log", *spools], VALUES) == []
+    kept = files_holding([base / "state" / "ctld"], VALUES)
     print(f"slurmctld's state directory holds the values in: {kept or 'no file'}")

@@ -63,9 +63,15 @@ def test_writes_outside_the_scratch_dir_fail_and_leave_nothing(
 
 
 def test_the_scratch_dir_is_writable_and_removed_after(
-    make_limits: Callable[..., SandboxLimits],
+    make_limits: Callable[..., SandboxLimits], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before = set(Path(tempfile.gettempdir()).glob("rlctl-sandbox-*"))
+    made: list[str] = []  # this run's scratch dirs (other tests may run sandboxes beside it)
+
+    def mkdtemp(*args, _mkdtemp=tempfile.mkdtemp, **kwargs):
+        made.append(_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     code = """
         import os
         with open("notes.txt", "w") as f:
@@ -78,8 +84,9 @@ def test_the_scratch_dir_is_writable_and_removed_after(
     result = run_python(textwrap.dedent(code), make_limits())
     cwd, content, same = result.stdout.split()
     assert (content, same) == ("kept", "True"), result
-    leftovers = set(Path(tempfile.gettempdir()).glob("rlctl-sandbox-*")) - before
-    assert leftovers == set()
+    scratch = [d for d in made if Path(d).name.startswith("rlctl-sandbox-")]
+    assert len(scratch) == 1, made
+    assert not Path(scratch[0]).exists()
     if not cwd.startswith("/tmp/sandbox"):  # the namespace's private /tmp is gone with it
         assert not Path(cwd).exists()
 
