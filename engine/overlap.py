@@ -67,7 +67,7 @@ class OneStepOff:
         # The next batch generates while this one is scored (a reward model on the
         # training workers) and trained; none after the last step.
         self.pending = self._start() if t.step < t.total_steps else None
-        return t.scored(done.expanded, done.n, output, timer)
+        return t.scorer.rollout(done.expanded, done.n, output, timer)
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The loader's state to save, and the trainer state's ``extra`` (none here)."""

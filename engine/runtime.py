@@ -284,6 +284,7 @@ def run_training(cfg: EngineConfig) -> None:
     from engine.data.dataset import RLDataset
     from engine.data.loader import PromptLoader
     from engine.reward.manager import RewardManager
+    from engine.scoring import Scorer
     from engine.tracking import Tracker
     from engine.trainer import Trainer
 
@@ -348,8 +349,9 @@ def run_training(cfg: EngineConfig) -> None:
         with Tracker(
             cfg.trainer, run_dir(cfg), dataclasses.asdict(cfg), total, resumed_step
         ) as tracker:
+            scorer = Scorer(cfg, reward, tokenizer, workers)
             trainer = Trainer(
-                cfg, workers, reward, tokenizer, loader, val, tracker, checkpoints, resume_from
+                cfg, workers, scorer, tokenizer, loader, val, tracker, checkpoints, resume_from
             )
             previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
             try:
