@@ -322,10 +322,11 @@ def run_training(cfg: EngineConfig) -> None:
         reward.check_data_sources(sources - set(rm.data_sources))
     elif not rm.enable:
         reward.check_data_sources(sources)
-    if rm.enable and rm.style == "generative":  # the judge's chat template, before start
+    judge_tokenizer = None  # loaded once: its chat template checked now, then used
+    if rm.enable and rm.style == "generative":
         from engine.reward.judge import load_judge_tokenizer
 
-        load_judge_tokenizer(rm)
+        judge_tokenizer = load_judge_tokenizer(rm)
     if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
         from engine.train.lora import check_targets
 
@@ -349,7 +350,7 @@ def run_training(cfg: EngineConfig) -> None:
         with Tracker(
             cfg.trainer, run_dir(cfg), dataclasses.asdict(cfg), total, resumed_step
         ) as tracker:
-            scorer = Scorer(cfg, reward, tokenizer, workers)
+            scorer = Scorer(cfg, reward, tokenizer, workers, judge_tokenizer)
             trainer = Trainer(
                 cfg, workers, scorer, tokenizer, loader, val, tracker, checkpoints, resume_from
             )

@@ -30,11 +30,14 @@ class Scorer:
         rules: RewardManager,
         tokenizer: Any,
         workers: WorkerGroup,
+        judge_tokenizer: Any = None,
     ) -> None:
+        """``judge_tokenizer``: a generative reward model's (loaded once, at start, where
+        its chat template is checked); loaded here when not given."""
         self.rules = rules
         self.tokenizer = tokenizer
         self.workers = workers
-        self.model = model_rewards(cfg, tokenizer)
+        self.model = model_rewards(cfg, tokenizer, judge_tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
 
