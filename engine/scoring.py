@@ -6,6 +6,7 @@ learned reward model or a judge whose passes run on the workers' ``rm`` role
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -21,6 +22,10 @@ from engine.reward.manager import RewardManager
 from engine.reward.model import model_rewards
 from engine.reward.types import ScoreRequest, ScoreResult
 from engine.types import GenerationOutput, SampleMeta
+
+# Scoring that began while the rollout was generating another batch (one_step_off's
+# next): hidden behind generation, not added to the step's wait for it.
+OVERLAPPED = "reward_overlapped"
 
 
 class Scorer:
@@ -47,8 +52,11 @@ class Scorer:
         n: int,
         output: GenerationOutput,
         timer: StageTimer,
+        generating: bool = False,
     ) -> Rollout:
-        """The rollout of ``expanded`` (each prompt ``n`` times, adjacent), scored."""
+        """The rollout of ``expanded`` (each prompt ``n`` times, adjacent), scored;
+        ``generating``: the rollout generates another batch meanwhile, so the scoring
+        is timed as ``timing_s/reward_overlapped`` too."""
         meta = SampleMeta(
             group_ids=[i // n for i in range(len(expanded))],
             data_source=[p.data_source for p in expanded],
@@ -62,7 +70,8 @@ class Scorer:
             ],
             messages=[p.messages for p in expanded],
         )
-        with timer("reward"):
+        overlapped = timer(OVERLAPPED) if generating else contextlib.nullcontext()
+        with timer("reward"), overlapped:
             results = self.score(output.response_ids, meta, [p.prompt_ids for p in expanded])
         return Rollout(
             prompt_ids=[p.prompt_ids for p in expanded],

@@ -45,6 +45,7 @@ from engine.tracking import Tracker, progress
 from engine.types import (
     ActorBatch,
     CriticBatch,
+    GenerationOutput,
     GenerationRequest,
     SampleMeta,
     SamplingParams,
@@ -102,6 +103,7 @@ class Trainer:
         self.weights_version = 0
         self.pushed_version: int | None = None
         self.pushed = Pushed()  # what the pushes since the last step's metrics carried
+        self.generating = 0  # generations sent to the rollout and not yet waited for
         self.overlap = make_overlap(self, cfg.async_training.mode)
 
     # -- the loop -----------------------------------------------------------
@@ -372,6 +374,7 @@ class Trainer:
             request.extra_info = [p.extra_info for p in expanded]
         self.push_weights()
         pending = self.workers.submit_split("rollout", "generate", request)
+        self.generating += 1
         return Generating(expanded, request, pending, sampling.n, self.weights_version)
 
     def push_weights(self) -> None:
@@ -383,8 +386,17 @@ class Trainer:
 
     def finish_generation(self, started: Generating, timer: StageTimer) -> Rollout:
         """Wait for a generation and score it."""
-        output = started.pending.result()
-        return self.scorer.rollout(started.expanded, started.n, output, timer)
+        output = self.wait_generation(started)
+        return self.scorer.rollout(
+            started.expanded, started.n, output, timer, generating=self.generating > 0
+        )
+
+    def wait_generation(self, started: Generating) -> GenerationOutput:
+        """The output of a generation ``start_generation`` sent."""
+        try:
+            return started.pending.result()
+        finally:
+            self.generating -= 1
 
     def token_rewards(
         self,
