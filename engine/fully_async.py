@@ -79,7 +79,7 @@ class FullyAsync:
             finished=[s.finished for s in samples],
             logprobs=[s.logprobs or [] for s in samples] if self.logprobs else None,
         )
-        return t.scored(expanded, n, output, timer)
+        return t.scorer.rollout(expanded, n, output, timer)
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The loader's state and the prompts drawn ahead of it, taken together (the

@@ -9,7 +9,8 @@ k the rollout already generates batch k+1, with the weights of the update before
     step k                          wait bk-1 | push vk-1, generate bk ‖ train bk-1 -> vk
 
 The next generation starts as soon as batch k has come back, before batch k is scored:
-a reward model (on the training workers) scores it while the rollout generates.
+a reward model (on the training workers) scores it while the rollout generates, timed
+as ``timing_s/reward_overlapped`` (every step but the last, which starts none).
 
 So every batch is trained by weights one update newer than those that sampled it: the
 PPO ratio takes the current weights as π_old (the proximal policy), and
@@ -62,12 +63,13 @@ class OneStepOff:
             self.pending = self._start()
         done = self.pending
         with timer("wait_prev_gen"):
-            output = done.pending.result()
+            output = t.wait_generation(done)
         metrics[STALENESS] = float(t.weights_version - done.version)
         # The next batch generates while this one is scored (a reward model on the
-        # training workers) and trained; none after the last step.
+        # training workers) and trained; none after the last step. The scoring says
+        # whether it overlapped (timing_s/reward_overlapped).
         self.pending = self._start() if t.step < t.total_steps else None
-        return t.scored(done.expanded, done.n, output, timer)
+        return t.scorer.rollout(done.expanded, done.n, output, timer, t.generating > 0)
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The loader's state to save, and the trainer state's ``extra`` (none here)."""

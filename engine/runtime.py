@@ -284,6 +284,7 @@ def run_training(cfg: EngineConfig) -> None:
     from engine.data.dataset import RLDataset
     from engine.data.loader import PromptLoader
     from engine.reward.manager import RewardManager
+    from engine.scoring import Scorer
     from engine.tracking import Tracker
     from engine.trainer import Trainer
 
@@ -321,10 +322,11 @@ def run_training(cfg: EngineConfig) -> None:
         reward.check_data_sources(sources - set(rm.data_sources))
     elif not rm.enable:
         reward.check_data_sources(sources)
-    if rm.enable and rm.style == "generative":  # the judge's chat template, before start
+    judge_tokenizer = None  # loaded once: its chat template checked now, then used
+    if rm.enable and rm.style == "generative":
         from engine.reward.judge import load_judge_tokenizer
 
-        load_judge_tokenizer(rm)
+        judge_tokenizer = load_judge_tokenizer(rm)
     if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
         from engine.train.lora import check_targets
 
@@ -348,8 +350,9 @@ def run_training(cfg: EngineConfig) -> None:
         with Tracker(
             cfg.trainer, run_dir(cfg), dataclasses.asdict(cfg), total, resumed_step
         ) as tracker:
+            scorer = Scorer(cfg, reward, tokenizer, workers, judge_tokenizer)
             trainer = Trainer(
-                cfg, workers, reward, tokenizer, loader, val, tracker, checkpoints, resume_from
+                cfg, workers, scorer, tokenizer, loader, val, tracker, checkpoints, resume_from
             )
             previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
             try:

@@ -39,11 +39,8 @@ from engine.metrics import (
     throughput_metrics,
 )
 from engine.overlap import Generating, make_overlap
-from engine.reward.judge import JudgeRewards
-from engine.reward.manager import RewardManager
-from engine.reward.model import model_rewards
-from engine.reward.types import ScoreRequest, ScoreResult
 from engine.rollout.bridge import Pushed
+from engine.scoring import Scorer, reward_components
 from engine.tracking import Tracker, progress
 from engine.types import (
     ActorBatch,
@@ -74,7 +71,7 @@ class Trainer:
         self,
         cfg: EngineConfig,
         workers: WorkerGroup,
-        reward: RewardManager,
+        scorer: Scorer,
         tokenizer: Any,
         train_loader: PromptLoader,
         val_dataset: RLDataset | None,
@@ -84,7 +81,7 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         self.workers = workers
-        self.reward = reward
+        self.scorer = scorer
         self.tokenizer = tokenizer
         self.train_loader = train_loader
         self.val_dataset = val_dataset
@@ -100,16 +97,14 @@ class Trainer:
         self.sampling = sampling_params(rollout, max_new, ignore_eos=rollout.ignore_eos)
         self.val_sampling = sampling_params(rollout.val_kwargs, max_new)
         self._batches = iter(self.train_loader)
-        pad = tokenizer.pad_token_id
-        self.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
         # The actor's weights, counted (every update, every load); a rollout on workers of
         # its own (placement=separate) is pushed the version it lacks before it generates.
         self.separate = rollout.placement == "separate"
         self.weights_version = 0
         self.pushed_version: int | None = None
         self.pushed = Pushed()  # what the pushes since the last step's metrics carried
+        self.generating = 0  # generations sent to the rollout and not yet waited for
         self.overlap = make_overlap(self, cfg.async_training.mode)
-        self.model_rewards = model_rewards(cfg, tokenizer)
 
     # -- the loop -----------------------------------------------------------
 
@@ -302,7 +297,7 @@ class Trainer:
             values_BR=values,
         )
         metrics["critic/acc/mean"] = float(rollout.acc_B.mean())
-        metrics |= self.judge_metrics()  # every judging of the step (ReMax's baseline too)
+        metrics |= self.scorer.judge_metrics()  # every judging of the step (ReMax's baseline too)
         metrics |= timer.metrics()
         num_tokens = int(tokens.attention_mask_BS.sum())
         metrics |= throughput_metrics(num_tokens, timer.seconds["step"], cfg.world_size)
@@ -379,6 +374,7 @@ class Trainer:
             request.extra_info = [p.extra_info for p in expanded]
         self.push_weights()
         pending = self.workers.submit_split("rollout", "generate", request)
+        self.generating += 1
         return Generating(expanded, request, pending, sampling.n, self.weights_version)
 
     def push_weights(self) -> None:
@@ -390,79 +386,17 @@ class Trainer:
 
     def finish_generation(self, started: Generating, timer: StageTimer) -> Rollout:
         """Wait for a generation and score it."""
-        output = started.pending.result()
-        return self.scored(started.expanded, started.n, output, timer)
-
-    def scored(
-        self,
-        expanded: list[PromptSample],
-        n: int,
-        output: GenerationOutput,
-        timer: StageTimer,
-    ) -> Rollout:
-        """The rollout of ``expanded`` (each prompt ``n`` times, adjacent), scored."""
-        meta = SampleMeta(
-            group_ids=[i // n for i in range(len(expanded))],
-            data_source=[p.data_source for p in expanded],
-            ground_truth=[p.ground_truth for p in expanded],
-            # an interaction's score of each answer reaches the reward function (verl's key)
-            extra_info=[
-                {**p.extra_info, "turn_scores": output.turn_scores[i]}
-                if output.turn_scores is not None
-                else p.extra_info
-                for i, p in enumerate(expanded)
-            ],
-            messages=[p.messages for p in expanded],
-        )
-        with timer("reward"):
-            results = self.score(output.response_ids, meta, [p.prompt_ids for p in expanded])
-        return Rollout(
-            prompt_ids=[p.prompt_ids for p in expanded],
-            response_ids=output.response_ids,
-            meta=meta,
-            scores_B=torch.tensor([r.score for r in results], dtype=torch.float32),
-            acc_B=torch.tensor([r.acc for r in results], dtype=torch.float32),
-            preds=[r.pred for r in results],
-            reward_extras=[None if r.error else r.extras for r in results],
-            pad_token_id=self.pad_token_id,
-            rollout_logprobs=output.logprobs,
-            response_masks=output.response_mask,
-            agent_stats=output.agent_stats,
-            prompt_index=[p.index for p in expanded],
+        output = self.wait_generation(started)
+        return self.scorer.rollout(
+            started.expanded, started.n, output, timer, generating=self.generating > 0
         )
 
-    def score(
-        self, responses: list[list[int]], meta: SampleMeta, prompt_ids: list[list[int]]
-    ) -> list[ScoreResult]:
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        requests = [
-            ScoreRequest(
-                data_source=meta.data_source[i],
-                response=texts[i],
-                ground_truth=meta.ground_truth[i],
-                extra_info=meta.extra_info[i],
-                response_length=len(responses[i]),
-            )
-            for i in range(len(responses))
-        ]
-        if self.model_rewards is None:
-            return self.reward.score(requests)
-        # the judge generates verdicts (engine.workers.judge); a classifier scores
-        method = "generate" if isinstance(self.model_rewards, JudgeRewards) else "scores"
-        return self.model_rewards.score(
-            requests,
-            prompt_ids,
-            responses,
-            meta.messages,
-            self.reward,
-            lambda batch: self.workers.call_split("rm", method, batch),
-        )
-
-    def judge_metrics(self, prefix: str = "") -> dict[str, float]:
-        """The judge's counts since the last call (unparsed verdicts...); none without one."""
-        if not isinstance(self.model_rewards, JudgeRewards):
-            return {}
-        return {prefix + k: v for k, v in self.model_rewards.take_metrics().items()}
+    def wait_generation(self, started: Generating) -> GenerationOutput:
+        """The output of a generation ``start_generation`` sent."""
+        try:
+            return started.pending.result()
+        finally:
+            self.generating -= 1
 
     def token_rewards(
         self,
@@ -502,7 +436,7 @@ class Trainer:
             *(getattr(rollout.meta, f.name)[::n] for f in dataclasses.fields(SampleMeta))
         )
         with timer("reward"):
-            results = self.score(output.response_ids, meta, prompt_ids)
+            results = self.scorer.score(output.response_ids, meta, prompt_ids)
         return torch.tensor([r.score for r in results], dtype=torch.float32).repeat_interleave(n)
 
     def validate(self) -> dict[str, float]:
@@ -533,7 +467,7 @@ class Trainer:
                 ]
                 bar.update(len(prompts))
         metrics = validation_metrics(samples, seed=self.cfg.trainer.seed)
-        metrics |= self.judge_metrics(prefix="val/")
+        metrics |= self.scorer.judge_metrics(prefix="val/")
         return metrics | {"timing_s/val": timer.seconds["val"]}
 
     def pad_for_ranks(self, prompts: list[PromptSample], n: int) -> list[PromptSample]:
@@ -559,35 +493,3 @@ def sampling_params(
         max_new_tokens=max_new_tokens,
         ignore_eos=ignore_eos,
     )
-
-
-def reward_components(rollout: Rollout, keys: list[str], metrics: dict[str, float]) -> torch.Tensor:
-    """(B, K): each sample's value of each of ``keys`` among the numbers its reward
-    function returned (GDPO), with their mean, std, max and min in ``metrics``
-    (``gdpo/KEY/...``, verl's names). A sample whose scorer failed scores 0 on every key,
-    as its score is 0; a key missing from a sample that was scored is an error."""
-    rows = []
-    for i, extras in enumerate(rollout.reward_extras):
-        if extras is None:
-            rows.append([0.0] * len(keys))
-            continue
-        missing = [key for key in keys if key not in extras]
-        if missing:
-            raise EngineError(
-                f"algorithm.gdpo_reward_keys names {missing}, which the reward function did"
-                f" not return for a sample of {rollout.meta.data_source[i]!r} (it returned"
-                f" {sorted(extras)}): return each key as a number in the reward function's"
-                " dict, or fix algorithm.gdpo_reward_keys"
-            )
-        rows.append([extras[key] for key in keys])
-    components = torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(keys))
-    for k, key in enumerate(keys):
-        column = components[:, k]
-        metrics[f"gdpo/{key}/mean"] = float(column.mean())
-        metrics[f"gdpo/{key}/std"] = float(column.std()) if len(column) > 1 else 0.0
-        metrics[f"gdpo/{key}/max"] = float(column.max())
-        metrics[f"gdpo/{key}/min"] = float(column.min())
-    return components
-
-
-# -- group helpers (the n samples of a prompt are adjacent) -----------------

@@ -52,16 +52,17 @@ def even_for_ranks(rows: list[T], ranks: int) -> list[T]:
     return rows + rows[:1] * (-len(rows) % ranks)
 
 
-def model_rewards(cfg: EngineConfig, tokenizer: Any) -> Any:
+def model_rewards(cfg: EngineConfig, tokenizer: Any, judge_tokenizer: Any = None) -> Any:
     """The learned reward model's part of scoring, of ``reward_model.style`` (a
-    ``ModelRewards`` or an ``engine.reward.judge.JudgeRewards``); None without one."""
+    ``ModelRewards`` or an ``engine.reward.judge.JudgeRewards``, with ``judge_tokenizer``
+    when it was loaded already); None without one."""
     rm = cfg.reward_model
     if not rm.enable:
         return None
     if rm.style == "generative":
         from engine.reward.judge import JudgeRewards
 
-        return JudgeRewards(rm, cfg.rm_world_size)
+        return JudgeRewards(rm, cfg.rm_world_size, judge_tokenizer)
     return ModelRewards(rm, tokenizer, cfg.rm_world_size)
 
 

@@ -14,7 +14,9 @@ real command line on the two CPU cores: one worker trains, the other generates.
   two versions in one sample) or, without, finish first (each sample one version's, at
   most ⌈staleness_threshold⌉ syncs old); a resume from a checkpoint taken with samples in
   flight trains every prompt drawn once, or keeps it pending.
-- A dead rollout worker stops the run within a minute, naming its group and rank.
+- A dead worker of the rollout's own group, or of the reward model's
+  (reward_model.enable_resource_pool), stops the run within a minute, naming its group
+  and rank.
 """
 
 import json
@@ -151,20 +153,38 @@ def test_one_step_off_resumes_without_losing_or_repeating_prompts(
     assert [r["training/staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "fully_async"])
-def test_a_dead_rollout_worker_stops_the_run_with_its_group_and_rank(
-    mode, tiny_model_dir, synthetic_data, tmp_path, base_overrides
+def own_reward_model_pool(tmp_path) -> list[str]:
+    """The reward model (a tiny classifier built here) on a worker of its own
+    (reward_model.enable_resource_pool), scoring every row; the rollout colocated."""
+    from engine.models.tiny import build_tiny_reward_model
+
+    rm_dir = build_tiny_reward_model(tmp_path / "rm", seed=1)
+    return ["trainer.n_gpus_per_node=1", "reward_model.enable=true",
+            f"reward_model.model.path={rm_dir}", "reward_model.enable_resource_pool=true",
+            "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mode", "group"),
+    [("one_step_off", "rollout"), ("fully_async", "rollout"), ("rm_pool", "rm")],
+)
+def test_a_dead_worker_of_its_own_group_stops_the_run_with_its_group_and_rank(
+    mode, group, tiny_model_dir, synthetic_data, tmp_path, base_overrides
 ):
+    """The rollout's own group (one step off, fully async) or the reward model's."""
     import signal
     import time
 
     run_dir = tmp_path / "run"
+    placement = {"one_step_off": ONE_STEP_OFF, "fully_async": FULLY_ASYNC}.get(mode)
+    if placement is None:
+        placement = own_reward_model_pool(tmp_path)
     repo = str(Path(__file__).parents[2])
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine.main",
          *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 200),
-         *(ONE_STEP_OFF if mode == "one_step_off" else FULLY_ASYNC), *SMALL],
+         *placement, *SMALL],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
@@ -175,16 +195,16 @@ def test_a_dead_rollout_worker_stops_the_run_with_its_group_and_rank(
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.5)
         table = json.loads((run_dir / "workers.json").read_text())
-        (rollout,) = [w for w in table if w.get("group") == "rollout"]
-        os.kill(rollout["pid"], signal.SIGKILL)
+        (victim,) = [w for w in table if w.get("group") == group]
+        os.kill(victim["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert time.monotonic() - killed_at < 60, "the run hung on the dead rollout worker"
+    assert time.monotonic() - killed_at < 60, f"the run hung on the dead {group} worker"
     assert proc.returncode != 0
-    assert "worker rank 0 of the rollout group failed" in output, output[-2000:]
+    assert f"worker rank 0 of the {group} group failed" in output, output[-2000:]
 
 
 def test_one_step_off_in_bypass_mode_takes_the_samplers_log_probs_as_pi_old(

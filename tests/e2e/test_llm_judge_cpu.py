@@ -3,7 +3,8 @@ rule functions: half the rows' data source is the judge's and has no rule functi
 run that fell back to the rules would fail at start), the other half keeps the synthetic
 task's rule. The judge is a tiny causal LM built here that answers every prompt with
 "Score: 7" under greedy decoding, so every judged sample must score exactly 0.7, a value
-the synthetic rule never gives; the rule's rows must keep the rule's scores."""
+the synthetic rule never gives; the rule's rows must keep the rule's scores. The controller loads the judge's tokenizer
+once."""
 
 import json
 
@@ -39,8 +40,17 @@ ONE_STEP_OFF = [
     "backend", [pytest.param([], id="hf"), pytest.param(ONE_STEP_OFF, id="hf_one_step_off"), VLLM]
 )
 def test_grpo_scored_by_the_judge_and_the_rule(
-    backend, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    backend,
+    ray_cluster,
+    tiny_model_dir,
+    synthetic_data,
+    tmp_path,
+    base_overrides,
+    read_metrics,
+    monkeypatch,
 ):
+    from transformers import AutoTokenizer
+
     from engine.models.tiny import build_tiny_judge
     from engine.reward.synthetic import compute_score
     from engine.runtime import run_training
@@ -79,7 +89,17 @@ def test_grpo_scored_by_the_judge_and_the_rule(
             "reward_model.judge.max_new_tokens=16",
         ]
     )
+    # the controller loads the judge's tokenizer once: the start's check of its chat
+    # template hands it to the scoring (the workers load their own)
+    loads = []
+    load = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(
+        AutoTokenizer,
+        "from_pretrained",
+        lambda path, *a, **kw: loads.append(str(path)) or load(path, *a, **kw),
+    )
     run_training(cfg)
+    assert loads.count(str(judge_dir)) == 1
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2]
     samples = [

@@ -3,7 +3,8 @@ built here) on the two Ray workers beside the actor. The rows' data source has n
 function, so a run that fell back to the rules would fail at start; the logged scores
 are the model's (continuous, acc 0), not a rule's. With the rollout on a worker of its
 own (one step off, fully asynchronous) the reward model stays on the training worker and
-scores a batch while the rollout generates the next. With a pool of its own
+scores a batch while the rollout generates the next (one step off: the scoring of every
+step but the last is timed as overlapped). With a pool of its own
 (reward_model.enable_resource_pool) it scores on a worker process of its own."""
 
 import json
@@ -92,6 +93,15 @@ def test_grpo_scored_by_the_reward_model(
         assert record["critic/acc/mean"] == 0.0  # the model checks no ground truth
         assert record["critic/score/max"] > record["critic/score/min"]
         assert record["timing_s/reward"] > 0
+    # one step off, the next batch was generating while this one was scored (none is
+    # started after the last step); no other mode overlaps the two this way
+    overlapped = [r.get("timing_s/reward_overlapped") for r in records]
+    if "async_training.mode=one_step_off" in mode:
+        assert overlapped[0] is not None, "step 1's batch was scored before step 2's started"
+        assert 0 < overlapped[0] <= records[0]["timing_s/reward"]
+        assert overlapped[1] is None
+    else:
+        assert overlapped == [None, None]
     workers = json.loads((tmp_path / "run" / "workers.json").read_text())
     if mode is OWN_POOL:  # the rm role's one rank, in a process other than the actor's
         assert [w.get("group", "") for w in workers] == ["", "rm"]
