@@ -128,7 +128,8 @@ class ActorConfig:
         " micro-batch by sequence and exchange attention heads all-to-all; needs"
         " model.use_remove_padding=true and must divide the world size and the model's"
         " attention and KV heads (docs/training.md). Megatron roles use"
-        " megatron.context_parallel_size.",
+        " megatron.context_parallel_size. verl's newer spelling"
+        " `actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size` sets it too.",
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -159,7 +160,10 @@ class RefConfig:
         None, "Tokens per packed micro-batch; null: the actor's `ppo_max_token_len_per_gpu`."
     )
     ulysses_sequence_parallel_size: int | None = setting(
-        None, "The reference's Ulysses sequence-parallel size; null: the actor's."
+        None,
+        "The reference's Ulysses sequence-parallel size; null: the actor's. verl's newer"
+        " spelling `actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size` sets"
+        " it too.",
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
