@@ -71,8 +71,8 @@ def test_a_yaml_file_may_use_the_alias_and_later_sources_override_it(tmp_path):
     assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 1
     # within the file, two spellings that disagree are refused
     path.write_text(
-        f"critic:\n  ulysses_sequence_parallel_size: 2\n  fsdp:\n"
-        f"    ulysses_sequence_parallel_size: 4\n"
+        "critic:\n  ulysses_sequence_parallel_size: 2\n  fsdp:\n"
+        "    ulysses_sequence_parallel_size: 4\n"
     )
     with pytest.raises(ConfigError) as info:
         load_config(REQUIRED, config_file=path)
