@@ -69,7 +69,9 @@ class ActorConfig:
         " default of the log-prob passes and the critic.",
     )
     ppo_max_token_len_per_gpu: int = setting(
-        16384, "use_dynamic_bsz: padded tokens per micro-batch on one device."
+        16384,
+        "use_dynamic_bsz: padded tokens per micro-batch on one device; a micro-batch split"
+        " over a Ulysses or CP group holds this × the group's size (docs/training.md).",
     )
     ppo_epochs: int = setting(1, "Passes of the update over each step's batch.")
     # π_old comes from a separate forward pass after generation, unless the update is
