@@ -69,7 +69,9 @@ class ActorConfig:
         " default of the log-prob passes and the critic.",
     )
     ppo_max_token_len_per_gpu: int = setting(
-        16384, "use_dynamic_bsz: padded tokens per micro-batch on one device."
+        16384,
+        "use_dynamic_bsz: padded tokens per micro-batch on one device; a micro-batch split"
+        " over a Ulysses or CP group holds this × the group's size (docs/training.md).",
     )
     ppo_epochs: int = setting(1, "Passes of the update over each step's batch.")
     # π_old comes from a separate forward pass after generation, unless the update is
@@ -128,7 +130,8 @@ class ActorConfig:
         " micro-batch by sequence and exchange attention heads all-to-all; needs"
         " model.use_remove_padding=true and must divide the world size and the model's"
         " attention and KV heads (docs/training.md). Megatron roles use"
-        " megatron.context_parallel_size.",
+        " megatron.context_parallel_size. verl's newer spelling"
+        " `actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size` sets it too.",
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -159,7 +162,10 @@ class RefConfig:
         None, "Tokens per packed micro-batch; null: the actor's `ppo_max_token_len_per_gpu`."
     )
     ulysses_sequence_parallel_size: int | None = setting(
-        None, "The reference's Ulysses sequence-parallel size; null: the actor's."
+        None,
+        "The reference's Ulysses sequence-parallel size; null: the actor's. verl's newer"
+        " spelling `actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size` sets"
+        " it too.",
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

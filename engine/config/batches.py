@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from engine.config.engine import TOKEN_BUDGET_KEYS
+from engine.config.engine import BUDGET_ROLES, TOKEN_BUDGET_KEYS
 from engine.config.fields import selected
 
 if TYPE_CHECKING:
@@ -101,7 +101,8 @@ def mini_batch_rules(cfg: EngineConfig) -> list[str]:
 
 
 def token_budget_rules(cfg: EngineConfig) -> list[str]:
-    """With use_dynamic_bsz, one whole sequence must fit a micro-batch's budget."""
+    """With use_dynamic_bsz, one whole sequence must fit a micro-batch's budget (the key
+    × the ranks that split each sequence: ``EngineConfig.token_budget``)."""
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     skipped = {"critic": not cfg.use_critic, "ref_log_prob": not cfg.use_reference}
     p = []
@@ -114,9 +115,12 @@ def token_budget_rules(cfg: EngineConfig) -> list[str]:
             if inherited and cfg.actor_rollout_ref.actor.use_dynamic_bsz:
                 continue  # the actor's own budget is reported, once
             source = " (the actor's)" if inherited else ""
+            split = cfg.sequence_split(BUDGET_ROLES[role])
+            per_device = budget // split
+            group = f" × {split} ranks splitting each sequence = {budget}" if split > 1 else ""
             p.append(
-                f"{key} is {budget}{source}: less than one sequence of"
+                f"{key} is {per_device}{source}{group}: less than one sequence of"
                 f" data.max_prompt_length + data.max_response_length = {longest} tokens;"
-                f" raise it to at least {longest}"
+                f" raise it to at least {-(-longest // split)}"
             )
     return p

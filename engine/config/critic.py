@@ -59,7 +59,9 @@ class CriticConfig:
     ulysses_sequence_parallel_size: int = setting(
         1,
         "The critic's Ulysses sequence-parallel size (FSDP; see"
-        " actor_rollout_ref.actor.ulysses_sequence_parallel_size).",
+        " actor_rollout_ref.actor.ulysses_sequence_parallel_size). verl's newer spellings"
+        " `critic.fsdp.ulysses_sequence_parallel_size` and"
+        " `critic.model.fsdp_config.ulysses_sequence_parallel_size` set it too.",
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -102,14 +102,25 @@ class EngineConfig:
     def token_budget(self, role: str) -> int | None:
         """Padded tokens per micro-batch for ``role`` (a key of ``TOKEN_BUDGET_KEYS``)
         when it packs micro-batches by tokens, else None. A role's unset (null) keys
-        take the actor's. Under Ulysses the key counts tokens per device and a
-        micro-batch is split over the SP group: the budget is that × the SP size (verl's)."""
+        take the actor's. The key counts tokens per device (``*_per_gpu``), and the ranks
+        that split each sequence (a Ulysses group, or Megatron's CP group) share one
+        micro-batch: the budget is the key × that group's size, as verl's FSDP and
+        Megatron engines both take it (docs/training.md#token-budgets)."""
         if role not in TOKEN_BUDGET_KEYS:
             raise ValueError(f"unknown role {role!r}; valid: {', '.join(TOKEN_BUDGET_KEYS)}")
         own = [selected(self, key) for key in TOKEN_BUDGET_KEYS[role]]
         actor = [selected(self, key) for key in TOKEN_BUDGET_KEYS["actor"]]
         dynamic, budget = (a if o is None else o for o, a in zip(own, actor, strict=True))
-        return budget * max(1, self.ulysses_size(BUDGET_ROLES[role])) if dynamic else None
+        return budget * self.sequence_split(BUDGET_ROLES[role]) if dynamic else None
+
+    def sequence_split(self, role: str) -> int:
+        """Ranks that split each sequence of ``role`` (actor, reference or critic) and so
+        hold one micro-batch together: its Megatron ``context_parallel_size``, or under
+        FSDP its Ulysses size."""
+        megatron = self.megatron_roles().get(role)
+        if megatron is not None:
+            return megatron[1].context_parallel_size
+        return max(1, self.ulysses_size(role))
 
     def ulysses_size(self, role: str) -> int:
         """Ranks that split each sequence of ``role`` (actor, reference or critic) with

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.config.aliases import dotted_to_schema, nested_to_schema, uses_alias
 from engine.config.engine import EngineConfig
 from engine.config.fields import selected
 from engine.config.keys import config_keys, expected, schema_leaf
@@ -43,13 +44,20 @@ def load_config(
             raise ConfigError([f"config file {str(path)!r} does not exist"])
         layers.append((str(path), OmegaConf.load(path)))
     for source, layer in layers:
+        if uses_alias(layer):  # verl's other spellings (``aliases``)
+            plain = (
+                OmegaConf.to_container(layer, resolve=False)
+                if OmegaConf.is_config(layer)
+                else layer
+            )
+            layer = nested_to_schema(plain, source)
         try:
             cfg = OmegaConf.merge(cfg, layer)
         except OmegaConfBaseException as exc:
             raise ConfigError([_omegaconf_problem(exc, source)]) from None
 
     problems = []
-    for key, value in _parse_overrides(overrides):
+    for key, value in dotted_to_schema(_parse_overrides(overrides), "overrides"):
         try:
             OmegaConf.update(cfg, key, value, merge=True)
         except OmegaConfBaseException as exc:
@@ -91,8 +99,12 @@ def key_problems(dotted: Mapping[str, Any]) -> list[str]:
             value = {part: value}
         return value
 
+    try:
+        renamed = dotted_to_schema(list(dotted.items()), "base config")
+    except ConfigError as exc:
+        return list(exc.problems)
     problems = []
-    for key, value in dotted.items():
+    for key, value in renamed:
         try:
             merged = OmegaConf.merge(_schema(), nested(key, value))
             if isinstance(value, str) and "${" in value:  # an interpolation: resolved here

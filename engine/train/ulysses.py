@@ -62,7 +62,20 @@ class UlyssesGroup:
 
     @classmethod
     def create(cls, size: int) -> UlyssesGroup:
-        """Every rank calls this (``new_group`` is collective over the world)."""
+        """This rank's group of ``size``, made once per world and size in a process: the
+        actor, the reference and the critic at one size share it. Every rank calls this
+        for the same sizes in the same order (the host builds its roles in ``ROLE_ORDER``
+        from one config), so all ranks make a size's groups on the same call
+        (``new_group`` is collective over the world) and reuse them together after."""
+        world = dist.group.WORLD
+        if _SHARED.world is not world:  # a new default group: the old groups went with it
+            _SHARED.world, _SHARED.groups = world, {}
+        if size not in _SHARED.groups:
+            _SHARED.groups[size] = cls._new(size)
+        return _SHARED.groups[size]
+
+    @classmethod
+    def _new(cls, size: int) -> UlyssesGroup:
         world, rank = dist.get_world_size(), dist.get_rank()
         if world % size:
             raise SequenceParallelError(
@@ -116,6 +129,18 @@ class UlyssesGroup:
             select=select,
             unpack=unpack,
         )
+
+
+@dataclass
+class _SharedGroups:
+    """This process's SP groups by size, and the default process group they were made
+    in (each ``new_group`` costs a rendezvous, and a communicator per group on a GPU)."""
+
+    world: Any = None
+    groups: dict[int, UlyssesGroup] = field(default_factory=dict)
+
+
+_SHARED = _SharedGroups()
 
 
 @dataclass(eq=False)

@@ -86,8 +86,8 @@ def _assemble(
         ppo_mini_batch_size=fit.mini,
         micro_batch_size_per_device=t.micro,
         use_dynamic_bsz=t.dynamic,
-        # under Ulysses the key counts one device's share (the engine multiplies by SP)
-        max_token_len_per_device=math.ceil(t.token_len / c.sp),
+        # the key counts one device's share (the engine multiplies by SP or CP)
+        max_token_len_per_device=math.ceil(t.token_len / (c.sp * c.cp)),
         param_offload=c.param_offload,
         optimizer_offload=c.optimizer_offload,
         gradient_checkpointing=c.grad_ckpt,
@@ -173,6 +173,7 @@ def _reasoning(
         why = "pinned" if s.dynamic is not None else f"≥ {DYNAMIC_BSZ_MIN_TOKENS}"
         split = (
             f" per micro-batch, {math.ceil(t.token_len / c.cp)} on each of the CP {c.cp} ranks"
+            " (ppo_max_token_len_per_gpu counts those; the engine multiplies by CP)"
             if c.cp > 1
             else " per device"
         )

@@ -169,15 +169,16 @@ def _fit_train(
         divisors = [k for k in _divisors(per_device) if k <= MAX_MICRO] or [1]
         micro = max(k for k in divisors if k == 1 or fits(k * seq))
     if s.token_len is not None:
-        token_len = s.token_len * c.sp  # per device: a Ulysses group's micro-batch is SP ×
+        # per device: a Ulysses or CP group's micro-batch is SP × or CP × (the engine's)
+        token_len = s.token_len * c.sp * c.cp
         if dynamic and not fits(token_len):
             return None, (
                 f"pinned ppo_max_token_len_per_gpu {s.token_len} does not fit in"
                 f" {_fmt(budget or 0)} per device"
             )
     elif dynamic:
-        # The cap is per device: under context parallelism each rank holds 1/CP of it.
-        # (and under Ulysses the key counts a device's share: the engine multiplies by SP)
+        # The cap is per device: a Ulysses or CP group's micro-batch is SP × or CP × it
+        # (the key counts a device's share; the engine multiplies by SP or CP).
         cap = max(seq, MAX_TOKEN_BUDGET * c.cp * c.sp)
         token_len = seq
         step = 1024

@@ -709,6 +709,12 @@ def test_long_context_megatron_plan_splits_each_sample_over_cp_ranks():
     assert overrides[f"{ARR}.actor.megatron.context_parallel_size"] == 2
     assert overrides[f"{ARR}.actor.megatron.tensor_model_parallel_size"] == 2
     assert overrides[f"{ARR}.actor.megatron.sequence_parallel"] is True
+    # dynamic batch size: a micro-batch of one 65536-token sample, split over CP 2; the
+    # key counts a device's share, 65536 / 2 (the engine multiplies it by CP, as verl's)
+    assert plan.use_dynamic_bsz
+    assert overrides[f"{ARR}.actor.ppo_max_token_len_per_gpu"] == 32768
+    assert engine_config_for(plan).token_budget("actor") == 65536
+    assert "32768 on each of the CP 2 ranks (ppo_max_token_len_per_gpu counts those" in text
     assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
 
 

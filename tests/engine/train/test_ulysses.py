@@ -390,10 +390,29 @@ def test_heads_the_size_does_not_divide_are_refused_before_start(tiny_model_dir)
                                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))  # fmt: skip
 
 
+def _counting_new_groups():
+    """Wrap ``new_group`` to record the ranks of every group made."""
+    made = []
+    original = dist.new_group
+
+    def counted(ranks=None, *args, **kwargs):
+        made.append(list(ranks))
+        return original(ranks, *args, **kwargs)
+
+    dist.new_group = counted
+    return made
+
+
 def _groups_on_rank(rank, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    made = _counting_new_groups()
     group = UlyssesGroup.create(2)
     assert (group.size, group.rank) == (2, rank % 2)
+    # made once per size on every rank, in the same order; a second role's call reuses them
+    assert UlyssesGroup.create(2) is group
+    whole = UlyssesGroup.create(4)
+    assert UlyssesGroup.create(2) is group and UlyssesGroup.create(4) is whole
+    assert made == [[0, 1], [2, 3], [0, 1, 2, 3]], made
     # (1, heads 4, local seq 3, 1) -> (1, heads 2, seq 6, 1): the group's two slices, in
     # order, of this rank's half of the heads; values say (rank, head, position)
     from engine.train.ulysses import all_to_all
@@ -413,3 +432,36 @@ def _groups_on_rank(rank, port):
 @pytest.mark.slow  # ~20 s: four processes importing torch and transformers on 2 cores
 def test_groups_are_consecutive_ranks_at_world_4():
     mp.spawn(_groups_on_rank, args=(_free_port(),), nprocs=4, join=True)
+
+
+def _roles_share_groups(rank, model_dir, ports):
+    from engine.workers.host import WorkerHost
+
+    made = _counting_new_groups()
+    cfg = _engine_config(model_dir, SP, "actor_rollout_ref.actor.use_kl_loss=true")
+    host = WorkerHost(rank, SP, rank, cfg, ["actor", "ref", "critic"])
+    host.init_distributed("127.0.0.1", ports[0])
+    engines = [host.roles[r].engine for r in ("actor", "ref", "critic")]
+    assert [e.sp_size for e in engines] == [SP] * 3
+    assert engines[0].ulysses is engines[1].ulysses is engines[2].ulysses
+    assert made.count([0, 1]) == 1, made  # one group for the three roles
+    # a new default group (a restarted host) makes its own: the old one went with it
+    dist.destroy_process_group()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{ports[1]}", rank=rank, world_size=SP
+    )
+    again = UlyssesGroup.create(SP)
+    assert again is not engines[0].ulysses and made.count([0, 1]) == 2
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes building three tiny models each
+def test_the_roles_of_a_worker_share_one_set_of_groups(tiny_model_dir):
+    """Actor, reference and critic at SP 2 in one worker: one ``new_group`` for the three
+    (each made its own before), and the same group object in each engine."""
+    mp.spawn(
+        _roles_share_groups,
+        args=(str(tiny_model_dir), [_free_port(), _free_port()]),
+        nprocs=SP,
+        join=True,
+    )
