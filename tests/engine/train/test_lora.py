@@ -227,7 +227,7 @@ def test_targets_that_match_nothing_are_refused(tiny_model_dir):
                 "actor_rollout_ref.model.lora_rank=8",
                 "actor_rollout_ref.rollout.lora_as_adapter=true",
             ],
-            "lora_as_adapter=true needs the vLLM rollout (got actor_rollout_ref.rollout.name=hf)",
+            "lora_as_adapter=true needs the vLLM or SGLang rollout (got actor_rollout_ref.rollout.name=hf)",
         ),
     ],
 )
@@ -256,3 +256,28 @@ def test_vllm_serves_the_adapter_on_workers_of_its_own(mode):
         ]
     )
     assert cfg.actor_rollout_ref.rollout.lora_as_adapter
+
+
+def test_sglang_serves_the_adapter_of_any_rank():
+    """SGLang takes lora_as_adapter (written against its API, not run here); the rank
+    bound is vLLM's alone."""
+    cfg = load_config(
+        [
+            "actor_rollout_ref.model.path=m",
+            "data.train_files=t",
+            "actor_rollout_ref.model.lora_rank=1024",
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.lora_as_adapter=true",
+        ]
+    )
+    assert cfg.actor_rollout_ref.rollout.lora_as_adapter
+    with pytest.raises(ConfigError, match="vLLM serves adapters of rank <= 512"):
+        load_config(
+            [
+                "actor_rollout_ref.model.path=m",
+                "data.train_files=t",
+                "actor_rollout_ref.model.lora_rank=1024",
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.lora_as_adapter=true",
+            ]
+        )
