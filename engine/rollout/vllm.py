@@ -255,9 +255,7 @@ class VLLMRollout:
         first, then the cache on ``wake`` (a lower peak). Any failure part-way marks the
         engine unusable: its layers then hold a mix of old and new weights."""
         self._check_usable()
-        if "weights" in self._asleep:
-            self.llm.wake_up(tags=["weights"])
-            self._asleep.discard("weights")
+        self._wake_weights()
         sent = 0
         try:
             self.llm.start_weight_update()
@@ -285,9 +283,16 @@ class VLLMRollout:
         self._check_usable()
         from engine.rollout.vllm_lora import load_adapter
 
+        self._wake_weights()  # the adapter is loaded into the LoRA layers' buffers now
         folder = self._adapters.write(version, peft_config, tensors)
         self._lora = load_adapter(self.llm.llm_engine, folder)
         self.llm.reset_prefix_cache(reset_running_requests=True)
+
+    def _wake_weights(self) -> None:
+        """The weights back before they are written (the KV cache stays asleep)."""
+        if "weights" in self._asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._asleep.discard("weights")
 
     def sleep(self) -> None:
         if not self.sleep_mode or self._asleep:
