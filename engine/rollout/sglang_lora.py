@@ -9,8 +9,9 @@ old one. A load that fails leaves the old adapter served, which the caller refus
 go on with. SGLang has no streaming path here (the fully asynchronous mode is vLLM's),
 so no request is in flight across a swap.
 
-Written against SGLang's Engine API as read from its source (0.5.23 and its main branch,
-late 2026): ``Engine(enable_lora=True, max_lora_rank=..., lora_target_modules=[...],
+Written against SGLang's Engine API as read from its source (its
+main branch at commit 001067f, late 2026; the pinned 0.5.23 was not checked call by
+call): ``Engine(enable_lora=True, max_lora_rank=..., lora_target_modules=[...],
 max_loras_per_batch=...)``, ``Engine.load_lora_adapter(lora_name, lora_path,
 pinned=False)`` and ``unload_lora_adapter(lora_name)``, answering a ``LoRAUpdateOutput``
 (``success``, ``error_message``) rather than raising, and ``Engine.generate(...,

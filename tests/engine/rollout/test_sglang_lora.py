@@ -1,5 +1,5 @@
 """SGLang serving a LoRA actor's adapter (``rollout.lora_as_adapter``), against the
-Engine API read from SGLang's source (0.5.23 and its main branch, late 2026): the
+Engine API read from SGLang's source (main at commit 001067f, late 2026): the
 engine's LoRA arguments, the adapter folder it loads (peft's layout), and on each weight
 version: load the new adapter under its own name, serve it, unload the old one. SGLang
 cannot run on a CPU, so these run against a stand-in with the real Engine's surface
