@@ -293,22 +293,13 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
             f" (e.g. [q_proj,k_proj,v_proj,o_proj]), got {targets!r}"
         )
     rollout = arr.rollout
-    if rollout.lora_as_adapter and rollout.name != "vllm":
+    if rollout.lora_as_adapter and rollout.name not in ("vllm", "sglang"):
         p.append(
-            "actor_rollout_ref.rollout.lora_as_adapter=true needs the vLLM rollout (got"
-            f" actor_rollout_ref.rollout.name={rollout.name}); set it to false: the rollout"
-            " then gets merged weights"
+            "actor_rollout_ref.rollout.lora_as_adapter=true needs the vLLM or SGLang rollout"
+            f" (got actor_rollout_ref.rollout.name={rollout.name}); set it to false: the"
+            " rollout then gets merged weights"
         )
-    # fully_async's samples cross weight syncs in flight, each bound to the adapter it
-    # started with (its LoRARequest), which vLLM would go on serving: not supported yet.
-    if rollout.lora_as_adapter and cfg.async_training.mode == "fully_async":
-        p.append(
-            "actor_rollout_ref.rollout.lora_as_adapter=true does not work with"
-            " async_training.mode=fully_async yet (samples in flight keep the adapter they"
-            " started with); set lora_as_adapter=false (merged weights), or"
-            " async_training.mode=one_step_off"
-        )
-    if rollout.lora_as_adapter and model.lora_rank > 512:
+    if rollout.lora_as_adapter and rollout.name == "vllm" and model.lora_rank > 512:
         p.append(
             f"{key}.lora_rank={model.lora_rank}: vLLM serves adapters of rank <= 512; set"
             " actor_rollout_ref.rollout.lora_as_adapter=false (merged weights)"

@@ -104,9 +104,10 @@ class RolloutConfig:
     )
     lora_as_adapter: bool = setting(
         False,
-        "vllm with a LoRA actor (model.lora_rank > 0): serve the adapter itself (vLLM's"
-        " enable_lora, a LoRARequest per weight version, the base weights pushed once)"
-        " instead of merged weights.",
+        "vllm or sglang with a LoRA actor (model.lora_rank > 0): serve the adapter itself"
+        " (the engine's LoRA support; the base weights pushed once, then each weight"
+        " version's adapter) instead of merged weights. SGLang's path is written against"
+        " its API (read from its main branch, late 2026) and not run in CI.",
     )
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

@@ -31,6 +31,9 @@ training side computes; greedy requests get the raw ``log_softmax(logits)``. The
 environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` switches the former to raw
 log-probs as well, so it is refused when log-probs are asked for.
 
+LoRA: with ``rollout.lora_as_adapter`` the engine serves the actor's adapter itself
+(engine.rollout.sglang_lora), the base weights pushed once.
+
 Written against SGLang's Engine API as of 0.5.23 (read from its source, for the versions
 in engine.rollout.versions); imported only here. Not run in this repository's CI (no
 GPU): see docs/backends.md.
@@ -157,8 +160,16 @@ class _OwnerPush:
 
 class SGLangRollout:
     def __init__(
-        self, cfg: RolloutConfig, settings: EngineSettings, *, local_rank: int = 0
+        self,
+        cfg: RolloutConfig,
+        settings: EngineSettings,
+        *,
+        local_rank: int = 0,
+        lora_rank: int = 0,
+        lora_targets: str | list[str] = "all-linear",
     ) -> None:
+        """``lora_rank`` > 0: the engine serves a LoRA adapter of that rank on
+        ``lora_targets`` (``set_adapter``; engine.rollout.sglang_lora)."""
         version = check_version("sglang")
         check_logprob_source(cfg)
         self.cfg = cfg
@@ -168,6 +179,7 @@ class SGLangRollout:
         self.group = new_tp_group(self.layout)
         self.tags = memory_tags(version, cfg)
         self.engine: Any = None
+        self._adapters: Any = None  # the owner's AdapterSwap, with lora_rank > 0
         if self.layout.tp_rank == 0:
             import sglang
 
@@ -185,8 +197,16 @@ class SGLangRollout:
             args = settings.engine_args(cfg, "sglang")
             # Ray pins one device per worker; a TP group's owner starts at its own.
             args["base_gpu_id"] = local_rank if tp > 1 else 0
+            if lora_rank > 0:
+                from engine.rollout.sglang_lora import lora_engine_args
+
+                args.update(lora_engine_args(lora_rank, lora_targets))
             with explain_kv_cache_errors("sglang", cfg, settings.max_model_len):
                 self.engine = sglang.Engine(**args)
+            if lora_rank > 0:
+                from engine.rollout.sglang_lora import AdapterSwap
+
+                self._adapters = AdapterSwap(self.engine)
         self._broken: str | None = None  # why the engine's weights cannot be trusted
         self._asleep: set[str] = set()
         self.sleep()  # the actor trains first; the engine wakes to generate
@@ -231,8 +251,9 @@ class SGLangRollout:
             return []
         params = sampling_params_for(sampling, "sglang", eos_token_ids=self.eos_token_ids)
         # A list of token-id lists is a batch: one result dict per row, in order.
+        lora = self._adapters.generate_kwargs(len(rows)) if self._adapters else {}
         outputs = self.engine.generate(
-            input_ids=rows, sampling_params=params, return_logprob=want_logprobs
+            input_ids=rows, sampling_params=params, return_logprob=want_logprobs, **lora
         )
         return [
             parse_output(o, self.eos_token_ids, sampling.ignore_eos, want_logprobs) for o in outputs
@@ -270,6 +291,32 @@ class SGLangRollout:
             self._broken = f"a weight sync failed: {failure}"
             raise EngineError(self._unusable_message())
 
+    def set_adapter(
+        self, version: int, peft_config: Any, tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> None:
+        """Serve this weight version's LoRA adapter from now on (its base weights were
+        pushed with ``sync_weights``). Every member drains ``tensors`` (a gather may be
+        collective); the owner loads them. A refused load leaves the previous adapter
+        served: every member of the group raises rather than sample from it."""
+        self._check_usable()
+        tensors = iter(tensors)
+        failure: str | None = None
+        try:
+            if self.owner:
+                self._adapters.load(version, peft_config, tensors)
+        except Exception as error:
+            failure = f"{type(error).__name__}: {error}"
+        finally:
+            for _ in tensors:
+                pass
+        failure = self._from_owner(failure)
+        if failure is not None:
+            raise EngineError(
+                f"the SGLang rollout engine did not take the LoRA adapter of weight version"
+                f" {version} ({failure}); it would sample from the previous one. The run stops"
+                " here; resume it from its last checkpoint (trainer.resume_mode=auto)"
+            )
+
     def sleep(self) -> None:
         if not self.cfg.free_cache_engine or self._asleep:
             return
@@ -289,6 +336,8 @@ class SGLangRollout:
         it ends them)."""
         if self.owner:
             self.engine.shutdown()
+        if self._adapters is not None:
+            self._adapters.close()
 
     # -- the group ------------------------------------------------------------------
 

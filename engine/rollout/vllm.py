@@ -158,7 +158,8 @@ class VLLMRollout:
         self._lora: Any = None  # the LoRARequest every generation passes
         self._adapters: Any = None
         if lora_rank > 0:
-            from engine.rollout.vllm_lora import AdapterFolder, lora_engine_args
+            from engine.rollout.lora_adapter import AdapterFolder
+            from engine.rollout.vllm_lora import lora_engine_args
 
             args.update(lora_engine_args(lora_rank))
             self._adapters = AdapterFolder()
@@ -226,7 +227,11 @@ class VLLMRollout:
         from engine.rollout.vllm_stream import VLLMSampleStream
 
         return VLLMSampleStream(
-            self.llm.llm_engine, self._params, self.eos_token_ids, self.cfg.calculate_log_probs
+            self.llm.llm_engine,
+            self._params,
+            self.eos_token_ids,
+            self.cfg.calculate_log_probs,
+            lora_request=lambda: self._lora,  # the adapter served when a sample starts
         )
 
     def _params(self, sampling: Any) -> Any:
@@ -250,9 +255,7 @@ class VLLMRollout:
         first, then the cache on ``wake`` (a lower peak). Any failure part-way marks the
         engine unusable: its layers then hold a mix of old and new weights."""
         self._check_usable()
-        if "weights" in self._asleep:
-            self.llm.wake_up(tags=["weights"])
-            self._asleep.discard("weights")
+        self._wake_weights()
         sent = 0
         try:
             self.llm.start_weight_update()
@@ -274,9 +277,22 @@ class VLLMRollout:
         self, version: int, peft_config: Any, tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> None:
         """Serve this weight version's LoRA adapter from now on (its base weights were
-        pushed with ``sync_weights``)."""
+        pushed with ``sync_weights``). It replaces the last version in place, and the
+        requests in flight are preempted, as after a full sync, so that their cache is
+        computed again with the new adapter before their next token."""
         self._check_usable()
-        self._lora = self._adapters.write(version, peft_config, tensors)
+        from engine.rollout.vllm_lora import load_adapter
+
+        self._wake_weights()  # the adapter is loaded into the LoRA layers' buffers now
+        folder = self._adapters.write(version, peft_config, tensors)
+        self._lora = load_adapter(self.llm.llm_engine, folder)
+        self.llm.reset_prefix_cache(reset_running_requests=True)
+
+    def _wake_weights(self) -> None:
+        """The weights back before they are written (the KV cache stays asleep)."""
+        if "weights" in self._asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._asleep.discard("weights")
 
     def sleep(self) -> None:
         if not self.sleep_mode or self._asleep:

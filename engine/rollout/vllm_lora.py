@@ -1,25 +1,26 @@
 """vLLM serving a LoRA actor's adapter itself (``rollout.lora_as_adapter``).
 
 The engine is built with ``enable_lora``; the frozen base weights are pushed once (the
-first sync), and after each actor update only the adapter: its tensors are written in
-peft's layout (``adapter_config.json``, ``adapter_model.safetensors``) to a folder of this
-process, and every generation passes a ``LoRARequest`` naming it, with a new id per
-weight version so that vLLM never serves a cached older adapter. (vLLM's documented API:
-``LLM(enable_lora=True, max_lora_rank=...)``, ``LLM.generate(..., lora_request=...)``.)
+first sync), and after each actor update only the adapter, written in peft's layout
+(engine.rollout.lora_adapter). The adapter keeps one id for the whole run and each
+version replaces the last in place (``LLM.llm_engine.add_lora`` of a ``LoRARequest``
+with ``load_inplace=True``): requests in flight (the fully asynchronous mode's partial
+rollouts) name the adapter by that id, so they go on under the new version, as they
+would under new full weights. A new id per version would instead keep them on the old
+adapter, and with one adapter slot make every new request wait for them. (vLLM's API,
+0.27 to 0.33: ``LLM(enable_lora=True, max_lora_rank=...)``, ``LoRARequest(lora_name,
+lora_int_id, lora_path, load_inplace=...)``, ``generate(..., lora_request=...)``.)
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 # vLLM's allowed max_lora_rank values (its LoRAConfig.max_lora_rank)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_NAME = "actor"
+ADAPTER_ID = 1  # vLLM's ids start at 1
 
 
 def lora_engine_args(rank: int) -> dict[str, Any]:
@@ -31,33 +32,14 @@ def lora_engine_args(rank: int) -> dict[str, Any]:
     }
 
 
-class AdapterFolder:
-    """The current weight version's adapter on local disk, for vLLM to load."""
+def load_adapter(llm_engine: Any, folder: Path) -> Any:
+    """Load ``folder``'s adapter over the one served so far (the same id); the
+    ``LoRARequest`` every request passes from now on. The cached prefixes are keyed by
+    the adapter's path, so none computed with the old version is reused."""
+    from vllm.lora.request import LoRARequest
 
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="rlctl-lora-"))
-        self.current: Path | None = None
-
-    def write(
-        self, version: int, peft_config: Any, tensors: Iterable[tuple[str, torch.Tensor]]
-    ) -> Any:
-        """Write version ``version``'s adapter; the ``LoRARequest`` that serves it."""
-        from safetensors.torch import save_file
-        from vllm.lora.request import LoRARequest
-
-        folder = self.root / f"v{version}"
-        folder.mkdir()
-        peft_config.save_pretrained(str(folder))
-        save_file(
-            {name: t.detach().contiguous().cpu() for name, t in tensors},
-            str(folder / "adapter_model.safetensors"),
-        )
-        if self.current is not None:
-            shutil.rmtree(self.current, ignore_errors=True)
-        self.current = folder
-        return LoRARequest(
-            lora_name=f"actor-v{version}", lora_int_id=version, lora_path=str(folder)
-        )
-
-    def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+    replace = LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(folder), load_inplace=True)
+    if not llm_engine.add_lora(replace):
+        raise RuntimeError(f"vLLM did not load the LoRA adapter in {folder}")
+    # Without load_inplace: each step's batch activates the loaded adapter, not a reload
+    return LoRARequest(ADAPTER_NAME, ADAPTER_ID, str(folder))

@@ -82,8 +82,13 @@ class VLLMSampleStream:
         params_for: Callable[[SamplingParams], Any],
         eos_token_ids: set[int],
         want_logprobs: bool,
+        lora_request: Callable[[], Any] = lambda: None,
     ) -> None:
         self.engine = llm_engine
+        # A LoRA actor's adapter (rollout.lora_as_adapter), asked for at each add: a
+        # sample starts under the version served then, and goes on under each later one
+        # (they replace it under the same id, engine.rollout.vllm_lora).
+        self.lora_request = lora_request
         self.params_for = params_for
         self.eos_token_ids = eos_token_ids
         self.want_logprobs = want_logprobs
@@ -99,10 +104,14 @@ class VLLMSampleStream:
 
         params = self.params_for(sampling)
         params.output_kind = RequestOutputKind.DELTA
+        lora = self.lora_request()
         for item in items:
             handle = f"sample-{item.uid}"
             self.engine.add_request(
-                handle, TokensPrompt(prompt_token_ids=list(item.prompt_ids)), params
+                handle,
+                TokensPrompt(prompt_token_ids=list(item.prompt_ids)),
+                params,
+                lora_request=lora,
             )
             self._live[handle] = _Live(item.uid, sampling.ignore_eos)
 

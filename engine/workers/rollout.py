@@ -16,7 +16,7 @@ FSDP's shards gathered, or Megatron's TP slices merged), one at a time.
 With ``rollout.placement=separate`` the rollout has workers of its own and no actor
 beside it: its engine (any of the three) holds its own copy, and the controller pushes
 the actor's weights to it over a bridge (``receive_weights``; engine.controller.groups)
-before a generation needs them. With ``rollout.lora_as_adapter`` (vLLM serving a LoRA
+before a generation needs them. With ``rollout.lora_as_adapter`` (vLLM or SGLang serving a LoRA
 actor's adapter) both placements load the base weights once and serve each version's
 adapter: colocated from the actor beside it (``_sync_adapter``), separate from the
 parts each push names (``receive_weights``).
@@ -48,7 +48,7 @@ class RolloutWorker:
         # Separate (placement=separate): no actor here; the controller pushes its weights
         # over a bridge (receive_weights) before a generation needs them.
         self.actor = colocated.get("actor")
-        self.adapter_mode = False  # rollout.lora_as_adapter: vLLM serves the adapter
+        self.adapter_mode = False  # rollout.lora_as_adapter: the engine serves the adapter
         self.base_synced = False
         self.separate = self.actor is None
         self._bridge: Any = None
@@ -101,18 +101,24 @@ class RolloutWorker:
                 else None
             ),
         )
+        # A LoRA actor's adapter served by the engine itself (else: merged weights).
+        self.adapter_mode = rollout_cfg.lora_as_adapter
+        lora_rank = model.lora_rank if self.adapter_mode else 0
         if rollout_cfg.name == "vllm":
             from engine.rollout.vllm import VLLMRollout
 
-            # A LoRA actor's adapter served by vLLM itself (else: merged weights).
-            self.adapter_mode = rollout_cfg.lora_as_adapter
-            lora_rank = model.lora_rank if self.adapter_mode else 0
             self.engine = VLLMRollout(rollout_cfg, settings, lora_rank=lora_rank)
         elif rollout_cfg.name == "sglang":
             from engine.rollout.sglang import SGLangRollout
 
             local_rank = device.torch_device().index or 0
-            self.engine = SGLangRollout(rollout_cfg, settings, local_rank=local_rank)
+            self.engine = SGLangRollout(
+                rollout_cfg,
+                settings,
+                local_rank=local_rank,
+                lora_rank=lora_rank,
+                lora_targets=model.target_modules,
+            )
         else:
             raise EngineError(f"unknown actor_rollout_ref.rollout.name {rollout_cfg.name!r}")
         self.owns_weights = True

@@ -253,3 +253,48 @@ def test_separate_vllm_is_pushed_the_adapter_alone(
     megabytes = [r["rollout/weights_pushed_mb"] for r in records]
     assert pushed[0] > adapter and pushed[1:] == [adapter] * 3
     assert max(megabytes[1:]) < megabytes[0] / 4
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_fully_async_vllm_samples_with_the_current_adapter(
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+):
+    """The fully asynchronous mode with vLLM serving the adapter: the sample stream
+    generates under the adapter of the weights the trainer holds (staleness 0), so its
+    log-probs are the actor's at every step. A stream that passed no adapter samples
+    from the base model, off by the adapter's change from step 2 on. (Samples in flight
+    across a swap: tests/engine/rollout/test_vllm_engine.py.)"""
+    train, _val = synthetic_data
+    run_dir = tmp_path / "run"
+    result = _engine(
+        *_lora_overrides(
+            base_overrides,
+            tiny_model_dir,
+            train,
+            "actor_rollout_ref.actor.optim.lr=2e-2",
+            "actor_rollout_ref.rollout.n=4",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+            "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.placement=separate",
+            "actor_rollout_ref.rollout.separate_nnodes=1",
+            "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+            "async_training.mode=fully_async",
+            "async_training.staleness_threshold=0",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.lora_as_adapter=true",
+            "actor_rollout_ref.rollout.calculate_log_probs=true",
+            "trainer.total_training_steps=3",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.logger=[console]",
+            "trainer.save_freq=100",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["training/staleness_max"] == 0 for r in records)
+    assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
+    assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy

@@ -10,6 +10,8 @@ Scenarios:
   forward; a weight update pushed as the actor pushes it; then a sync that leaves a
   parameter out.
 - ``interrupted``: a sync whose stream fails part-way (the actor's gather failing).
+- ``lora``: the engine serving a LoRA adapter (``lora_as_adapter``): a sample streamed
+  across an adapter swap, and the log-probs of each adapter's model (peft) on it.
 """
 
 from __future__ import annotations
@@ -130,6 +132,10 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
         kv_cache_bytes=64 * 2**20,
         bucket_bytes=256 * 1024,  # several buckets for the tiny model
     )
+    if scenario == "lora":
+        _lora_scenario(cfg, settings, model, prompts, greedy, results)
+        _write(out_path, results)
+        return
     rollout = VLLMRollout(cfg, settings)
 
     def push(source_model):
@@ -216,6 +222,62 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
     except Exception as error:
         results["partial_sync_error"] = [type(error).__name__, str(error)]
     _write(out_path, results)
+
+
+def _lora_scenario(cfg, settings, model, prompts, greedy, results) -> None:
+    """A sample streamed under adapter 1 for three tokens, then across a swap to
+    adapter 2 (as the fully asynchronous mode's weight sync makes one) to its end; the
+    log-probs of its tokens under the base model and under each adapter (peft, the
+    training side's model), for the test to say which one made each token."""
+    import torch
+    from peft import (
+        LoraConfig,
+        get_peft_model,
+        get_peft_model_state_dict,
+        set_peft_model_state_dict,
+    )
+
+    from engine.rollout.stream import StreamItem
+    from engine.rollout.vllm import VLLMRollout
+    from engine.rollout.weights import full_tensors
+    from engine.types import GenerationRequest
+
+    rollout = VLLMRollout(cfg, settings, lora_rank=8)
+    rollout.sync_weights(full_tensors(model, dtype=torch.float32))  # the base, once
+    rollout.wake()
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
+    adapted = get_peft_model(model, lora)
+
+    def new_adapter(version):
+        with torch.no_grad():  # B starts at zero: a random one moves the policy
+            for name, param in adapted.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn_like(param) * 0.5)
+        state = {k: v.clone() for k, v in get_peft_model_state_dict(adapted).items()}
+        rollout.set_adapter(version, adapted.peft_config["default"], state.items())
+        return state
+
+    adapters = [new_adapter(1)]
+    stream = rollout.sample_stream()
+    stream.add([StreamItem(7, prompts[1])], greedy)
+    for _ in range(3):
+        assert stream.step(version=1) == []
+    adapters.append(new_adapter(2))  # the sample in flight
+    done = {}
+    while stream.in_flight:
+        done |= {d.uid: d for d in stream.step(version=2)}
+    results["lora_sample"] = _samples([done[7]])
+    results["lora_generate"] = _rows(rollout.generate(GenerationRequest(prompts, greedy)))
+    response = done[7].response_ids
+    with adapted.disable_adapter():
+        results["lora_base_logprobs"] = _training_logprobs(adapted, [prompts[1]], [response])
+    for i, state in enumerate(adapters, 1):
+        set_peft_model_state_dict(adapted, state)
+        results[f"lora_adapter{i}_logprobs"] = _training_logprobs(adapted, [prompts[1]], [response])
+    results["lora_adapter2_generate_logprobs"] = _training_logprobs(
+        adapted, prompts, results["lora_generate"]["response_ids"]
+    )
+    rollout.close()
 
 
 def _write(path: str, results: dict) -> None:

@@ -227,17 +227,7 @@ def test_targets_that_match_nothing_are_refused(tiny_model_dir):
                 "actor_rollout_ref.model.lora_rank=8",
                 "actor_rollout_ref.rollout.lora_as_adapter=true",
             ],
-            "lora_as_adapter=true needs the vLLM rollout (got actor_rollout_ref.rollout.name=hf)",
-        ),
-        (
-            [
-                "actor_rollout_ref.model.lora_rank=8",
-                "actor_rollout_ref.rollout.lora_as_adapter=true",
-                "actor_rollout_ref.rollout.name=vllm",
-                "actor_rollout_ref.rollout.placement=separate",
-                "async_training.mode=fully_async",
-            ],
-            "lora_as_adapter=true does not work with async_training.mode=fully_async",
+            "lora_as_adapter=true needs the vLLM or SGLang rollout (got actor_rollout_ref.rollout.name=hf)",
         ),
     ],
 )
@@ -247,9 +237,10 @@ def test_lora_settings_are_checked_up_front(overrides, expected):
     assert expected in str(err.value)
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "fully_async"])
 def test_vllm_serves_the_adapter_on_workers_of_its_own(mode):
-    """A separate vLLM rollout takes the base weights once and the adapter after."""
+    """A separate vLLM rollout takes the base weights once and the adapter after; in
+    the fully asynchronous mode samples in flight go on under each new adapter."""
     cfg = load_config(
         [
             "actor_rollout_ref.model.path=m",
@@ -265,3 +256,28 @@ def test_vllm_serves_the_adapter_on_workers_of_its_own(mode):
         ]
     )
     assert cfg.actor_rollout_ref.rollout.lora_as_adapter
+
+
+def test_sglang_serves_the_adapter_of_any_rank():
+    """SGLang takes lora_as_adapter (written against its API, not run here); the rank
+    bound is vLLM's alone."""
+    cfg = load_config(
+        [
+            "actor_rollout_ref.model.path=m",
+            "data.train_files=t",
+            "actor_rollout_ref.model.lora_rank=1024",
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.lora_as_adapter=true",
+        ]
+    )
+    assert cfg.actor_rollout_ref.rollout.lora_as_adapter
+    with pytest.raises(ConfigError, match="vLLM serves adapters of rank <= 512"):
+        load_config(
+            [
+                "actor_rollout_ref.model.path=m",
+                "data.train_files=t",
+                "actor_rollout_ref.model.lora_rank=1024",
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.lora_as_adapter=true",
+            ]
+        )
