@@ -159,8 +159,9 @@ class VLLMRollout:
         self._adapters: Any = None
         if lora_rank > 0:
             from engine.rollout.lora_adapter import AdapterFolder
-            from engine.rollout.vllm_lora import lora_engine_args
+            from engine.rollout.vllm_lora import check_adapter_support, lora_engine_args
 
+            check_adapter_support(version)
             args.update(lora_engine_args(lora_rank))
             self._adapters = AdapterFolder()
         with explain_kv_cache_errors("vllm", cfg, settings.max_model_len):

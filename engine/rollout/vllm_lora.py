@@ -23,6 +23,28 @@ ADAPTER_NAME = "actor"
 ADAPTER_ID = 1  # vLLM's ids start at 1
 
 
+# The oldest vLLM seen loading base weights into a LoRA-enabled engine (0.32.0, the CPU
+# build). 0.27.1's weight-update session looks the base weights up under their plain
+# names (qkv_proj.weight) where its LoRA layers hold them as base_layer.*, and fails at
+# the first sync; the builds between were not tried.
+ADAPTER_SINCE = (0, 32)
+
+
+def check_adapter_support(version: str) -> None:
+    """Refuse ``rollout.lora_as_adapter`` on a vLLM older than ``ADAPTER_SINCE``, before
+    the engine starts (it would fail at the first weight sync)."""
+    from engine.errors import EngineError
+    from engine.rollout.versions import version_tuple
+
+    if version_tuple(version) < ADAPTER_SINCE:
+        since = ".".join(map(str, ADAPTER_SINCE))
+        raise EngineError(
+            f"actor_rollout_ref.rollout.lora_as_adapter=true needs vLLM {since} or newer to"
+            f" load the base weights into its LoRA layers; this is vLLM {version}. Upgrade"
+            f" vLLM, or set lora_as_adapter=false (the rollout then gets the merged weights)"
+        )
+
+
 def lora_engine_args(rank: int) -> dict[str, Any]:
     """vLLM's engine arguments for one adapter of ``rank`` (<= 512, the config's rule)."""
     return {

@@ -237,12 +237,17 @@ def _lora_scenario(cfg, settings, model, prompts, greedy, results) -> None:
         set_peft_model_state_dict,
     )
 
+    from engine.errors import EngineError
     from engine.rollout.stream import StreamItem
     from engine.rollout.vllm import VLLMRollout
     from engine.rollout.weights import full_tensors
     from engine.types import GenerationRequest
 
-    rollout = VLLMRollout(cfg, settings, lora_rank=8)
+    try:
+        rollout = VLLMRollout(cfg, settings, lora_rank=8)
+    except EngineError as error:  # a vLLM too old to serve the adapter says so at start
+        results["lora_refused"] = str(error)
+        return
     rollout.sync_weights(full_tensors(model, dtype=torch.float32))  # the base, once
     rollout.wake()
     lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
