@@ -14,6 +14,7 @@ from engine.train.forward import (
 from engine.train.fused_head import HeadOptions
 from engine.train.packing import model_call
 from engine.types import TokenBatch
+from tests.engine.train import varlen_reference
 
 CPU = torch.device("cpu")
 
@@ -94,6 +95,36 @@ def test_packed_log_probs_entropy_and_gradients_equal_the_padded(model, head):
     tol = 1e-9 if head is None else 1e-6  # the fused head sums the head's gradient in fp32
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=tol, atol=tol, msg=name)
+
+
+def test_a_flash_attention_model_takes_one_row_whose_segments_are_the_rows(tiny_model_dir):
+    """Under flash-attention the packed rows go end to end in one row (its varlen kernel
+    costs each row's own length squared), and the segments transformers' flash path cuts
+    from the positions are exactly the rows: with a reference of the kernel, the
+    log-probs and gradients equal the padded forward's."""
+    seen: list = []
+    name = "flash_cpu_reference"  # a "flash" name: the packer's test (engine/train/packing.py)
+    varlen_reference.register(name, seen)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    tokens = ragged(*BATCH)
+    mask = tokens.response_mask_BR
+    results = {}
+    for packed in (False, True):
+        varlen_reference.use(model, name if packed else "sdpa")
+        model.zero_grad(set_to_none=True)
+        logp, _ = response_logprobs(model, tokens, CPU, packed=packed)
+        (logp * mask).sum().backward()
+        grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+        results[packed] = (logp.detach(), grads)
+    lengths = tokens.attention_mask_BS.sum(dim=1).sort(descending=True).values
+    # one row, its segments the rows by decreasing length (first-fit), no padding at all
+    assert seen[0] == [0, *lengths.cumsum(0).tolist()]
+    assert all(cuts == seen[0] for cuts in seen)  # every layer
+    (lp0, g0), (lp1, g1) = results[False], results[True]
+    torch.testing.assert_close(lp1 * mask, lp0 * mask, rtol=0, atol=1e-9)
+    for key in g0:
+        torch.testing.assert_close(g1[key], g0[key], rtol=1e-9, atol=1e-9, msg=key)
 
 
 def test_a_row_attends_to_itself_only(model):

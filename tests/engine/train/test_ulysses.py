@@ -22,6 +22,7 @@ from engine.train.fused_head import HeadOptions
 from engine.train.packing import model_call
 from engine.train.ulysses import UlyssesGroup, check_heads, enable
 from engine.types import TokenBatch
+from tests.engine.train import varlen_reference
 
 CPU = torch.device("cpu")
 SP = 2
@@ -153,6 +154,49 @@ def test_ulysses_equals_one_rank_in_float64(tiny_model_dir, tmp_path):
         nprocs=SP,
         join=True,
     )
+
+
+def _flash_on_rank(rank, port, model_dir):
+    """Ulysses around a flash-attention model (its kernel: the CPU reference): each rank
+    packs its slice of the one row, the exchanges give each its heads over the whole
+    row, and the kernel cuts the rows from the whole row's positions."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=SP)
+    seen: list = []
+    varlen_reference.register("flash_attention_2", seen)  # this process's flash-attention
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    varlen_reference.use(model, "flash_attention_2")
+    tokens = ragged(*BATCH)
+    mask = tokens.response_mask_BR
+    exchanges = _counting_exchanges()
+    results = {}
+    for sp in (None, UlyssesGroup.create(SP)):
+        if sp is not None:
+            enable(model)
+        model.zero_grad(set_to_none=True)
+        logp, _ = response_logprobs(model, tokens, CPU, packed=True, ulysses=sp)
+        forward_exchanges = len(exchanges)
+        (logp * mask).sum().backward()
+        results[sp is not None] = (logp.detach(), _grads(model), list(seen))
+        seen.clear()
+    (lp1, g1, cuts1), (lp2, g2, cuts2) = results[False], results[True]
+    assert model.config._attn_implementation == "rlctl_ulysses|flash_attention_2"
+    assert forward_exchanges == 4 * model.config.num_hidden_layers  # q, k, v, out per layer
+    lengths = tokens.attention_mask_BS.sum(dim=1).sort(descending=True).values.tolist()
+    whole = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    assert cuts1[0] == whole  # one rank: the rows end to end
+    # under SP the row is padded to a multiple of 2 (a tail segment of its own)
+    assert cuts2[0][: len(whole)] == whole and cuts2[0][-1] % SP == 0
+    torch.testing.assert_close(lp2, lp1, rtol=0, atol=1e-10)
+    for name, g in g2.items():
+        dist.all_reduce(g)  # what FSDP's reduce-scatter sums over the group
+        torch.testing.assert_close(g, g1[name], rtol=1e-10, atol=1e-10, msg=name)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes importing torch and transformers
+def test_ulysses_around_flash_attention_equals_one_rank(tiny_model_dir):
+    mp.spawn(_flash_on_rank, args=(_free_port(), str(tiny_model_dir)), nprocs=SP, join=True)
 
 
 def test_the_split_call_holds_a_slice_and_its_head_positions():
