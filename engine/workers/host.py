@@ -173,13 +173,20 @@ class WorkerHost:
         return getattr(self.roles[role], method)(*args, **kwargs)
 
     def close(self) -> None:
-        """Before the process is ended: each role releases what would outlive it."""
+        """Before the process is ended: each role releases what would outlive it, then
+        the process group goes (here, not only in ``__del__``: Ray ends the process with
+        SIGTERM, whose handler, landing in a slow ``__del__``, printed a traceback)."""
         for role in self.roles.values():
             close = getattr(role, "close", None)
             if callable(close):
                 close()
+        self._leave_process_group()
 
     def __del__(self) -> None:
+        self._leave_process_group()
+
+    @staticmethod
+    def _leave_process_group() -> None:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
