@@ -23,6 +23,6 @@ fi
 workers=${RLCTL_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" -gt 1 ]; then
-    parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+    parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)  # groups: tests/conftest.py
 fi
 exec "$py" -m pytest -q "${parallel[@]}" "$@"

@@ -39,11 +39,13 @@ def _needs_megatron(item: pytest.Item) -> bool:
     )
 
 
-# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup): a whole
-# module goes to one worker, so its module-scoped fixtures (a Ray cluster, a warm-started
-# model) are built once. The tests that start the real Slurm and SkyPilot daemons share a
-# session-scoped cluster, so they form one group. Groups are handed out in this order:
-# the longest first (measured on the 2-core machine), so no long one starts last.
+# scripts/test.sh runs the suite on two pytest-xdist workers, handing out whole groups:
+# a module goes to one worker, so its module-scoped fixtures (a Ray cluster, a
+# warm-started model) are built once, and the tests that start the real Slurm and
+# SkyPilot daemons, which share a session-scoped cluster, form one group. Groups go out
+# in this order, the longest first (measured on the 2-core machine), so that no long one
+# starts last. (xdist's own --dist loadgroup renames node ids, which pytest 9.2 no longer
+# lets a plugin do: the groups are this scheduler's.)
 DAEMONS = ("tests/slurm/", "tests/skypilot/")
 LONGEST_FIRST = (
     "tests/e2e/test_tool_task_cpu.py",  # about 11 minutes
@@ -55,17 +57,26 @@ LONGEST_FIRST = (
 )
 
 
-def _group(item: pytest.Item) -> str:
-    path = item.nodeid.split("::", 1)[0]
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
     return "daemons" if path.startswith(DAEMONS) else path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: modules stay whole
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    # stable: a module's tests keep their order
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
     if os.environ.get("RLCTL_TEST_MEGATRON") == "all":
         return
     skip = pytest.mark.skip(
