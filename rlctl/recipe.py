@@ -38,6 +38,7 @@ from rlctl.errors import RlctlError, closest_or_all
 from rlctl.images import check_image
 from rlctl.jobfiles import rebase
 from rlctl.presets import PRESETS
+from rlctl.recipe_engine import engine_key_problems, flatten, short
 from rlctl.recipe_lora import DOC as LORA_DOC
 from rlctl.recipe_lora import LORA_KEYS, lora_engine_keys, lora_problems
 from rlctl.yamlfile import load_yaml_file
@@ -504,7 +505,7 @@ class _Parser:
         return tuple(names)
 
     def engine(self) -> dict[str, Any]:
-        engine = _flatten(self._mapping("engine"), errors=self.errors)
+        engine = flatten(self._mapping("engine"), errors=self.errors)
         self.errors.extend(engine_key_problems(engine))
         return engine
 
@@ -517,7 +518,7 @@ class _Parser:
             for path, text in _strings(self.raw.get(key), key):
                 if "${" in text and not _RESOLVER.search(text):
                     self.errors.append(
-                        f"{path}: {_short(text)} is an OmegaConf interpolation; recipe fields"
+                        f"{path}: {short(text)} is an OmegaConf interpolation; recipe fields"
                         " take the value itself (interpolations of engine keys work only"
                         " under engine:)"
                     )
@@ -525,37 +526,10 @@ class _Parser:
             for path, text in _strings(self.raw.get(key), key):
                 if _RESOLVER.search(text):
                     self.errors.append(
-                        f"{path}: {_short(text)} uses an OmegaConf resolver, which would be"
+                        f"{path}: {short(text)} uses an OmegaConf resolver, which would be"
                         " resolved where you launch and its result written into the job's"
                         " files; write the value itself (a secret: list it under secrets:)"
                     )
-
-
-def engine_key_problems(keys: dict[str, Any]) -> list[str]:
-    """Each engine key checked against the engine's schema: that it exists, names a value
-    (not a section of keys), and that the value has the key's type. One line per problem,
-    ``engine.<key>: ...``, naming the value and what to give instead."""
-    from engine.schema import config_keys, key_problems, schema_leaf
-
-    problems: list[str] = []
-    typed: dict[str, Any] = {}
-    for key, value in keys.items():
-        if schema_leaf(key) is not None:
-            typed[key] = value
-            continue
-        inside = [k for k in config_keys() if k.startswith(f"{key}.")]
-        if inside:
-            problems.append(
-                f"engine.{key}: a section of keys, not a value; set the keys in it, e.g."
-                f" {inside[0]}"
-            )
-            continue
-        close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?" if close else "docs/configuration.md lists them"
-        problems.append(f"engine.{key}: unknown engine key; {hint}")
-
-    problems += [p.replace("base config: ", "engine.", 1) for p in key_problems(typed)]
-    return problems
 
 
 def _strings(value: Any, path: str) -> list[tuple[str, str]]:
@@ -567,30 +541,6 @@ def _strings(value: Any, path: str) -> list[tuple[str, str]]:
     if isinstance(value, list):
         return [s for i, v in enumerate(value) for s in _strings(v, f"{path}[{i}]")]
     return []
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _flatten(
-    tree: dict[str, Any], prefix: str = "", errors: list[str] | None = None
-) -> dict[str, Any]:
-    """``{data: {train_batch_size: 8}}`` and ``{data.train_batch_size: 8}`` alike; with
-    ``errors``, a key given both ways is reported there."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        inner = _flatten(value, f"{name}.", errors) if isinstance(value, dict) else {name: value}
-        for dotted, leaf in inner.items():
-            if dotted in out and errors is not None:
-                errors.append(
-                    f"engine.{dotted}: given twice (dotted and nested), as {_short(out[dotted])}"
-                    f" and {_short(leaf)}; keep one"
-                )
-            out[dotted] = leaf
-    return out
 
 
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")

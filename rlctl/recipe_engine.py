@@ -1,0 +1,59 @@
+"""A recipe's ``engine:`` block: engine config keys, nested or dotted, flattened to
+dotted keys and checked against the engine's schema (engine/schema.py) before anything
+is planned, rendered or launched."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+
+def engine_key_problems(keys: dict[str, Any]) -> list[str]:
+    """Each engine key checked against the engine's schema: that it exists, names a value
+    (not a section of keys), and that the value has the key's type. One line per problem,
+    ``engine.<key>: ...``, naming the value and what to give instead."""
+    from engine.schema import config_keys, key_problems, schema_leaf
+
+    problems: list[str] = []
+    typed: dict[str, Any] = {}
+    for key, value in keys.items():
+        if schema_leaf(key) is not None:
+            typed[key] = value
+            continue
+        inside = [k for k in config_keys() if k.startswith(f"{key}.")]
+        if inside:
+            problems.append(
+                f"engine.{key}: a section of keys, not a value; set the keys in it, e.g."
+                f" {inside[0]}"
+            )
+            continue
+        close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "docs/configuration.md lists them"
+        problems.append(f"engine.{key}: unknown engine key; {hint}")
+
+    problems += [p.replace("base config: ", "engine.", 1) for p in key_problems(typed)]
+    return problems
+
+
+def short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def flatten(
+    tree: dict[str, Any], prefix: str = "", errors: list[str] | None = None
+) -> dict[str, Any]:
+    """``{data: {train_batch_size: 8}}`` and ``{data.train_batch_size: 8}`` alike; with
+    ``errors``, a key given both ways is reported there."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        inner = flatten(value, f"{name}.", errors) if isinstance(value, dict) else {name: value}
+        for dotted, leaf in inner.items():
+            if dotted in out and errors is not None:
+                errors.append(
+                    f"engine.{dotted}: given twice (dotted and nested), as {short(out[dotted])}"
+                    f" and {short(leaf)}; keep one"
+                )
+            out[dotted] = leaf
+    return out
