@@ -39,7 +39,8 @@ def _needs_megatron(item: pytest.Item) -> bool:
     )
 
 
-# scripts/test.sh runs the suite on two pytest-xdist workers, handing out whole groups:
+# RLCTL_TEST_WORKERS=2 scripts/test.sh runs the suite on two pytest-xdist workers (CI
+# runs one process: CONTRIBUTING.md says why), handing out whole groups:
 # a module goes to one worker, so its module-scoped fixtures (a Ray cluster, a
 # warm-started model) are built once, and the tests that start the real Slurm and
 # SkyPilot daemons, which share a session-scoped cluster, form one group. Groups go out
@@ -74,9 +75,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    # stable: a module's tests keep their order
-    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order groups go out in
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        # stable: a module's tests keep their order
+        items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
     if os.environ.get("RLCTL_TEST_MEGATRON") == "all":
         return
     skip = pytest.mark.skip(
