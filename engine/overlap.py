@@ -63,13 +63,14 @@ class OneStepOff:
             self.pending = self._start()
         done = self.pending
         with timer("wait_prev_gen"):
-            output = t.wait_generation(done)
+            output = done.pending.result()
         metrics[STALENESS] = float(t.weights_version - done.version)
         # The next batch generates while this one is scored (a reward model on the
         # training workers) and trained; none after the last step. The scoring says
         # whether it overlapped (timing_s/reward_overlapped).
         self.pending = self._start() if t.step < t.total_steps else None
-        return t.scorer.rollout(done.expanded, done.n, output, timer, t.generating > 0)
+        generating = self.pending is not None
+        return t.scorer.rollout(done.expanded, done.n, output, timer, generating)
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The loader's state to save, and the trainer state's ``extra`` (none here)."""

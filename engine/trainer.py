@@ -45,7 +45,6 @@ from engine.tracking import Tracker, progress
 from engine.types import (
     ActorBatch,
     CriticBatch,
-    GenerationOutput,
     GenerationRequest,
     SampleMeta,
     SamplingParams,
@@ -103,7 +102,6 @@ class Trainer:
         self.weights_version = 0
         self.pushed_version: int | None = None
         self.pushed = Pushed()  # what the pushes since the last step's metrics carried
-        self.generating = 0  # generations sent to the rollout and not yet waited for
         self.overlap = make_overlap(self, cfg.async_training.mode)
 
     # -- the loop -----------------------------------------------------------
@@ -374,7 +372,6 @@ class Trainer:
             request.extra_info = [p.extra_info for p in expanded]
         self.push_weights()
         pending = self.workers.submit_split("rollout", "generate", request)
-        self.generating += 1
         return Generating(expanded, request, pending, sampling.n, self.weights_version)
 
     def push_weights(self) -> None:
@@ -386,17 +383,8 @@ class Trainer:
 
     def finish_generation(self, started: Generating, timer: StageTimer) -> Rollout:
         """Wait for a generation and score it."""
-        output = self.wait_generation(started)
-        return self.scorer.rollout(
-            started.expanded, started.n, output, timer, generating=self.generating > 0
-        )
-
-    def wait_generation(self, started: Generating) -> GenerationOutput:
-        """The output of a generation ``start_generation`` sent."""
-        try:
-            return started.pending.result()
-        finally:
-            self.generating -= 1
+        output = started.pending.result()
+        return self.scorer.rollout(started.expanded, started.n, output, timer)
 
     def token_rewards(
         self,
