@@ -203,6 +203,19 @@ def test_vllm_generates_with_the_adapted_policy(
     assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy
 
 
+# One actor worker and a vLLM rollout on a worker of its own, serving the adapter, its
+# log-probs compared with the actor's.
+SEPARATE_VLLM_ADAPTER = (
+    "trainer.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.placement=separate",
+    "actor_rollout_ref.rollout.separate_nnodes=1",
+    "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.lora_as_adapter=true",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_separate_vllm_is_pushed_the_adapter_alone(
@@ -225,13 +238,7 @@ def test_separate_vllm_is_pushed_the_adapter_alone(
             "actor_rollout_ref.actor.optim.lr=2e-2",
             "data.train_batch_size=16",
             "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-            "trainer.n_gpus_per_node=1",
-            "actor_rollout_ref.rollout.placement=separate",
-            "actor_rollout_ref.rollout.separate_nnodes=1",
-            "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.lora_as_adapter=true",
-            "actor_rollout_ref.rollout.calculate_log_probs=true",
+            *SEPARATE_VLLM_ADAPTER,
             "trainer.total_training_steps=4",
             f"trainer.default_local_dir={run_dir}",
             "trainer.logger=[console]",
@@ -277,15 +284,9 @@ def test_fully_async_vllm_samples_with_the_current_adapter(
             "data.train_batch_size=8",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-            "trainer.n_gpus_per_node=1",
-            "actor_rollout_ref.rollout.placement=separate",
-            "actor_rollout_ref.rollout.separate_nnodes=1",
-            "actor_rollout_ref.rollout.separate_n_gpus_per_node=1",
+            *SEPARATE_VLLM_ADAPTER,
             "async_training.mode=fully_async",
             "async_training.staleness_threshold=0",
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.lora_as_adapter=true",
-            "actor_rollout_ref.rollout.calculate_log_probs=true",
             "trainer.total_training_steps=3",
             f"trainer.default_local_dir={run_dir}",
             "trainer.logger=[console]",
