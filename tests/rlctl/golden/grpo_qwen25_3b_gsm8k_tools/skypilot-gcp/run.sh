@@ -307,7 +307,7 @@ actor_rollout_ref:
     max_num_batched_tokens: 8192
     enforce_eager: false
     free_cache_engine: true
-    log_prob_micro_batch_size_per_gpu: 8
+    log_prob_micro_batch_size_per_gpu: 16
     log_prob_use_dynamic_bsz: null
     log_prob_max_token_len_per_gpu: null
     micro_batch_size: null
@@ -333,7 +333,7 @@ actor_rollout_ref:
       default_agent: tool_agent
   ref:
     strategy: null
-    log_prob_micro_batch_size_per_gpu: 8
+    log_prob_micro_batch_size_per_gpu: 16
     log_prob_use_dynamic_bsz: null
     log_prob_max_token_len_per_gpu: null
     ulysses_sequence_parallel_size: null

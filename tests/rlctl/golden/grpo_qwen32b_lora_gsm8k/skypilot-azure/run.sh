@@ -236,9 +236,9 @@ actor_rollout_ref:
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 64
-    ppo_micro_batch_size_per_gpu: 8
+    ppo_micro_batch_size_per_gpu: 4
     use_dynamic_bsz: false
-    ppo_max_token_len_per_gpu: 12288
+    ppo_max_token_len_per_gpu: 6144
     ppo_epochs: 1
     recompute_old_log_prob: false
     shuffle: false
@@ -302,7 +302,7 @@ actor_rollout_ref:
     do_sample: true
     ignore_eos: false
     dtype: bfloat16
-    gpu_memory_utilization: 0.5
+    gpu_memory_utilization: 0.3
     tensor_model_parallel_size: 4
     max_num_batched_tokens: 8192
     enforce_eager: false

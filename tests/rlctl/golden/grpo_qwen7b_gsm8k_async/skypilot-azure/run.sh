@@ -236,9 +236,9 @@ actor_rollout_ref:
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 256
-    ppo_micro_batch_size_per_gpu: 16
+    ppo_micro_batch_size_per_gpu: 8
     use_dynamic_bsz: false
-    ppo_max_token_len_per_gpu: 24576
+    ppo_max_token_len_per_gpu: 12288
     ppo_epochs: 1
     recompute_old_log_prob: false
     shuffle: false
