@@ -370,17 +370,18 @@ def run_training(cfg: EngineConfig) -> None:
 
 
 def _check_ulysses_heads(cfg: EngineConfig) -> None:
-    """Ulysses sizes the models' heads cannot take: now, from their configs, not once
-    the workers have loaded them."""
+    """Ulysses sizes the models' heads cannot take, and quantized checkpoints trained in
+    full: now, from their configs, not once the workers have loaded them."""
     from transformers import AutoConfig
 
-    from engine.config.train import ulysses_model_problems
+    from engine.config.train import quantized_model_problems, ulysses_model_problems
 
     def hf_config_of(model: Any) -> Any:
         hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         return hf.get_text_config()
 
     problems = ulysses_model_problems(cfg, hf_config_of)
+    problems += quantized_model_problems(cfg, hf_config_of)
     if problems:
         raise ConfigError(problems)
 

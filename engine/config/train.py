@@ -301,6 +301,41 @@ def ulysses_model_problems(cfg: EngineConfig, hf_config_of: Any) -> list[str]:
     return p
 
 
+def quantized_model_problems(cfg: EngineConfig, hf_config_of: Any) -> list[str]:
+    """A model trained in full whose config declares a ``quantization_config`` (GPTQ, AWQ,
+    bitsandbytes, GGUF...): its weights are not full-precision parameters an optimizer can
+    step. The actor may train a LoRA adapter over it (the base stays frozen); the critic
+    always trains every weight. ``hf_config_of(model_cfg)``: as ``ulysses_model_problems``."""
+    roles = [("actor", "actor_rollout_ref.model")]
+    if cfg.use_critic:
+        roles.append(("critic", _model_key(cfg, "critic")))
+    p = []
+    for role, key in roles:
+        model = selected_model(cfg, role)
+        if role == "actor" and model.lora_rank > 0:
+            continue  # an adapter over a frozen quantized base (QLoRA-style)
+        quant = _get(hf_config_of(model), "quantization_config")
+        if not quant:
+            continue
+        method = _get(quant, "quant_method") or "quantized"
+        fix = (
+            "set actor_rollout_ref.model.lora_rank (e.g. 32) to train an adapter over it, or"
+            if role == "actor"
+            else "the critic trains every weight:"
+        )
+        p.append(
+            f"{key}.path={model.path!r} is a {method} checkpoint (its config.json has a"
+            f" quantization_config): its weights cannot be trained in full; {fix} point"
+            f" {key}.path at the full-precision model"
+        )
+    return p
+
+
+def _get(obj: Any, name: str) -> Any:
+    """A config field from a transformers config, a namespace or a plain dict."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
 def _configured_ulysses(cfg: EngineConfig, role: str) -> int | None:
     arr = cfg.actor_rollout_ref
     return {
