@@ -3,6 +3,7 @@
 
     scripts/durations.py .pytest-durations.json      # -> tests/durations.json, and the table
     scripts/durations.py --from-junit junit.xml      # the same from pytest's --junitxml
+    scripts/durations.py A.json --from-junit B.xml   # runs of parts of the suite, merged
     scripts/durations.py --table FILE                # the per-module table only
     scripts/durations.py --before A --after B        # per module, before and after
 
@@ -56,6 +57,17 @@ class Run:
         return dict(sorted(rows.items(), key=lambda kv: (-kv[1]["seconds"], kv[0])))
 
 
+def merge(runs: list[Run]) -> Run:
+    """Several runs as one (a test in more than one: the later run's time); the first
+    machine's cores that are known, the latest date."""
+    tests: dict[str, float] = {}
+    for run in runs:
+        tests |= run.tests
+    cores = next((run.cores for run in runs if run.cores), None)
+    dates = [run.date for run in runs if run.date]
+    return Run(tests, cores, max(dates) if dates else None)
+
+
 def load(path: Path, junit: bool | None = None) -> Run:
     """A run's file, a summary, or (``junit``, or a name ending in .xml) a JUnit XML."""
     if junit or (junit is None and path.suffix == ".xml"):
@@ -99,13 +111,14 @@ def from_junit(path: Path) -> Run:
     return Run(tests, None, stamp)
 
 
-def summary(run: Run, source: str) -> dict:
+def summary(run: Run, source: str, note: str | None = None) -> dict:
     return {
         "machine": {
             "cores": run.cores or len(os.sched_getaffinity(0)),
             "date": (run.date or datetime.date.today().isoformat())[:10],
         },
         "source": source,
+        **({"note": note} if note else {}),
         "total_seconds": round(sum(run.tests.values()), 1),
         "tests": len(run.tests),
         "modules": run.modules(),
@@ -155,9 +168,12 @@ def compare(before: Run, after: Run) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", nargs="?", type=Path, help="a run's .pytest-durations.json")
-    parser.add_argument("--from-junit", type=Path, metavar="XML", help="a JUnit XML instead")
+    parser.add_argument("runs", nargs="*", type=Path, help="runs' .pytest-durations.json")
+    parser.add_argument(
+        "--from-junit", type=Path, action="append", default=[], metavar="XML", help="a JUnit XML"
+    )
     parser.add_argument("--out", type=Path, default=SUMMARY, help="the summary to write")
+    parser.add_argument("--note", help="what the runs were (the summary keeps it)")
     parser.add_argument("--table", type=Path, metavar="FILE", help="print FILE's table only")
     parser.add_argument("--before", type=Path, metavar="FILE")
     parser.add_argument("--after", type=Path, metavar="FILE")
@@ -168,17 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         print(compare(load(args.before), load(args.after)))
     elif args.table:
         print(table(load(args.table)))
-    elif bool(args.run) != bool(args.from_junit):
-        source = args.from_junit or args.run
-        run = load(source, junit=bool(args.from_junit))
+    elif args.runs or args.from_junit:
+        sources = [*args.runs, *args.from_junit]
+        run = merge([load(p) for p in args.runs] + [load(p, junit=True) for p in args.from_junit])
         if not run.tests:
-            print(f"{source}: no tests in it", file=sys.stderr)
+            print(f"{', '.join(map(str, sources))}: no tests in them", file=sys.stderr)
             return 1
-        args.out.write_text(json.dumps(summary(run, source.name), indent=1) + "\n")
+        source = ", ".join(p.name for p in sources)
+        args.out.write_text(json.dumps(summary(run, source, args.note), indent=1) + "\n")
         print(table(run))
         print(f"wrote {args.out}")
     else:
-        parser.error("give one run's file, or --from-junit XML, --table FILE or --before/--after")
+        parser.error("give a run's file or --from-junit XML, or --table FILE, or --before/--after")
     return 0
 
 

@@ -67,9 +67,11 @@ def pytest_configure(config: pytest.Config) -> None:  # when loaded with -p dura
         register(config)
 
 
-def group_seconds(group_of: Callable[[str], str], summary: Path = SUMMARY) -> dict[str, float]:
+def group_seconds(group_of: Callable[[str], str]) -> dict[str, float]:
     """Seconds per scheduling group (``group_of(test module path)``), from the committed
-    summary; empty when there is none (every group then counts as 0)."""
+    summary (``$RLCTL_DURATIONS_SUMMARY`` instead: another machine's, or a test's); empty
+    when there is none (every group then counts as 0)."""
+    summary = Path(os.environ.get("RLCTL_DURATIONS_SUMMARY") or SUMMARY)
     if not summary.is_file():
         return {}
     totals: dict[str, float] = defaultdict(float)

@@ -1,6 +1,6 @@
 """The suite's measured durations: what each run records (tests/durations_plugin.py),
 what scripts/durations.py makes of it, and the xdist scheduler's order taken from the
-committed summary (tests/conftest.py). No assertion here is about how long anything
+summary (tests/conftest.py). No assertion here is about how long anything
 took: the recorder is checked against pytest's own JUnit report of the same run."""
 
 from __future__ import annotations
@@ -184,3 +184,46 @@ def test_before_and_after_per_module_with_ratios(tmp_path, capsys):
     assert rows["tests/b/test_middle.py"] == ["7.0", "-", "-"]  # gone after
     assert rows["tests/c/test_new.py"] == ["-", "4.0", "-"]  # new after
     assert rows["total"] == ["40.5", "20.8", "0.51"]
+
+
+def test_runs_of_parts_of_the_suite_are_merged(tmp_path, capsys):
+    """The summary from several partial runs: each test's time from the last run that
+    had it, the latest date."""
+    first, second, out = tmp_path / "first.json", tmp_path / "second.json", tmp_path / "s.json"
+    first.write_text(json.dumps(RUN))
+    again = {"tests/a/test_short.py::test_one": 5.0, "tests/d/test_more.py::test_m": 1.0}
+    second.write_text(
+        json.dumps({"machine": {"cores": 2, "date": "2026-11-29T00:00:00"}, "tests": again})
+    )
+    argv = [str(first), str(second), "--out", str(out), "--note", "two parts"]
+    assert durations.main(argv) == 0
+    summary = json.loads(out.read_text())
+    assert summary["machine"]["date"] == "2026-11-29" and summary["note"] == "two parts"
+    assert summary["modules"]["tests/a/test_short.py"]["per_test"]["test_one"] == 5.0
+    assert summary["tests"] == 5 and summary["source"] == "first.json, second.json"
+
+
+def test_xdist_hands_out_the_longest_measured_groups_first(tmp_path):
+    """tests/conftest.py orders the groups by the summary, the Slurm and SkyPilot
+    modules summed as one group: named here in another order, the modules come out the
+    longest group first, though the Slurm module alone is the shortest."""
+    render, golden = "tests/slurm/test_render.py", "tests/rlctl/test_golden_renders.py"
+    hardware = "tests/rlctl/test_hardware.py"
+    measured = {render: 1.0, "tests/skypilot/test_task.py": 100.0, golden: 50.0, hardware: 10.0}
+    summary = tmp_path / "durations.json"
+    summary.write_text(json.dumps({"modules": {m: {"seconds": s} for m, s in measured.items()}}))
+    env = {
+        **os.environ,
+        "PYTEST_XDIST_WORKER": "gw0",  # the order applies under xdist only
+        "RLCTL_DURATIONS_SUMMARY": str(summary),
+        "RLCTL_DURATIONS_OUT": str(tmp_path / "run.json"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         hardware, golden, render],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    order = [line.split("::")[0] for line in result.stdout.splitlines() if "::" in line]
+    firsts = [m for i, m in enumerate(order) if m not in order[:i]]
+    assert firsts == [render, golden, hardware]
