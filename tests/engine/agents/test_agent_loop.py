@@ -303,3 +303,26 @@ def test_a_template_that_renders_the_last_assistant_turn_apart_is_accepted(specs
     first = [*qwen3.encode(CALL, add_special_tokens=False), qwen3.eos_token_id]
     assert t.response_ids[len(first) : len(first) + len(tool_part)] == tool_part
     assert tool.runs == 1 and t.ended == ANSWERED
+
+
+def test_max_user_turns_is_a_config_key_with_its_rule(tmp_path):
+    from engine.config.load import load_config
+
+    key = "actor_rollout_ref.rollout.multi_turn"
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: calculator\n")
+    base = [
+        "data.train_files=x.parquet",
+        "actor_rollout_ref.model.path=m",
+        f"{key}.enable=true",
+        f"{key}.tool_config_path={tools}",
+    ]
+    assert load_config(base).actor_rollout_ref.rollout.multi_turn.max_user_turns is None
+    assert (
+        load_config(
+            [*base, f"{key}.max_user_turns=3"]
+        ).actor_rollout_ref.rollout.multi_turn.max_user_turns
+        == 3
+    )
+    with pytest.raises(ConfigError, match=f"{key}.max_user_turns must be a positive integer"):
+        load_config([*base, f"{key}.max_user_turns=0"])
