@@ -41,6 +41,11 @@ class MultiTurnConfig:
         "hermes", "How the model writes a tool call: hermes (<tool_call> JSON, Qwen2.5/Qwen3)."
     )
     max_assistant_turns: int = setting(4, "Model turns in one trajectory, at most.")
+    max_user_turns: int | None = setting(
+        None,
+        "Environment turns in one trajectory, at most (tool results and interaction"
+        " feedback, each one turn); null: as many as the model turns leave room for.",
+    )
     max_parallel_calls: int = setting(8, "Tool calls run from one model turn, at most.")
     max_tool_response_length: int = setting(
         2000, "Characters of one tool result the model reads; the rest is cut and marked."
@@ -65,6 +70,8 @@ def rules(cfg: EngineConfig) -> list[str]:
             (f"{key}.max_tool_response_length", mt.max_tool_response_length),
         ]
     )
+    if mt.max_user_turns is not None:
+        p += positive([(f"{key}.max_user_turns", mt.max_user_turns)])
     if not mt.tool_timeout_s > 0:
         p.append(f"{key}.tool_timeout_s must be positive, got {mt.tool_timeout_s}")
     if mt.default_agent not in AGENT_LOOPS and not mt.agent_loop_config_path:

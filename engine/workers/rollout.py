@@ -344,6 +344,7 @@ def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
             max_response_tokens=cfg.data.max_response_length,
             max_tool_response_chars=mt.max_tool_response_length,
             tool_timeout_s=mt.tool_timeout_s,
+            max_user_turns=mt.max_user_turns,
         ),
         load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {},
         load_agent_loops(mt.agent_loop_config_path) if mt.agent_loop_config_path else {},

@@ -327,6 +327,7 @@ actor_rollout_ref:
       agent_loop_config_path: null
       format: hermes
       max_assistant_turns: 4
+      max_user_turns: null
       max_parallel_calls: 8
       max_tool_response_length: 2000
       tool_timeout_s: 30.0
