@@ -86,7 +86,7 @@ class Tracker:
                 f"the tracker writes to a local directory, not {run_dir}: pass the local "
                 "directory the run stages its files in"
             )
-        unknown = [name for name in cfg.logger if name not in LOGGERS]
+        unknown = [name for name in cfg.loggers if name not in LOGGERS]
         if unknown:
             raise EngineError(f"unknown trainer.logger {unknown}: choose from {', '.join(LOGGERS)}")
         run_dir = Path(run_dir)
@@ -105,7 +105,7 @@ class Tracker:
         self.loggers: list[Logger] = []
         self._closed = False
         try:
-            for name in dict.fromkeys(["jsonl", *cfg.logger]):  # jsonl always, each once
+            for name in dict.fromkeys(["jsonl", *cfg.loggers]):  # jsonl always, each once
                 self.loggers.append(_LOGGERS[name](info))
         except BaseException:
             self.close(failed=True)

@@ -36,7 +36,8 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
 def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
     arr = cfg.actor_rollout_ref
     if cfg.ref_strategy == "megatron":
-        return _megatron(cfg, device, "reference", arr.model, arr.ref.megatron, None)
+        ref = arr.ref.megatron.resolved(arr.actor.megatron)  # null sizes: the actor's
+        return _megatron(cfg, device, "reference", arr.model, ref, None)
     return FSDPEngine.from_hf(
         arr.model,
         arr.ref.fsdp_config,

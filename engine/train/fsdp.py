@@ -80,7 +80,7 @@ def shard_model(
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=DTYPES[mp.param_dtype], reduce_dtype=DTYPES[mp.reduce_dtype]
         )
-    if fsdp_cfg.param_offload and device.type != "cpu":
+    if fsdp_cfg.cpu_offload and device.type != "cpu":
         # Parameters, gradients and optimizer state live in host memory; FSDP moves
         # each unit to the device for its forward and backward. (On a CPU device
         # everything is in host memory already: there is nothing to offload.)
