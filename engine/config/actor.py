@@ -156,20 +156,25 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     # verl's other actor keys (docs/verl-compat.md).
-    use_torch_compile: bool = inert(
-        True,
-        "verl compiles its log-prob and entropy functions with torch.compile (speed only);"
-        " changes nothing here.",
-    )
-    entropy_from_logits_with_chunking: bool = inert(
+    use_torch_compile: bool = setting(
         False,
-        "verl computes the entropy over chunks of positions (memory only); changes nothing here.",
+        "Compile the log-prob and entropy functions with torch.compile (FSDP roles; verl's"
+        " key, whose default is true: here false, since each worker compiles at start and a"
+        " CPU run needs a C compiler). The results are the same.",
     )
-    entropy_from_logits_chunk_size: int = inert(2048, "Positions per entropy chunk.")
-    entropy_checkpointing: bool = inert(
+    entropy_from_logits_with_chunking: bool = setting(
         False,
-        "verl recomputes the entropy in the backward pass instead of keeping its"
-        " activations (memory only); changes nothing here.",
+        "Compute the entropy over slices of entropy_from_logits_chunk_size positions, so that"
+        " its temporaries (positions × vocabulary) exist for one slice at a time (FSDP"
+        " roles; the same result).",
+    )
+    entropy_from_logits_chunk_size: int = setting(
+        2048, "Positions per entropy slice, with entropy_from_logits_with_chunking."
+    )
+    entropy_checkpointing: bool = setting(
+        False,
+        "Recompute the entropy's graph in the backward pass instead of keeping it (with"
+        " chunking, one slice at a time); matters when entropy_coeff != 0 (FSDP roles).",
     )
     calculate_entropy: bool = inert(
         False, "verl's switch for the entropy metric; here it is computed whenever it is logged."
@@ -249,8 +254,9 @@ class RefConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: RefMegatronConfig = field(default_factory=RefMegatronConfig)
     # verl's other reference keys (docs/verl-compat.md).
-    use_torch_compile: bool = inert(
-        True, "verl compiles the reference's log-prob function (speed only); changes nothing here."
+    use_torch_compile: bool = setting(
+        False,
+        "Compile the reference's log-prob function with torch.compile (FSDP; see the actor's).",
     )
     entropy_from_logits_with_chunking: bool = inert(
         False, "verl's entropy chunking for the reference, which computes no entropy here."
@@ -362,6 +368,11 @@ def rules(cfg: EngineConfig) -> list[str]:
                 f"{key}.{name} must be a positive number (SAPO's gate is σ(τ(r − 1))·4/τ),"
                 f" got {tau}; the paper uses tau_pos=1.0, tau_neg=1.05"
             )
+    if actor.entropy_from_logits_chunk_size < 1:
+        p.append(
+            f"{key}.entropy_from_logits_chunk_size must be a positive number of positions,"
+            f" got {actor.entropy_from_logits_chunk_size}; 2048 is verl's"
+        )
     if actor.loss_scale_factor is not None and actor.loss_scale_factor <= 0:
         p.append(f"{key}.loss_scale_factor must be > 0, got {actor.loss_scale_factor}")
     if not arr.model.path:

@@ -69,7 +69,7 @@ class DataConfig:
         " shuffling, else the first ones); -1: all.",
     )
     val_max_samples: int = setting(
-        -1, "Use at most this many validation prompts (the first ones); -1: all."
+        -1, "Use at most this many validation prompts (chosen as train_max_samples); -1: all."
     )
     apply_chat_template_kwargs: dict[str, Any] = mapping(
         "Keyword arguments of the tokenizer's chat template when prompts are rendered (e.g."

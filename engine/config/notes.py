@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.config.algorithm import group_notes, rollout_correction_notes
-from engine.config.train import fused_kernel_notes
+from engine.config.train import fused_kernel_notes, logit_option_notes
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -19,6 +19,7 @@ NOTES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     group_notes,
     rollout_correction_notes,
     fused_kernel_notes,
+    logit_option_notes,
 )
 
 

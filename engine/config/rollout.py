@@ -23,6 +23,19 @@ PLACEMENTS = ("colocate", "separate")
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 _ENGINE_ONLY = "vllm/sglang only"
+# Engine arguments the colocated integration sets itself (engine.rollout.translate):
+# rollout.engine_kwargs may not change them.
+RESERVED_ENGINE_ARGS = {
+    "vllm": (
+        "model",
+        "tokenizer",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
+        "load_format",
+        "skip_tokenizer_init",
+    ),
+    "sglang": ("model_path", "tp_size", "skip_tokenizer_init", "load_format"),
+}
 
 _TOP_P = (
     "Nucleus sampling: sample from the most likely tokens that make up top_p of the mass; 1: off."
@@ -295,6 +308,14 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"{key}.tensor_model_parallel_size {tp} must divide the"
             f" {cfg.world_size} devices the rollout shares with the actor"
         )
+    for backend, reserved in RESERVED_ENGINE_ARGS.items():
+        for name in rollout.engine_kwargs.get(backend) or {}:
+            if name in reserved:
+                p.append(
+                    f"{key}.engine_kwargs.{backend}.{name}: the engine sets it itself (the"
+                    " colocated engine's model, tensor parallelism and weight loading);"
+                    " remove it from engine_kwargs"
+                )
     if rollout.placement == "separate" and (
         rollout.separate_nnodes < 1 or rollout.separate_n_gpus_per_node < 1
     ):

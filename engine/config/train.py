@@ -124,11 +124,12 @@ class ModelConfig:
         "verl moves checkpointed activations to host memory; changes nothing here"
         " (activations stay on the device; enable_gradient_checkpointing bounds them).",
     )
-    exclude_modules: Any = inert(
+    exclude_modules: Any = setting(
         None,
-        "verl: a regular expression of modules LoRA leaves alone; not in this engine"
-        " (refused when set): list the wanted ones in target_modules.",
-        kind="text or null",
+        "Modules LoRA leaves without an adapter among target_modules: a regular expression"
+        " matched against the whole module path (e.g. .*visual.*), or a list of names; null:"
+        " none (verl's key).",
+        kind="text, a list of names, or null",
     )
     lora_adapter_path: str | None = inert(
         None,
@@ -353,6 +354,29 @@ def fused_kernel_notes(cfg: EngineConfig) -> list[str]:
         f" strategies; under megatron ({' and '.join(megatron)}) the head computes its full"
         f" (tensor-parallel) logits (set {' and '.join(map(_strategy_key, megatron))} to"
         " fsdp2 for the chunked head)"
+    ]
+
+
+def logit_option_notes(cfg: EngineConfig) -> list[str]:
+    """The actor's entropy chunking, checkpointing and torch.compile apply to FSDP roles;
+    a Megatron actor computes its vocabulary-parallel logits its own way."""
+    actor = cfg.actor_rollout_ref.actor
+    if "actor" not in cfg.megatron_roles():
+        return []
+    keys = [
+        name
+        for name in (
+            "entropy_from_logits_with_chunking",
+            "entropy_checkpointing",
+            "use_torch_compile",
+        )
+        if getattr(actor, name)
+    ]
+    if not keys:
+        return []
+    return [
+        f"actor_rollout_ref.actor.{', '.join(keys)} apply to the fsdp/fsdp2 strategies; the"
+        " megatron actor computes its (vocabulary-parallel) log-probs and entropy whole"
     ]
 
 

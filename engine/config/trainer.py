@@ -94,17 +94,17 @@ class TrainerConfig:
     )
     log_val_generations: int = setting(
         0,
-        "Log this many validation samples (prompt, response, score; a fixed choice across"
-        " steps) to the loggers after each validation: a table in wandb, lines in"
-        " <default_local_dir>/val_generations.jsonl with jsonl, printed with console; 0: none.",
+        "After each validation, show this many of its samples (prompt, response, score; the"
+        " same prompts each time): lines in <run folder>/val_generations.jsonl, printed with"
+        " the console logger, text in tensorboard, a table in wandb (verl's key); 0: none.",
     )
     validation_data_dir: str | None = setting(
         None,
-        "Write each validation's samples to <dir>/val_<step>.jsonl (as rollout_data_dir does"
-        " for training steps); null: none.",
+        "Write each validation's samples to <dir>/<step>.jsonl (as rollout_data_dir does"
+        " for training steps; verl's key); null: none.",
     )
     val_only: bool = setting(
-        False, "Validate once (needs data.val_files) and stop, without training."
+        False, "Validate once (needs data.val_files) and stop, without training (verl's key)."
     )
     max_critic_ckpt_to_keep: int | None = inert(
         None,
@@ -187,6 +187,10 @@ def rules(cfg: EngineConfig) -> list[str]:
             "trainer.export_hf_dir exports the final checkpoint: set trainer.save_freq to a"
             " positive step count (the last step is always saved then)"
         )
+    if t.val_only and not cfg.data.val_file_list:
+        p.append("trainer.val_only=true validates only: set data.val_files")
+    if t.log_val_generations < 0:
+        p.append(f"trainer.log_val_generations must be >= 0, got {t.log_val_generations}")
     if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
         p.append("trainer.max_actor_ckpt_to_keep must be >= 1 or null (keep all)")
     return p

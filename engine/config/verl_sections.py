@@ -103,3 +103,20 @@ def model_engine_problems(value: str | None) -> list[str]:
     if value is None:
         return []
     return choice(value, MODEL_ENGINES, "model_engine", "engine family")
+
+
+def ray_init_args(cfg: Any, own: dict[str, Any], joining: bool = False) -> dict[str, Any]:
+    """``ray.init``'s keyword arguments: the engine's ``own``, with the user's
+    ``ray_kwargs.ray_init`` over them (a null value leaves the engine's). ``runtime_env``
+    is merged (its ``env_vars`` too), so the engine's worker variables stay. Joining a
+    running cluster (RAY_ADDRESS) takes only the runtime_env: the cluster's resources are
+    its own."""
+    user = {k: v for k, v in (cfg.ray_kwargs.ray_init or {}).items() if v is not None}
+    env = {k: v for k, v in (user.pop("runtime_env", None) or {}).items() if v is not None}
+    out = dict(own) if joining else {**own, **user}
+    if env:
+        mine = dict(own.get("runtime_env") or {})
+        theirs = {k: str(v) for k, v in (env.pop("env_vars", None) or {}).items()}  # Ray: text
+        env_vars = {**mine.get("env_vars", {}), **theirs}
+        out["runtime_env"] = {**mine, **env, **({"env_vars": env_vars} if env_vars else {})}
+    return out

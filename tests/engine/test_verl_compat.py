@@ -335,3 +335,38 @@ def test_the_fully_async_trainers_zero_batch_size():
         ConfigError, match=re.escape("data.train_batch_size must be a positive integer")
     ):
         load_config([*GRPO, "data.train_batch_size=0"])
+
+
+# ---------------------------------------------------------------------------
+# verl's keys passed on
+
+
+def test_ray_kwargs_reach_ray_init_over_the_engines_own():
+    from engine.config.verl_sections import ray_init_args
+
+    own = {"num_cpus": 4, "include_dashboard": False, "runtime_env": {"env_vars": {"A": "1"}}}
+    cfg = load_config(
+        [
+            *GRPO,
+            "ray_kwargs.ray_init.num_cpus=16",
+            "+ray_kwargs.ray_init.runtime_env.env_vars.B=2",
+            "ray_kwargs.ray_init.runtime_env.py_executable=/venv/bin/python",
+        ]
+    )
+    assert ray_init_args(cfg, own) == {
+        "num_cpus": 16,
+        "include_dashboard": False,
+        "runtime_env": {"env_vars": {"A": "1", "B": "2"}, "py_executable": "/venv/bin/python"},
+    }
+    # verl's defaults (nulls) leave the engine's choices; joining a cluster takes only the env
+    assert ray_init_args(load_config(GRPO), own) == own
+    joined = ray_init_args(cfg, {"address": "ray://x", "runtime_env": {}}, joining=True)
+    assert "num_cpus" not in joined and joined["runtime_env"]["env_vars"] == {"B": "2"}
+
+
+def test_engine_kwargs_and_the_context_length_are_checked_up_front():
+    with pytest.raises(ConfigError, match="the engine sets it itself"):
+        load_config([*GRPO, "+actor_rollout_ref.rollout.engine_kwargs.vllm.model=/x"])
+    with pytest.raises(ConfigError, match="max_model_len=100 cannot hold a prompt"):
+        load_config([*GRPO, "actor_rollout_ref.rollout.max_model_len=100"])
+    assert load_config([*GRPO, "actor_rollout_ref.rollout.max_model_len=4096"])

@@ -234,6 +234,7 @@ actor_rollout_ref:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    exclude_modules: null
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 32
@@ -292,6 +293,10 @@ actor_rollout_ref:
       expert_model_parallel_size: 1
       sequence_parallel: true
       use_distributed_optimizer: true
+    use_torch_compile: false
+    entropy_from_logits_with_chunking: false
+    entropy_from_logits_chunk_size: 2048
+    entropy_checkpointing: false
   rollout:
     name: vllm
     placement: colocate
@@ -368,6 +373,7 @@ actor_rollout_ref:
       expert_model_parallel_size: null
       sequence_parallel: null
       use_distributed_optimizer: true
+    use_torch_compile: false
 critic:
   enable: null
   strategy: fsdp2
@@ -385,6 +391,7 @@ critic:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    exclude_modules: null
   optim:
     lr: 1.0e-05
     betas:
