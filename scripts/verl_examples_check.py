@@ -13,6 +13,14 @@ problems) and crashed, and the distinct unknown keys with how many scripts use e
 VERL_REPO_DIR is a checkout (its ``examples/`` is read) or a git directory (a bare
 mirror: ``REV``'s tree is extracted, HEAD by default).
 
+    scripts/verl_examples_check.py VERL_REPO_DIR --run grpo_trainer/run_qwen3_8b_fsdp.sh \
+        --env VERL_USE_UV=0 [--steps 2] [--keep DIR]
+
+runs one script's arguments for real on this machine's CPU: the engine trains with
+them all, but for what a CPU run must replace (``RUN_ON_CPU``: a tiny model from
+``engine.models.tiny``, synthetic data from ``engine.data.synthetic``, two CPU workers,
+small batches and lengths, a few steps, the console logger) and prints what it replaced.
+
 How the arguments are captured: bash itself runs each script, so that every expansion is
 the script's own, but in a sandbox where nothing else runs. ``python``, ``python3`` and
 ``uv`` are shell functions: the call that names ``-m verl.trainer.main_ppo`` writes its
@@ -132,7 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=3, help="problems shown per script")
     parser.add_argument("--json", type=Path, help="write every result to this file")
     parser.add_argument("--only", help="check only scripts whose path contains this")
+    parser.add_argument("--run", metavar="SCRIPT", help="train with this script's arguments on CPU")
+    parser.add_argument("--steps", type=int, default=2, help="--run: training steps")
+    parser.add_argument("--keep", type=Path, help="--run: the folder for the model, data, run")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE",
+        help="a variable the scripts see (their own knobs, e.g. VERL_USE_UV=0)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    given_env = dict(item.split("=", 1) for item in args.env)
+    if args.run:
+        return run_on_cpu(args.verl_repo_dir, args.rev, args.run, given_env, args.steps, args.keep)
 
     with tempfile.TemporaryDirectory(prefix="verl_examples_") as tmp:
         root = _tree(args.verl_repo_dir, args.rev, Path(tmp) / "verl")
@@ -147,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for script in scripts:
             name = str(script.relative_to(root))
-            captured = capture(script, root, sandbox)
+            captured = capture(script, root, sandbox, given_env)
             if isinstance(captured, str):
                 results.append(Result(name, "not-captured", detail=captured))
                 continue
@@ -189,11 +207,13 @@ def _sandbox(tmp: Path) -> dict[str, Path]:
     return {"bin": bin_dir, "home": home, "shims": shims}
 
 
-def capture(script: Path, root: Path, sandbox: dict[str, Path]) -> tuple[list[str], dict] | str:
+def capture(
+    script: Path, root: Path, sandbox: dict[str, Path], given: dict[str, str] | None = None
+) -> tuple[list[str], dict] | str:
     """The arguments the script passes after ``-m verl.trainer.main_ppo`` (and the
     variables of ``NEEDED_ENV`` it needed), or why there are none."""
     home = str(sandbox["home"])
-    extra: dict[str, str] = {}
+    extra: dict[str, str] = dict(given or {})
     while True:
         result = _run_script(script, root, sandbox, extra)
         if not isinstance(result, tuple):
@@ -302,6 +322,77 @@ def report(results: list[Result], show: int) -> None:
         for key, count in unknown.most_common():
             print(f"  {count:3d}  {key}")
     print(f"\nSUMMARY accepted={accepted}/{total} crashed={by_status['crashed']}")
+
+
+# --run: what a CPU run replaces in a script's arguments (a key the script does not set is
+# added): the model and data, the devices, the sizes a CPU trains in minutes, the loggers.
+RUN_ON_CPU = {
+    "trainer.device": "cpu",
+    "trainer.nnodes": "1",
+    "trainer.n_gpus_per_node": "2",
+    "data.train_batch_size": "8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "4",
+    "data.max_prompt_length": "64",
+    "data.max_response_length": "16",
+    "trainer.logger": "[console]",
+    "reward_model.num_workers": "1",
+}
+
+
+def run_on_cpu(
+    source: Path, rev: str, wanted: str, env: dict[str, str], steps: int, keep: Path | None
+) -> int:
+    """Train with one script's arguments on this CPU (``RUN_ON_CPU``)."""
+    with tempfile.TemporaryDirectory(prefix="verl_run_") as tmp:
+        work = keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        root = _tree(source, rev, work / "verl") if not (work / "verl").exists() else work / "verl"
+        scripts = [p for p in (root / "examples").rglob("*.sh") if wanted in str(p)]
+        if len(scripts) != 1:
+            print(f"--run {wanted}: {len(scripts)} scripts match; name one", file=sys.stderr)
+            return 2
+        sandbox = _sandbox(Path(tempfile.mkdtemp(prefix="sandbox", dir=work)))
+        captured = capture(scripts[0], root, sandbox, env)
+        if isinstance(captured, str):
+            print(captured, file=sys.stderr)
+            return 2
+        args, _ = captured
+        model, (train, val) = _tiny_model_and_data(work)
+        replace = {
+            **RUN_ON_CPU,
+            "actor_rollout_ref.model.path": str(model),
+            "data.train_files": str(train),
+            "data.val_files": str(val),
+            "trainer.total_training_steps": str(steps),
+            "trainer.default_local_dir": str(work / "run"),
+        }
+        kept, replaced = [], []
+        for arg in args:
+            key = arg.split("=", 1)[0].lstrip("+~")
+            if key in replace:
+                replaced.append(f"{arg}  ->  {key}={replace.pop(key)}")
+            else:
+                kept.append(arg)
+        added = [f"{key}={value}" for key, value in replace.items()]
+        final = kept + [r.split("  ->  ")[1] for r in replaced] + added
+        print(f"{scripts[0].relative_to(root)}: {len(args)} arguments, {len(kept)} kept as is")
+        print("replaced for a CPU run:\n  " + "\n  ".join(replaced))
+        print("added:\n  " + "\n  ".join(added))
+        cmd = [sys.executable, "-m", "engine.main", *final]
+        print("running: python -m engine.main " + " ".join(final), flush=True)
+        env_vars = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+        return subprocess.run(cmd, cwd=work, env=env_vars).returncode
+
+
+def _tiny_model_and_data(work: Path) -> tuple[Path, tuple[Path, Path]]:
+    sys.path.insert(0, str(REPO))
+    from engine.data.synthetic import write_synthetic_dataset
+    from engine.models.tiny import build_tiny_model
+
+    model = work / "tiny_model"
+    if not (model / "config.json").exists():
+        build_tiny_model(model)
+    return model, write_synthetic_dataset(work / "data", n_train=64, n_val=8)
 
 
 if __name__ == "__main__":

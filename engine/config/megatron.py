@@ -50,10 +50,11 @@ class MegatronConfig:
         "Megatron's DistributedOptimizer (sharded state) on GPUs; the CPU path uses torch's AdamW.",
     )
     # verl's other Megatron keys (docs/verl-compat.md).
-    expert_tensor_parallel_size: int | None = inert(
+    expert_tensor_parallel_size: int | None = setting(
         None,
-        "verl's tensor-parallel size of the experts; changes nothing here: experts split"
-        " like the other layers (tensor_model_parallel_size).",
+        "verl's tensor-parallel size of the experts. Here experts split like the other layers:"
+        " null or tensor_model_parallel_size; another value is refused (expert tensor"
+        " parallelism apart from TP is not in this engine).",
     )
     virtual_pipeline_model_parallel_size: int | None = inert(
         None,
@@ -188,6 +189,14 @@ def megatron_rules(cfg: EngineConfig) -> list[str]:
         )
     ref_own = cfg.actor_rollout_ref.ref.megatron
     for role, (key, section) in roles.items():
+        if _own_etp(section) and not _experts_fit(section, cfg.world_size):
+            etp, tp = section.expert_tensor_parallel_size, section.tensor_model_parallel_size
+            p.append(
+                f"{key}.expert_tensor_parallel_size={etp} with tensor_model_parallel_size={tp}:"
+                " this engine splits the experts by the tensor-parallel size (expert tensor"
+                " parallelism of its own is not in it yet); leave it null, or size TP, EP and"
+                " the devices for experts split like the rest"
+            )
         found = MegatronParallel.of(section).problems(cfg.world_size, key)
         if role == "reference":  # a size it follows is reported at the actor's key
             inherited = [f"{key}.{n} must be" for n in _FOLLOWED if getattr(ref_own, n) is None]
@@ -215,6 +224,37 @@ def megatron_rules(cfg: EngineConfig) -> list[str]:
             f" their sizes differ ({listed}); give them the same sizes"
         )
     return p
+
+
+def _own_etp(section: MegatronConfig) -> bool:
+    etp = section.expert_tensor_parallel_size
+    return (
+        etp is not None
+        and etp != section.tensor_model_parallel_size
+        and section.expert_model_parallel_size > 1
+    )
+
+
+def _experts_fit(section: MegatronConfig, world: int) -> bool:
+    experts = (
+        section.tensor_model_parallel_size
+        * section.expert_model_parallel_size
+        * section.pipeline_model_parallel_size
+    )
+    return world % experts == 0
+
+
+def expert_tensor_notes(cfg: EngineConfig) -> list[str]:
+    """verl's expert_tensor_parallel_size apart from TP, where the experts also fit split
+    by TP: the run goes on with them split so (the same computation, another memory
+    layout); said at start (``engine.config.notes``)."""
+    return [
+        f"{key}.expert_tensor_parallel_size={section.expert_tensor_parallel_size} runs as"
+        f" the tensor-parallel size {section.tensor_model_parallel_size} here (experts split"
+        " like the other layers: the same computation, another memory layout)"
+        for key, section in cfg.megatron_roles().values()
+        if _own_etp(section) and _experts_fit(section, cfg.world_size)
+    ]
 
 
 def _strategy_key(role: str) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.config.algorithm import group_notes, rollout_correction_notes
+from engine.config.megatron import expert_tensor_notes
 from engine.config.train import fused_kernel_notes, logit_option_notes
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ NOTES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     rollout_correction_notes,
     fused_kernel_notes,
     logit_option_notes,
+    expert_tensor_notes,
 )
 
 

@@ -370,3 +370,24 @@ def test_engine_kwargs_and_the_context_length_are_checked_up_front():
     with pytest.raises(ConfigError, match="max_model_len=100 cannot hold a prompt"):
         load_config([*GRPO, "actor_rollout_ref.rollout.max_model_len=100"])
     assert load_config([*GRPO, "actor_rollout_ref.rollout.max_model_len=4096"])
+
+
+def test_verls_expert_tensor_parallel_size():
+    from engine.config.notes import notes
+
+    moe = [
+        *REQUIRED,
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4",
+        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+    ]
+    # the experts fit split by TP on 8 devices: it runs, with a note
+    (note,) = notes(load_config([*moe, "trainer.n_gpus_per_node=8"]))
+    assert "expert_tensor_parallel_size=1 runs as the tensor-parallel size 2" in note
+    # on 4 they do not: refused, naming the feature the engine lacks
+    with pytest.raises(ConfigError) as info:
+        load_config([*moe, "trainer.n_gpus_per_node=4"])
+    assert "expert tensor parallelism of its own is not in it yet" in info.value.problems[0]

@@ -293,6 +293,7 @@ actor_rollout_ref:
       expert_model_parallel_size: 1
       sequence_parallel: true
       use_distributed_optimizer: true
+      expert_tensor_parallel_size: null
     use_torch_compile: false
     entropy_from_logits_with_chunking: false
     entropy_from_logits_chunk_size: 2048
@@ -373,6 +374,7 @@ actor_rollout_ref:
       expert_model_parallel_size: null
       sequence_parallel: null
       use_distributed_optimizer: true
+      expert_tensor_parallel_size: null
     use_torch_compile: false
 critic:
   enable: null
@@ -430,6 +432,7 @@ critic:
     expert_model_parallel_size: 1
     sequence_parallel: true
     use_distributed_optimizer: true
+    expert_tensor_parallel_size: null
 reward_model:
   enable: false
   enable_resource_pool: false

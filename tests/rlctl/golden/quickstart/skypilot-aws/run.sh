@@ -292,6 +292,7 @@ actor_rollout_ref:
       expert_model_parallel_size: 1
       sequence_parallel: true
       use_distributed_optimizer: true
+      expert_tensor_parallel_size: null
     use_torch_compile: false
     entropy_from_logits_with_chunking: false
     entropy_from_logits_chunk_size: 2048
@@ -372,6 +373,7 @@ actor_rollout_ref:
       expert_model_parallel_size: null
       sequence_parallel: null
       use_distributed_optimizer: true
+      expert_tensor_parallel_size: null
     use_torch_compile: false
 critic:
   enable: null
@@ -429,6 +431,7 @@ critic:
     expert_model_parallel_size: 1
     sequence_parallel: true
     use_distributed_optimizer: true
+    expert_tensor_parallel_size: null
 reward_model:
   enable: false
   enable_resource_pool: false
