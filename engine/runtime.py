@@ -18,6 +18,7 @@ import ray
 
 from engine.checkpoint import CheckpointManager, is_remote, read_trainer_state
 from engine.config import EngineConfig
+from engine.config.verl_sections import ray_init_args
 from engine.controller.dispatch import ModelParallelLayout
 from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
 from engine.device import DEVICES
@@ -41,7 +42,8 @@ def init_ray(cfg: EngineConfig) -> None:
         return
     runtime_env = {"env_vars": dict(WORKER_ENV)}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
+        own = {"address": os.environ["RAY_ADDRESS"], "runtime_env": runtime_env}
+        ray.init(**ray_init_args(cfg, own, joining=True), log_to_driver=True)
         check_node_secrets(secret_names())
         return
     # every worker of every group: the training one, and the rollout's and the reward
@@ -54,13 +56,14 @@ def init_ray(cfg: EngineConfig) -> None:
     )
     own_rm = cfg.rm_world_size if cfg.reward_model.enable_resource_pool else 0
     needed = (cfg.world_size + own_rollout + own_rm) * cfg.trainer.cpus_per_worker
-    ray.init(
-        num_cpus=max(needed, os.cpu_count() or 1),
-        include_dashboard=False,
-        runtime_env=runtime_env,
+    own = {
+        "num_cpus": max(needed, os.cpu_count() or 1),
+        "include_dashboard": False,
+        "runtime_env": runtime_env,
         # Unix socket paths are limited to 107 bytes: keep Ray's session dir short.
-        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
-    )
+        "_temp_dir": tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+    }
+    ray.init(**ray_init_args(cfg, own))  # the user's ray_kwargs.ray_init over the engine's
 
 
 def secret_names() -> list[str]:
@@ -296,12 +299,24 @@ def run_training(cfg: EngineConfig) -> None:
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
     agent_files = _agent_files(cfg)
-    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, agent_files.schemas)
+    train = RLDataset(
+        cfg.data.train_file_list,
+        tokenizer,
+        cfg.data,
+        agent_files.schemas,
+        max_samples=cfg.data.train_max_samples,
+    )
     loader = PromptLoader(
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
     )
     val = (
-        RLDataset(cfg.data.val_file_list, tokenizer, cfg.data, agent_files.schemas)
+        RLDataset(
+            cfg.data.val_file_list,
+            tokenizer,
+            cfg.data,
+            agent_files.schemas,
+            max_samples=cfg.data.val_max_samples,
+        )
         if cfg.data.val_file_list
         else None
     )

@@ -189,7 +189,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         recipe=recipe,
         paths=paths,
         layout=layout,
-        engine_yaml=to_yaml(cfg),
+        engine_yaml=to_yaml(cfg, compact=True),
         setup=tuple(setup),
         image=default_image(layout.hardware, recipe.rollout),
         extras=extras_needed(cfg),
@@ -207,7 +207,7 @@ def extras_needed(cfg: Any) -> tuple[str, ...]:
     strategies = {roles.actor.strategy, roles.ref.strategy, cfg.critic.strategy}
     if "megatron" in strategies:
         extras.append("megatron")
-    if set(cfg.trainer.logger) - {"console"}:
+    if set(cfg.trainer.loggers) - {"console"}:
         extras.append("trackers")
     where = str(cfg.trainer.default_local_dir)
     if where.startswith("s3://"):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import ConfigError
@@ -46,6 +46,8 @@ class ChatFormat:
 
     tokenizer: Any  # a transformers tokenizer with a chat template
     tools: Sequence[Mapping[str, Any]] = ()  # OpenAI function schemas, for the prompt
+    # the template's own arguments (data.apply_chat_template_kwargs: enable_thinking, ...)
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         eos = self.tokenizer.eos_token
@@ -136,6 +138,7 @@ class ChatFormat:
             tools=list(self.tools) or None,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
 
     def _encode(self, text: str) -> list[int]:

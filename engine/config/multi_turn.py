@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.config.fields import positive, setting
+from engine.config.fields import inert, positive, setting
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -55,6 +55,28 @@ class MultiTurnConfig:
         "tool_agent",
         "The agent loop of samples without an agent_name: single_turn, tool_agent or one the"
         " agent loops file declares.",
+    )
+    # verl's other multi-turn keys (docs/verl-compat.md).
+    tool_response_truncate_side: str = setting(
+        "right",
+        "Which side of a long tool result is cut: right (the start is kept, marked); verl's"
+        " left and middle are refused.",
+    )
+    function_tool_path: str | None = inert(
+        None,
+        "verl's Python functions as tools; not in this engine (refused when set): declare"
+        " them in the tools file (docs/tools.md).",
+    )
+    use_inference_chat_template: bool = inert(
+        False,
+        "verl's choice of chat template for training tokens; changes nothing here: the"
+        " trained tokens are those the model generated and read.",
+    )
+    tokenization_sanity_check_mode: str = inert(
+        "strict", "verl's check of its re-tokenization; changes nothing here (no re-tokenizing)."
+    )
+    num_repeat_rollouts: int | None = inert(
+        None, "verl's repeated interaction rollouts; changes nothing here (rollout.n samples)."
     )
 
 

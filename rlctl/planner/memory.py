@@ -453,11 +453,12 @@ def _micro_rule(s: _Settings, mini: int, micro: int, devices: int) -> str | None
     per_device = mini * s.n // devices
     if per_device % micro:
         fits = ", ".join(map(str, _divisors_near(per_device, micro)))
+        # The engine takes uneven micro-batches; the planner sizes memory for even ones.
         return (
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu {micro} must divide the"
             f" {per_device} samples each device gets per mini-batch ({mini} prompts ×"
-            f" {s.n} samples / {devices} devices); use {fits}, or set"
-            " actor_rollout_ref.actor.use_dynamic_bsz=true"
+            f" {s.n} samples / {devices} devices) for the plan's even micro-batches; use"
+            f" {fits}, or set actor_rollout_ref.actor.use_dynamic_bsz=true"
         )
     return None
 
