@@ -350,7 +350,6 @@ def test_settings_verl_accepts_that_act_otherwise_run_with_a_note(overrides, exp
     assert not any(expected in note for note in notes(_cfg(LOGPROBS)))
 
 
-
 def test_rejection_sampling_needs_the_rollout_log_probs():
     problems = _problems(f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=2.0")
     assert "rollout_rs=token_k1 need the rollout engine's own log-probs" in problems
