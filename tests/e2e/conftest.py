@@ -35,9 +35,9 @@ BASE = (
     "actor_rollout_ref.actor.optim.lr=2e-3",
     "trainer.val_before_train=false",
 )
-# One thread per process (the driver here, each Ray worker, each engine subprocess, the
-# reward processes): torch's and OpenMP's pools default to a thread per core, so two
-# workers and a driver made six threads for two cores.
+# One thread for the math of each process of a run: Ray gives its workers
+# OMP_NUM_THREADS=1, but the driver (this process, or an engine subprocess) and the
+# processes they spawn (the reward's) would take a thread per core beside two workers.
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SCORED = "critic/score/mean"  # in every training step's record, in no validation-only one
 
@@ -81,18 +81,14 @@ def read_metrics():
 
 @pytest.fixture(scope="session")
 def one_thread():
-    """``THREADS`` in this process's environment (the Ray node started here inherits it,
-    and so every worker; so does each engine subprocess) and torch's pool here at one
-    thread, for the whole-run tests; as they were afterwards."""
-    import torch
-
-    threads = torch.get_num_threads()
+    """``THREADS`` in this process's environment, for the whole-run tests: the Ray node
+    started here inherits it, and so every worker; so does each engine subprocess.
+    (Torch's pool here is set at one thread for the runs only, ``_in_process``: a
+    fixture's own training, the tool task's warm start, takes both cores.)"""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in THREADS.items():
             patch.setenv(name, value)
-        torch.set_num_threads(1)
         yield
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -203,15 +199,23 @@ def kept_workers(ray_cluster):
 
 
 def _in_process(kept: KeptWorkers, call: Callable[[], Any]) -> Any:
+    """``call()``, a run of the engine here: its workers from ``kept``, torch's pool
+    here at one thread (``THREADS``) meanwhile."""
+    import torch
+
     from engine import runtime
 
+    threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runtime, "start_workers", kept.start)
+        torch.set_num_threads(1)
         try:
             return call()
         except BaseException:
             kept.release()
             raise
+        finally:
+            torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
