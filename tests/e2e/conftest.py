@@ -199,20 +199,21 @@ def kept_workers(ray_cluster):
 
 
 def _in_process(kept: KeptWorkers, call: Callable[[], Any]) -> Any:
-    """``call()``, a run of the engine here: its workers from ``kept``, torch's pool
-    here at one thread (``THREADS``) meanwhile."""
+    """``call()``, a run of the engine here: its workers from ``kept`` (ended if the run
+    fails once it has them), torch's pool here at one thread (``THREADS``) meanwhile."""
     import torch
 
     from engine import runtime
 
-    threads = torch.get_num_threads()
+    threads, starts = torch.get_num_threads(), kept.starts
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(runtime, "start_workers", kept.start)
         torch.set_num_threads(1)
         try:
             return call()
         except BaseException:
-            kept.release()
+            if kept.starts != starts:  # refused before its workers: the kept ones are fine
+                kept.release()
             raise
         finally:
             torch.set_num_threads(threads)
