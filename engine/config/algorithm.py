@@ -99,7 +99,9 @@ class RolloutCorrectionConfig:
     bypass_mode: bool = setting(
         False,
         "Take the engine's own log-probs as π_old (two policies, verl's bypass mode): no"
-        " π_old pass; ρ = π_θ / π_rollout in the loss. Needs rollout.calculate_log_probs.",
+        " π_old pass; ρ = π_θ / π_rollout in the loss. Needs rollout.calculate_log_probs."
+        " True when unset in the asynchronous modes, unless rollout_is or rollout_rs is set"
+        " (docs/async.md#off-policy-correction).",
     )
     loss_type: str = setting(
         "ppo_clip",

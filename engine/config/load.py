@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config.aliases import canonical_value, dotted_to_schema, flatten, nested_to_schema
+from engine.config.async_training import apply_defaults as async_defaults
 from engine.config.compose import Layer, compose_file, group_preset, is_group
 from engine.config.engine import EngineConfig
 from engine.config.fields import selected
@@ -119,6 +120,7 @@ def load(
     if untyped:
         raise ConfigError(untyped)
     apply_conventions(result)
+    async_defaults(result, given)
     if check:
         validate(result)
     return Loaded(result, tuple(dict.fromkeys(given)), tuple(parsed.hydra))

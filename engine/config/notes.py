@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.config.algorithm import group_notes, rollout_correction_notes
+from engine.config.async_training import off_policy_notes
 from engine.config.megatron import expert_tensor_notes
 from engine.config.train import fused_kernel_notes, logit_option_notes
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 NOTES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     group_notes,
     rollout_correction_notes,
+    off_policy_notes,
     fused_kernel_notes,
     logit_option_notes,
     expert_tensor_notes,

@@ -116,7 +116,8 @@ class RolloutConfig:
     calculate_log_probs: bool = setting(
         False,
         "Return the engine's own log-probs of the sampled tokens (mismatch metrics,"
-        " `algorithm.rollout_correction`).",
+        " `algorithm.rollout_correction`). True when unset in the asynchronous modes"
+        " (async_training.mode), which need it.",
     )
     update_weights_bucket_megabytes: int = setting(
         512, "vllm/sglang: size of the buckets the actor's weights are sent in, in MiB."
