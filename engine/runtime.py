@@ -342,11 +342,11 @@ def run_training(cfg: EngineConfig) -> None:
         from engine.reward.judge import load_judge_tokenizer
 
         judge_tokenizer = load_judge_tokenizer(rm)
+    _check_model_configs(cfg)
     if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
         from engine.train.lora import check_targets
 
         check_targets(model)
-    _check_ulysses_heads(cfg)
 
     init_ray(cfg)
     cfg = dataclasses.replace(
@@ -384,21 +384,37 @@ def run_training(cfg: EngineConfig) -> None:
         print(f"exported the final policy to {out}", flush=True)
 
 
-def _check_ulysses_heads(cfg: EngineConfig) -> None:
-    """Ulysses sizes the models' heads cannot take, and quantized checkpoints trained in
-    full: now, from their configs, not once the workers have loaded them."""
+def _check_model_configs(cfg: EngineConfig) -> None:
+    """From the models' configs, now, not once the workers have loaded them: fields of
+    ``override_config`` the config lacks, Ulysses sizes the heads cannot take, and
+    quantized checkpoints trained in full (each read with its overrides)."""
     from transformers import AutoConfig
 
-    from engine.config.train import quantized_model_problems, ulysses_model_problems
+    from engine.config.train import (
+        quantized_model_problems,
+        selected_model,
+        ulysses_model_problems,
+    )
+    from engine.models.hf_config import load_hf_config
+
+    problems: list[str] = []
 
     def hf_config_of(model: Any) -> Any:
-        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        key = "actor_rollout_ref.model" if model is cfg.actor_rollout_ref.model else "critic.model"
+        try:
+            hf = load_hf_config(model, key)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         return hf.get_text_config()
 
-    problems = ulysses_model_problems(cfg, hf_config_of)
+    hf_config_of(cfg.actor_rollout_ref.model)
+    if cfg.use_critic:
+        hf_config_of(selected_model(cfg, "critic"))
+    problems += ulysses_model_problems(cfg, hf_config_of)
     problems += quantized_model_problems(cfg, hf_config_of)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list(dict.fromkeys(problems)))
 
 
 def run_dir(cfg: EngineConfig) -> Path:

@@ -113,9 +113,14 @@ class ModelConfig:
         "verl: a Python module imported to register a custom model; not in this engine"
         " (refused when set).",
     )
-    override_config: dict[str, Any] = inert(
-        help="verl: fields of the model's Hugging Face config replaced at load; not in this"
-        " engine (refused when not empty).",
+    override_config: dict[str, Any] = setting(
+        help="Fields of the model's Hugging Face config replaced when it is built (verl's"
+        " key), e.g. {max_position_embeddings: 32768}: for the actor, reference and critic,"
+        " and the rollout engine (vLLM's hf_overrides, SGLang's json_model_override_args). A"
+        " mapping for a sub-config sets its fields; verl's model_config level holds the"
+        " fields; attn_implementation is transformers' loading argument. A field the config"
+        " lacks is refused before workers start. The critic on the actor's model (empty"
+        " critic.model.path): its own over the actor's (docs/training.md).",
         factory=dict,
         kind="mapping",
     )
@@ -510,10 +515,18 @@ def _configured_ulysses(cfg: EngineConfig, role: str) -> int | None:
 
 
 def selected_model(cfg: EngineConfig, role: str) -> ModelConfig:
-    """The model a role loads: the critic's own when its path is set, else the actor's."""
-    if role == "critic" and cfg.critic.model.path:
-        return cfg.critic.model
-    return cfg.actor_rollout_ref.model
+    """The model a role loads: the critic's own when its path is set, else the actor's
+    (for the critic with ``critic.model.override_config`` over the actor's)."""
+    critic = cfg.critic.model
+    if role == "critic" and critic.path:
+        return critic
+    actor = cfg.actor_rollout_ref.model
+    if role == "critic" and critic.override_config:
+        import dataclasses
+
+        merged = {**actor.override_config, **critic.override_config}
+        return dataclasses.replace(actor, override_config=merged)
+    return actor
 
 
 def _model_key(cfg: EngineConfig, role: str) -> str:

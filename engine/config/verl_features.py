@@ -58,10 +58,6 @@ SWITCHES: tuple[tuple[str, tuple[Any, ...], str], ...] = (
             ("lora_adapter_path", "starting LoRA from a saved adapter"),
         )
     ),
-    *(
-        (f"{m}.override_config", ({},), "overriding the model's Hugging Face config")
-        for m in ("actor_rollout_ref.model", "critic.model")
-    ),
     ("reward_model.model.external_lib", (None, ""), "importing a module to register a model"),
     *(
         (f"reward_model.{k}", (None,), "verl's reward loop classes of your own")

@@ -234,6 +234,7 @@ actor_rollout_ref:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    override_config: {}
     exclude_modules: null
   actor:
     strategy: fsdp2
@@ -394,6 +395,7 @@ critic:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    override_config: {}
     exclude_modules: null
   optim:
     lr: 1.0e-05
