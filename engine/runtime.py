@@ -284,7 +284,7 @@ def _check_agent_rows(cfg: EngineConfig, files: AgentFiles, datasets: list[Any])
 def run_training(cfg: EngineConfig) -> None:
     from transformers import AutoTokenizer
 
-    from engine.data.dataset import RLDataset
+    from engine.data.custom import build_dataset
     from engine.data.loader import PromptLoader
     from engine.reward.manager import RewardManager
     from engine.scoring import Scorer
@@ -299,10 +299,11 @@ def run_training(cfg: EngineConfig) -> None:
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
     agent_files = _agent_files(cfg)
-    train = RLDataset(
+    # RLDataset, or data.custom_cls's class of your own, built alike
+    train = build_dataset(
+        cfg.data,
         cfg.data.train_file_list,
         tokenizer,
-        cfg.data,
         agent_files.schemas,
         max_samples=cfg.data.train_max_samples,
     )
@@ -310,10 +311,10 @@ def run_training(cfg: EngineConfig) -> None:
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
     )
     val = (
-        RLDataset(
+        build_dataset(
+            cfg.data,
             cfg.data.val_file_list,
             tokenizer,
-            cfg.data,
             agent_files.schemas,
             max_samples=cfg.data.val_max_samples,
         )

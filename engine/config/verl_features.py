@@ -66,7 +66,6 @@ SWITCHES: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("reward.reward_manager.source", ("register",), "a reward manager class of your own"),
     ("reward.reward_manager.module.path", (None, ""), "a reward manager class of your own"),
     ("reward.sandbox_fusion.url", (None, ""), "verl's remote code sandbox (SandboxFusion)"),
-    ("data.custom_cls.path", (None, ""), "a dataset class of your own"),
     ("data.continuous_token.enable", (False,), "verl's continuous-token prompts"),
     (f"{ROLLOUT}.over_sample_rate", (0, 0.0), "over-sampling and dropping the slowest samples"),
     (f"{ROLLOUT}.quantization", (None, ""), "quantized generation"),

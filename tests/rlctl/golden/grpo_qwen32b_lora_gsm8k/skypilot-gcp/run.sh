@@ -219,6 +219,9 @@ data:
   train_max_samples: -1
   val_max_samples: -1
   apply_chat_template_kwargs: {}
+  custom_cls:
+    path: null
+    name: null
 actor_rollout_ref:
   model:
     path: Qwen/Qwen2.5-32B-Instruct
