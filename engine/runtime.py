@@ -344,6 +344,11 @@ def run_training(cfg: EngineConfig) -> None:
 
         judge_tokenizer = load_judge_tokenizer(rm)
     _check_model_configs(cfg)
+    if model.lora_adapter_path:  # LoRA's settings read from the saved adapter, once
+        from engine.train.lora_saved import resolve
+
+        cfg = resolve(cfg)
+        model = cfg.actor_rollout_ref.model
     if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
         from engine.train.lora import check_targets
 

@@ -55,7 +55,6 @@ SWITCHES: tuple[tuple[str, tuple[Any, ...], str], ...] = (
             ("hf_config_path", "a model config apart from the model"),
             ("custom_chat_template", "a chat template given in the config"),
             ("external_lib", "importing a module to register a model"),
-            ("lora_adapter_path", "starting LoRA from a saved adapter"),
         )
     ),
     ("reward_model.model.external_lib", (None, ""), "importing a module to register a model"),

@@ -28,7 +28,7 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
         actor.optim,
         device,
         gradient_checkpointing=arr.model.enable_gradient_checkpointing,
-        lora=arr.model.lora_rank > 0,
+        lora=arr.model.uses_lora,
         ulysses=cfg.ulysses_size("actor"),
         ulysses_key=ULYSSES_KEYS["actor"],
     )

@@ -292,6 +292,10 @@ class FSDPEngine:
             from engine.train.lora import apply_lora
 
             peft_model = apply_lora(model, model_cfg)
+            if model_cfg.lora_adapter_path:  # a saved adapter's weights (engine.train.lora_saved)
+                from engine.train.lora_saved import load_weights
+
+                load_weights(peft_model, model_cfg.lora_adapter_path)
         module = shard_model(model, fsdp_cfg, device, gradient_checkpointing=gradient_checkpointing)
         engine = cls(module, optim_cfg, device, fsdp_cfg, peft_model)
         if kind == "causal_lm":

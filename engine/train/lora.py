@@ -59,6 +59,8 @@ def apply_lora(model: nn.Module, model_cfg: ModelConfig) -> Any:
     adapted model starts as the base model."""
     from peft import get_peft_model
 
+    # a saved adapter's rank is read into the config before any worker starts
+    assert model_cfg.lora_rank > 0, "engine.train.lora_saved.resolve the config first"
     try:
         peft_model = get_peft_model(model, lora_config(model_cfg))
     except ValueError as exc:

@@ -239,6 +239,7 @@ actor_rollout_ref:
     target_modules: all-linear
     override_config: {}
     exclude_modules: null
+    lora_adapter_path: null
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 64
@@ -400,6 +401,7 @@ critic:
     target_modules: all-linear
     override_config: {}
     exclude_modules: null
+    lora_adapter_path: null
   optim:
     lr: 1.0e-05
     betas:
