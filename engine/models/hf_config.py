@@ -109,8 +109,14 @@ def _is_config(value: Any) -> bool:
 
 def _unknown_field(hf_config: Any, name: str, dotted: str) -> str:
     fields = sorted(hf_config.to_dict())
+    holders = [f for f in fields if _is_config(getattr(hf_config, f, None))
+               and hasattr(getattr(hf_config, f), name)]  # fmt: skip
     close = difflib.get_close_matches(name, fields, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    if holders:  # a vision-language model's text config, say
+        prefix = dotted.rsplit(".", 1)[0]
+        hint = f"its {holders[0]} has it: set {prefix}.{holders[0]}.{name}; "
+    else:
+        hint = f"did you mean {close[0]!r}? " if close else ""
     return (
         f"{dotted}: the model's config ({type(hf_config).__name__}) has no field {name!r},"
         f" so the override would change nothing; {hint}its fields: {', '.join(fields)}"

@@ -83,6 +83,9 @@ def test_a_sub_configs_fields_are_set_in_it():
     assert problem.startswith(
         f"{key}.text_config.no_such: the model's config (Qwen2_5_VLTextConfig)"
     )
+    # a field of the text config given at the top (verl's Qwen3-VL example): said where it is
+    (problem,) = override_problems(hf, {"max_position_embeddings": 32768}, key)
+    assert f"its text_config has it: set {key}.text_config.max_position_embeddings" in problem
 
 
 def test_the_training_roles_build_the_overridden_model(tiny_model_dir):
