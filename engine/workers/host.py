@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,8 @@ class WorkerHost:
         self.role_names = [r for r in ROLE_ORDER if r in roles]
         self.roles: dict[str, Any] = {}
         self._uploader: Any = None  # engine.storage.BackgroundUploader, made on first use
+        # when this process was up, and when its roles were built (engine.startup)
+        self._startup_times = {"workers": time.time()}
 
     def rendezvous_address(self) -> tuple[str, int]:
         ip = _node_ip()
@@ -114,6 +117,12 @@ class WorkerHost:
                 cfg=self.cfg, device=self.device, tokenizer=tokenizer, colocated=self.roles
             )
         torch.manual_seed(self.cfg.trainer.seed * 100_003 + self.rank)
+        self._startup_times["models"] = time.time()
+
+    def startup_times(self) -> dict[str, float]:
+        """``time.time()`` when this host was made ("workers") and when its roles were
+        built ("models")."""
+        return dict(self._startup_times)
 
     # Checkpoints: the trained roles save their shards; the host saves what the roles
     # share, the random state (rollout sampling draws from it).
