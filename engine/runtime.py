@@ -26,7 +26,7 @@ import ray
 from engine.checkpoint import CheckpointManager, is_remote, read_trainer_state
 from engine.config import EngineConfig
 from engine.errors import ConfigError, EngineError
-from engine.startup import StartupClock
+from engine.startup import StartupClock, gc_paused
 
 if TYPE_CHECKING:
     from engine.controller.dispatch import ModelParallelLayout
@@ -328,12 +328,12 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
     """The driver's slow part, run while Ray starts: its heavy imports, the tokenizer, the
     datasets, and the checks that need them or transformers (each row's agent loop, the
     LoRA targets, the Ulysses heads, the judge's chat template). Raises as they would."""
-    from transformers import AutoTokenizer
+    with gc_paused():
+        from transformers import AutoTokenizer
 
-    import engine.trainer  # noqa: F401  (torch and the loop's modules, imported here)
-    from engine.data.dataset import RLDataset
-    from engine.data.loader import PromptLoader
-
+        import engine.trainer  # noqa: F401  (torch and the loop's modules, imported here)
+        from engine.data.dataset import RLDataset
+        from engine.data.loader import PromptLoader
     clock.mark("imports")
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.device import DeviceSpec, local_rank_from_env, resolve_device, set_device
+from engine.startup import gc_paused
 
 # The role classes, in the order they are built on a host.
 ROLE_ORDER = ("actor", "rollout", "ref", "critic", "rm")
@@ -74,6 +75,11 @@ class WorkerHost:
         )
         torch.set_num_threads(max(1, cpus_per_worker))
         self.role_names = [r for r in ROLE_ORDER if r in roles]
+        with gc_paused():  # what building the roles imports, now: the process is new
+            from transformers import AutoTokenizer  # noqa: F401
+
+            for name in self.role_names:
+                _role_class(name)
         self.roles: dict[str, Any] = {}
         self._uploader: Any = None  # engine.storage.BackgroundUploader, made on first use
         # when this process was up, and when its roles were built (engine.startup)

@@ -4,6 +4,7 @@ it read them first."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ import pytest
 from engine.config import load_config
 from engine.errors import ConfigError, EngineError
 from engine.reward.registry import RewardError
-from engine.startup import STARTUP_PREFIX, StartupClock, process_start_time
+from engine.startup import STARTUP_PREFIX, StartupClock, gc_paused, process_start_time
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,6 +52,21 @@ def test_the_process_start_is_when_the_process_started():
     started = float(out)
     assert launched - 1.0 <= started <= time.time()  # clock ticks are 10 ms
     assert process_start_time() <= time.time()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_imports_run_with_the_collector_paused_and_leave_it_as_it_was(enabled):
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+        with pytest.raises(ImportError), gc_paused():
+            import engine.no_such_module  # noqa: F401
+        assert gc.isenabled() == enabled
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 def test_the_runtime_imports_no_torch_before_ray_starts():
