@@ -324,10 +324,12 @@ class DriverData:
     judge_tokenizer: Any
 
 
-def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> DriverData:
+def read_data(cfg: EngineConfig, files: AgentFiles, reward: Any, clock: StartupClock) -> DriverData:
     """The driver's slow part, run while Ray starts: its heavy imports, the tokenizer, the
     datasets, and the checks that need them or transformers (each row's agent loop, the
-    LoRA targets, the Ulysses heads, the judge's chat template). Raises as they would."""
+    LoRA targets, the Ulysses heads, the judge's chat template). Raises as they would.
+    Then the rule rewards' processes start, when the rules score every sample, so that
+    the first scoring need not wait for them."""
     with gc_paused():
         from transformers import AutoTokenizer
 
@@ -364,6 +366,8 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
         check_targets(model)
     _check_ulysses_heads(cfg)
     clock.mark("data")
+    if not rm.enable:
+        reward.start()
     return DriverData(tokenizer, train, loader, val, total, judge_tokenizer)
 
 
@@ -395,7 +399,7 @@ def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
         # The data is read (and checked) while Ray starts; an unknown data source fails
         # before any worker starts.
         with ThreadPoolExecutor(1, thread_name_prefix="engine-data") as pool:
-            reading = pool.submit(read_data, cfg, agent_files, clock)
+            reading = pool.submit(read_data, cfg, agent_files, reward, clock)
             init_ray(cfg)
             clock.mark("ray")
             data = reading.result()

@@ -16,6 +16,7 @@ import pytest
 
 from engine.config import load_config
 from engine.errors import ConfigError, EngineError
+from engine.reward.manager import RewardManager
 from engine.reward.registry import RewardError
 from engine.startup import STARTUP_PREFIX, StartupClock, gc_paused, process_start_time
 
@@ -131,7 +132,11 @@ def _stand_ins(monkeypatch, *, wait_for_data: bool):
         seen["cfg"] = cfg
         raise Started
 
+    def start_reward(self):
+        seen["reward_thread"] = threading.current_thread().name
+
     monkeypatch.setattr(runtime, "read_data", reading_data)
+    monkeypatch.setattr(RewardManager, "start", start_reward)
     monkeypatch.setattr(runtime, "init_ray", init_ray)
     monkeypatch.setattr(runtime, "start_workers", start_workers)
     return seen
@@ -146,6 +151,7 @@ def test_the_data_is_read_while_ray_starts(tiny_model_dir, data_files, monkeypat
         run_training(_config(tiny_model_dir, *data_files, "trainer.total_epochs=2"), clock)
     assert seen["overlapped"]
     assert seen["ray_thread"] == threading.main_thread().name != seen["data_thread"]
+    assert seen["reward_thread"] == seen["data_thread"]  # its processes started there too
     # the workers get the schedule's length the data makes: 64 rows / 8, two epochs
     assert seen["cfg"].actor_rollout_ref.actor.optim.total_training_steps == 16
     assert seen["cfg"].trainer.device == "cpu"
@@ -158,13 +164,14 @@ def test_the_data_read_on_its_thread_is_the_data_read_first(tiny_model_dir, data
     from engine.runtime import AgentFiles, read_data
 
     cfg = _config(tiny_model_dir, *data_files)
-    here = read_data(cfg, AgentFiles(), StartupClock())
-    result: list = []
-    thread = threading.Thread(
-        target=lambda: result.append(read_data(cfg, AgentFiles(), StartupClock()))
-    )
-    thread.start()
-    thread.join()
+    with RewardManager(cfg.reward_model, cfg.custom_reward_function, 8) as reward:
+        here = read_data(cfg, AgentFiles(), reward, StartupClock())
+        result: list = []
+        thread = threading.Thread(
+            target=lambda: result.append(read_data(cfg, AgentFiles(), reward, StartupClock()))
+        )
+        thread.start()
+        thread.join()
     (there,) = result
     assert there.total_steps == here.total_steps == 8
     assert there.tokenizer.get_vocab() == here.tokenizer.get_vocab()
