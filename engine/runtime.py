@@ -151,9 +151,21 @@ def role_layouts(cfg: EngineConfig) -> dict[str, ModelParallelLayout]:
 
 
 def start_workers(cfg: EngineConfig) -> Any:
+    """The workers ``spawn_workers`` makes, in their process groups with their roles."""
+    workers = spawn_workers(cfg)
+    try:
+        workers.start()
+    except BaseException:
+        workers.shutdown()
+        raise
+    return workers
+
+
+def spawn_workers(cfg: EngineConfig) -> Any:
     """One worker group for every role (colocated), or beside the training group the
     rollout's own (``rollout.placement=separate``) and the reward model's own
-    (``reward_model.enable_resource_pool``), engine.controller.groups."""
+    (``reward_model.enable_resource_pool``), engine.controller.groups: their processes
+    started, to be started as groups (``start``)."""
     from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
     from engine.device import DEVICES
     from engine.workers.host import WorkerHost
@@ -324,12 +336,11 @@ class DriverData:
     judge_tokenizer: Any
 
 
-def read_data(cfg: EngineConfig, files: AgentFiles, reward: Any, clock: StartupClock) -> DriverData:
-    """The driver's slow part, run while Ray starts: its heavy imports, the tokenizer, the
-    datasets, and the checks that need them or transformers (each row's agent loop, the
-    LoRA targets, the Ulysses heads, the judge's chat template). Raises as they would.
-    Then the rule rewards' processes start, when the rules score every sample, so that
-    the first scoring need not wait for them."""
+def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> DriverData:
+    """The driver's slow part, run while Ray and the workers start: its heavy imports,
+    the tokenizer, the datasets, and the checks that need them or transformers (each
+    row's agent loop, the LoRA targets, the Ulysses heads, the judge's chat template).
+    Raises as they would."""
     with gc_paused():
         from transformers import AutoTokenizer
 
@@ -366,8 +377,6 @@ def read_data(cfg: EngineConfig, files: AgentFiles, reward: Any, clock: StartupC
         check_targets(model)
     _check_ulysses_heads(cfg)
     clock.mark("data")
-    if not rm.enable:
-        reward.start()
     return DriverData(tokenizer, train, loader, val, total, judge_tokenizer)
 
 
@@ -395,29 +404,34 @@ def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
     reward = RewardManager(
         cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
     )
+    # The data is read (and checked) on a thread while Ray starts and then the workers'
+    # processes do; then the rule rewards' processes start there. The workers build
+    # their roles (models) only once the data has passed its checks.
+    starting = ThreadPoolExecutor(1, thread_name_prefix="engine-data")
+    workers = None
     try:
-        # The data is read (and checked) while Ray starts; an unknown data source fails
-        # before any worker starts.
-        with ThreadPoolExecutor(1, thread_name_prefix="engine-data") as pool:
-            reading = pool.submit(read_data, cfg, agent_files, reward, clock)
-            init_ray(cfg)
-            clock.mark("ray")
-            data = reading.result()
-        check_data_sources(cfg, reward, data)
-        cfg = with_total_steps(cfg, data.total_steps)
+        reading = starting.submit(read_data, cfg, agent_files, clock)
+        warming = starting.submit(reward.start) if not cfg.reward_model.enable else None
+        init_ray(cfg)
+        clock.mark("ray")
         cfg = dataclasses.replace(
             cfg, trainer=dataclasses.replace(cfg.trainer, device=resolve_cluster_device(cfg))
         )
-        workers = start_workers(cfg)
-    except BaseException:
-        reward.close()
-        raise
-    try:
+        workers = spawn_workers(cfg)
+        data = reading.result()
+        check_data_sources(cfg, reward, data)
+        cfg = with_total_steps(cfg, data.total_steps)
+        workers.start(cfg)
+        starting.shutdown()
+        if warming is not None:
+            warming.result()  # its error, if it had one
         mark_worker_milestones(workers, clock)
         train(cfg, workers, reward, data, clock)
     finally:
+        starting.shutdown(cancel_futures=True)  # first: the thread may start the rewards
         reward.close()
-        workers.shutdown()
+        if workers is not None:
+            workers.shutdown()
     if cfg.trainer.export_hf_dir:
         from engine.export import export_checkpoint
 

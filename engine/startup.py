@@ -6,15 +6,16 @@ start-up, in the order they are reached:
     imports      the driver's heavy modules (torch, transformers, the trainer) imported
     data         the tokenizer loaded, the datasets read and checked
     ray          the Ray cluster up (started here, or joined)
-    workers      every worker process up (Ray spawned it, it imported its modules)
+    workers      every worker process up (Ray spawned it, it imported its roles' modules)
     models       every rank in its process group, its roles' models loaded
     validation   the validation before the first step done (when it runs)
     first_step   the first training step started
     first_step_end   ... and done
 
-The data and Ray's start overlap (``engine.runtime``), so ``data`` may come after
-``ray``. The first step logs them as ``timing_s/startup/<milestone>`` and prints one
-line (``start-up, seconds from the start: imports 3.1, ...``). Torch-free.
+The driver reads its data while Ray and then the workers' processes start
+(``engine.runtime``), so ``data`` may come after ``ray`` or ``workers``. The first step
+logs them as ``timing_s/startup/<milestone>`` and prints one line (``start-up, seconds
+from the start: imports 3.1, ...``). Torch-free.
 
 ``gc_paused`` imports a process's heavy modules with Python's cyclic garbage collector
 off: importing torch and transformers makes millions of objects and no garbage, and the

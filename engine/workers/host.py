@@ -91,7 +91,13 @@ class WorkerHost:
             s.bind(("", 0))
             return ip, s.getsockname()[1]
 
-    def init_distributed(self, master_addr: str, master_port: int) -> None:
+    def init_distributed(
+        self, master_addr: str, master_port: int, cfg: EngineConfig | None = None
+    ) -> None:
+        """Join the process group, then build the roles; ``cfg``: the run's config when
+        it is known only now (the host was made while the driver read the data, which
+        sets the schedule's length), else the one the host was made with."""
+        self.cfg = cfg or self.cfg
         os.environ.update(
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),

@@ -1,6 +1,6 @@
 """The start-up: its milestones (engine.startup), and the driver reading its data while
-Ray starts (engine.runtime.run_training), with the same data and the same errors as when
-it read them first."""
+Ray and the workers' processes start (engine.runtime.run_training), with the same data
+and the same errors as when it read them first."""
 
 from __future__ import annotations
 
@@ -105,32 +105,49 @@ def _config(model_dir, train, val, *extra):
 
 
 class Started(Exception):
-    """Raised by the stand-in for start_workers: the run got as far as its workers."""
+    """Raised by the stand-in workers' start: the run got as far as building roles."""
 
 
-def _stand_ins(monkeypatch, *, wait_for_data: bool):
-    """Ray's start and the workers' replaced: Ray's start waits (up to a minute) until the
-    data is being read, which it only can be if the two run at once. What each was given
-    is recorded."""
+class StandInWorkers:
+    """What ``spawn_workers`` returns, recording what it is asked."""
+
+    def __init__(self, seen: dict) -> None:
+        self.seen = seen
+
+    def start(self, cfg):
+        self.seen["cfg"] = cfg
+        raise Started
+
+    def shutdown(self):
+        self.seen["shut_down"] = True
+
+
+def _stand_ins(monkeypatch, *, concurrent: bool):
+    """Ray's start and the workers replaced. ``concurrent``: Ray's start waits (up to a
+    minute) until the data is being read, and the data's reading until the workers'
+    processes are spawned, which both can only be if they run at once."""
     from engine import runtime
 
     seen: dict = {}
-    reading = threading.Event()
+    reading, spawned = threading.Event(), threading.Event()
     read_data = runtime.read_data
 
     def reading_data(*args):
         seen["data_thread"] = threading.current_thread().name
         reading.set()
+        if concurrent:
+            seen["spawned_meanwhile"] = spawned.wait(timeout=60)
         return read_data(*args)
 
     def init_ray(cfg):
-        if wait_for_data:
+        if concurrent:
             seen["overlapped"] = reading.wait(timeout=60)
         seen["ray_thread"] = threading.current_thread().name
 
-    def start_workers(cfg):
-        seen["cfg"] = cfg
-        raise Started
+    def spawn_workers(cfg):
+        seen["spawned_cfg"] = cfg
+        spawned.set()
+        return StandInWorkers(seen)
 
     def start_reward(self):
         seen["reward_thread"] = threading.current_thread().name
@@ -138,24 +155,27 @@ def _stand_ins(monkeypatch, *, wait_for_data: bool):
     monkeypatch.setattr(runtime, "read_data", reading_data)
     monkeypatch.setattr(RewardManager, "start", start_reward)
     monkeypatch.setattr(runtime, "init_ray", init_ray)
-    monkeypatch.setattr(runtime, "start_workers", start_workers)
+    monkeypatch.setattr(runtime, "spawn_workers", spawn_workers)
     return seen
 
 
-def test_the_data_is_read_while_ray_starts(tiny_model_dir, data_files, monkeypatch):
+def test_the_data_is_read_while_ray_and_the_workers_start(tiny_model_dir, data_files, monkeypatch):
     from engine.runtime import run_training
 
-    seen = _stand_ins(monkeypatch, wait_for_data=True)
+    seen = _stand_ins(monkeypatch, concurrent=True)
     clock = StartupClock()
     with pytest.raises(Started):
         run_training(_config(tiny_model_dir, *data_files, "trainer.total_epochs=2"), clock)
-    assert seen["overlapped"]
+    assert seen["overlapped"] and seen["spawned_meanwhile"]
     assert seen["ray_thread"] == threading.main_thread().name != seen["data_thread"]
-    assert seen["reward_thread"] == seen["data_thread"]  # its processes started there too
-    # the workers get the schedule's length the data makes: 64 rows / 8, two epochs
+    assert seen["reward_thread"] == seen["data_thread"]  # its processes started there next
+    # the roles are built with the schedule's length the data makes: 64 rows / 8, two
+    # epochs (the processes were spawned before it was known)
     assert seen["cfg"].actor_rollout_ref.actor.optim.total_training_steps == 16
-    assert seen["cfg"].trainer.device == "cpu"
+    assert seen["spawned_cfg"].actor_rollout_ref.actor.optim.total_training_steps == -1  # unknown
+    assert seen["cfg"].trainer.device == seen["spawned_cfg"].trainer.device == "cpu"
     assert {"imports", "data", "ray"} <= set(clock.seconds)
+    assert seen["shut_down"]
 
 
 def test_the_data_read_on_its_thread_is_the_data_read_first(tiny_model_dir, data_files):
@@ -164,14 +184,13 @@ def test_the_data_read_on_its_thread_is_the_data_read_first(tiny_model_dir, data
     from engine.runtime import AgentFiles, read_data
 
     cfg = _config(tiny_model_dir, *data_files)
-    with RewardManager(cfg.reward_model, cfg.custom_reward_function, 8) as reward:
-        here = read_data(cfg, AgentFiles(), reward, StartupClock())
-        result: list = []
-        thread = threading.Thread(
-            target=lambda: result.append(read_data(cfg, AgentFiles(), reward, StartupClock()))
-        )
-        thread.start()
-        thread.join()
+    here = read_data(cfg, AgentFiles(), StartupClock())
+    result: list = []
+    thread = threading.Thread(
+        target=lambda: result.append(read_data(cfg, AgentFiles(), StartupClock()))
+    )
+    thread.start()
+    thread.join()
     (there,) = result
     assert there.total_steps == here.total_steps == 8
     assert there.tokenizer.get_vocab() == here.tokenizer.get_vocab()
@@ -190,10 +209,10 @@ def test_a_data_source_nothing_scores_stops_the_run_before_any_worker(
     rows = pd.read_parquet(train)
     rows["data_source"] = "no_such_source"
     rows.to_parquet(unknown)
-    seen = _stand_ins(monkeypatch, wait_for_data=False)
+    seen = _stand_ins(monkeypatch, concurrent=False)
     with pytest.raises(RewardError, match="no_such_source"):
         run_training(_config(tiny_model_dir, unknown, val))
-    assert "cfg" not in seen  # no worker started
+    assert "cfg" not in seen and seen["shut_down"]  # no model loaded; the processes ended
 
 
 def test_a_data_problem_found_on_the_data_thread_is_raised_as_it_was(
@@ -202,12 +221,12 @@ def test_a_data_problem_found_on_the_data_thread_is_raised_as_it_was(
     """Fewer rows than one batch: the data thread's error, after Ray's start."""
     from engine.runtime import run_training
 
-    seen = _stand_ins(monkeypatch, wait_for_data=False)
+    seen = _stand_ins(monkeypatch, concurrent=False)
     train, val = data_files
     with pytest.raises(EngineError, match="larger than the dataset"):
         run_training(_config(tiny_model_dir, train, val, "data.train_batch_size=128",
                              "actor_rollout_ref.actor.ppo_mini_batch_size=128"))  # fmt: skip
-    assert "cfg" not in seen and "ray_thread" in seen
+    assert "cfg" not in seen and "ray_thread" in seen and seen["shut_down"]
 
 
 def test_a_default_agent_no_file_declares_stops_the_run_before_ray_starts(
@@ -222,7 +241,7 @@ def test_a_default_agent_no_file_declares_stops_the_run_before_ray_starts(
     )
     loops = tmp_path / "loops.yaml"
     loops.write_text("- name: two_steps\n  _target_: two_steps.py:TwoSteps\n")
-    seen = _stand_ins(monkeypatch, wait_for_data=False)
+    seen = _stand_ins(monkeypatch, concurrent=False)
     key = "actor_rollout_ref.rollout.multi_turn"
     cfg = _config(
         tiny_model_dir, *data_files, f"{key}.enable=true", f"{key}.default_agent=two_step",
