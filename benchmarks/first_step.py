@@ -21,6 +21,9 @@ from the moment the benchmark starts the process:
     validation  the validation before the first step done (the quickstart asks for it)
     first_step  the first training step starts; first_step_end: it ends
     exit        the process ended (a one-step run: the last validation, shutdown)
+    cpu_s       CPU seconds the driver and every process under it (Ray's daemons and
+                workers, the reward's processes) had spent at the first step: on a
+                shared machine the steadiest figure
 
 ``--vs DIR`` runs a second checkout (``git worktree add /tmp/before <commit>``) in turn
 with this one, A B B A A B ..., so that drift in the machine's load hits both alike, and
