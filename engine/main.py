@@ -7,6 +7,13 @@
     python -m engine.main --help actor_rollout_ref.rollout.n   # a key: type, default, meaning
     python -m engine.main --help trainer         # a section: its keys, one line each
 
+verl's command lines carry over (docs/verl-compat.md): Hydra's ``--config-path`` and
+``--config-name`` (a config file of verl's layout, or verl's bundled ppo_trainer and
+ppo_megatron_trainer), group choices (``model_engine=megatron``,
+``actor@actor_rollout_ref.actor=megatron_actor``), ``+key=value``, ``~key`` and
+``--cfg job`` (the config in verl's layout). A run that sets keys which change nothing
+here is told so in one line at start.
+
 Configuration errors print every problem with its fix and exit with code 2
 (``engine.errors.user_errors``); so does ``--help`` with a key the schema does not have
 (with the close matches).
@@ -18,13 +25,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from engine.config import EngineConfig, load_config, to_yaml
+from engine.config import EngineConfig, load, to_yaml, verl_yaml
+from engine.config.given import start_note
+from engine.config.notes import notes
 from engine.errors import EngineError, user_errors
 from engine.startup import StartupClock, process_start_time
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    return _parser().parse_args(argv)
+    return _parser().parse_intermixed_args(argv)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +55,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", metavar="FILE", help="a YAML file applied before overrides")
     parser.add_argument(
+        "--config-path",
+        "-cp",
+        metavar="DIR",
+        help="Hydra's: the folder of --config-name (a verl config file: nested keys, a"
+        " defaults list naming verl's ppo_trainer or ppo_megatron_trainer, group choices)",
+    )
+    parser.add_argument(
+        "--config-name",
+        "-cn",
+        metavar="NAME",
+        help="Hydra's: the config file NAME.yaml in --config-path, or verl's bundled"
+        " ppo_trainer / ppo_megatron_trainer",
+    )
+    parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    parser.add_argument(
+        "--cfg",
+        "-c",
+        choices=("job", "hydra", "all"),
+        help="Hydra's: print the config and exit; job (and all): the resolved config in"
+        " verl's layout, every key also under verl's spelling; hydra: Hydra's own"
+        " settings, which the engine does not use",
+    )
+    parser.add_argument(
+        "--resolve", action="store_true", help="Hydra's; the printed config is always resolved"
     )
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
@@ -60,10 +94,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.help is not None:
             explain(args.help)
             return
-        cfg = load_config(args.overrides, config_file=args.config)
+        if args.cfg == "hydra":
+            print("# Hydra's own settings: the engine runs without Hydra's app runner", end="")
+            print(" (no output folder, no logging setup, no sweeps)")
+            return
+        loaded = load(
+            args.overrides,
+            config_file=args.config,
+            config_path=args.config_path,
+            config_name=args.config_name,
+        )
+        cfg = loaded.config
+        if args.cfg is not None:
+            print(verl_yaml(cfg), end="")
+            return
         if args.print_config:
             print(to_yaml(cfg), end="")
             return
+        for note in [start_note(loaded), *notes(cfg)]:
+            if note:
+                print(note if note.startswith("note:") else f"note: {note}", file=sys.stderr)
         if args.check:
             print(summary(cfg))
             return

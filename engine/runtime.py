@@ -25,6 +25,7 @@ import ray
 
 from engine.checkpoint import CheckpointManager, is_remote, read_trainer_state
 from engine.config import EngineConfig
+from engine.config.verl_sections import ray_init_args
 from engine.errors import ConfigError, EngineError
 from engine.startup import StartupClock, gc_paused
 
@@ -54,8 +55,8 @@ def init_ray(cfg: EngineConfig) -> None:
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
-        runtime_env = {"env_vars": dict(WORKER_ENV)}
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
+        own = {"address": os.environ["RAY_ADDRESS"], "runtime_env": {"env_vars": dict(WORKER_ENV)}}
+        ray.init(**ray_init_args(cfg, own, joining=True), log_to_driver=True)
         check_node_secrets(secret_names())
         return
     # every worker of every group: the training one, and the rollout's and the reward
@@ -69,12 +70,13 @@ def init_ray(cfg: EngineConfig) -> None:
     own_rm = cfg.rm_world_size if cfg.reward_model.enable_resource_pool else 0
     needed = (cfg.world_size + own_rollout + own_rm) * cfg.trainer.cpus_per_worker
     os.environ.update(WORKER_ENV)  # the node started next, and so every worker, inherits it
-    ray.init(
-        num_cpus=max(needed, os.cpu_count() or 1),
-        include_dashboard=False,
+    own = {
+        "num_cpus": max(needed, os.cpu_count() or 1),
+        "include_dashboard": False,
         # Unix socket paths are limited to 107 bytes: keep Ray's session dir short.
-        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
-    )
+        "_temp_dir": tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+    }
+    ray.init(**ray_init_args(cfg, own))  # the user's ray_kwargs.ray_init over the engine's
 
 
 def secret_names() -> list[str]:
@@ -352,12 +354,24 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
-    train = RLDataset(cfg.data.train_file_list, tokenizer, cfg.data, files.schemas)
+    train = RLDataset(
+        cfg.data.train_file_list,
+        tokenizer,
+        cfg.data,
+        files.schemas,
+        max_samples=cfg.data.train_max_samples,
+    )
     loader = PromptLoader(
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
     )
     val = (
-        RLDataset(cfg.data.val_file_list, tokenizer, cfg.data, files.schemas)
+        RLDataset(
+            cfg.data.val_file_list,
+            tokenizer,
+            cfg.data,
+            files.schemas,
+            max_samples=cfg.data.val_max_samples,
+        )
         if cfg.data.val_file_list
         else None
     )
@@ -483,9 +497,9 @@ def mark_worker_milestones(workers: Any, clock: StartupClock) -> None:
 
 
 def _check_ulysses_heads(cfg: EngineConfig) -> None:
-    """Ulysses sizes the models' heads cannot take: now, from their configs, not once
-    the workers have loaded them."""
-    from engine.config.train import ulysses_model_problems
+    """Ulysses sizes the models' heads cannot take, and quantized checkpoints trained in
+    full: now, from their configs, not once the workers have loaded them."""
+    from engine.config.train import quantized_model_problems, ulysses_model_problems
 
     def hf_config_of(model: Any) -> Any:
         from transformers import AutoConfig
@@ -494,6 +508,7 @@ def _check_ulysses_heads(cfg: EngineConfig) -> None:
         return hf.get_text_config()
 
     problems = ulysses_model_problems(cfg, hf_config_of)
+    problems += quantized_model_problems(cfg, hf_config_of)
     if problems:
         raise ConfigError(problems)
 

@@ -14,7 +14,7 @@ from engine.config import (
     schema_leaf,
     to_yaml,
 )
-from engine.config.train import ulysses_model_problems
+from engine.config.train import quantized_model_problems, ulysses_model_problems
 from engine.errors import ConfigError
 from engine.models.families import MODEL_TYPES, family_rules
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
@@ -30,6 +30,7 @@ __all__ = [
     "key_problems",
     "load_config",
     "pipeline_stage_layers",
+    "quantized_model_problems",
     "schema_leaf",
     "to_yaml",
     "ulysses_model_problems",

@@ -2,7 +2,8 @@
 
 ``Tracker`` fans one step's metrics out to the loggers named in ``trainer.logger``
 (``engine.config.LOGGERS``); several can be on at once. Each logger is a small class
-with the same two methods, ``log(step, metrics)`` and ``close(failed=False)``:
+with the same two methods, ``log(step, metrics)`` and ``close(failed=False)``, and those
+that can show generated samples (``trainer.log_val_generations``) ``log_samples``:
 
     console      one line per step on stdout: ``step 3/40 | score 0.123 | ...``
     jsonl        ``<run_dir>/metrics.jsonl``, one JSON object per step; always on
@@ -39,6 +40,7 @@ from engine.errors import EngineError
 
 INSTALL_HINT = "pip install 'rlctl[trackers]'"
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "val_generations.jsonl"  # trainer.log_val_generations
 
 # ---------------------------------------------------------------------------
 # the tracker
@@ -86,7 +88,7 @@ class Tracker:
                 f"the tracker writes to a local directory, not {run_dir}: pass the local "
                 "directory the run stages its files in"
             )
-        unknown = [name for name in cfg.logger if name not in LOGGERS]
+        unknown = [name for name in cfg.loggers if name not in LOGGERS]
         if unknown:
             raise EngineError(f"unknown trainer.logger {unknown}: choose from {', '.join(LOGGERS)}")
         run_dir = Path(run_dir)
@@ -105,7 +107,7 @@ class Tracker:
         self.loggers: list[Logger] = []
         self._closed = False
         try:
-            for name in dict.fromkeys(["jsonl", *cfg.logger]):  # jsonl always, each once
+            for name in dict.fromkeys(["jsonl", *cfg.loggers]):  # jsonl always, each once
                 self.loggers.append(_LOGGERS[name](info))
         except BaseException:
             self.close(failed=True)
@@ -114,6 +116,15 @@ class Tracker:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         for logger in self.loggers:
             logger.log(step, metrics)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Generated samples (``trainer.log_val_generations``: input, output, score) to the
+        loggers that show them: jsonl (``<run_dir>/val_generations.jsonl``), console,
+        tensorboard (text), wandb (a table)."""
+        for logger in self.loggers:
+            show = getattr(logger, "log_samples", None)
+            if show is not None:
+                show(step, rows)
 
     def close(self, failed: bool = False) -> None:
         """Close every logger, even when one of them fails; the first error is raised."""
@@ -206,6 +217,11 @@ class ConsoleLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         print(console_line(step, self.total_steps, metrics), file=self.stream, flush=True)
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for i, row in enumerate(rows):
+            text = f"[{i}] {row['input']!r} -> {row['output']!r} (score {row['score']:.4g})"
+            print(f"val sample, step {step}: {text}", file=self.stream, flush=True)
+
     def close(self, failed: bool = False) -> None:
         pass
 
@@ -223,6 +239,12 @@ class JsonlLogger:
         self.path = path
         keep_history(path, resumed_from_step)
         self.file = path.open("a", encoding="utf-8")
+        self.samples_path = path.parent / SAMPLES_FILE
+        keep_history(self.samples_path, resumed_from_step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        with self.samples_path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"step": step, **row}, default=str) + "\n" for row in rows)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         record: dict[str, Any] = {"step": step}
@@ -292,6 +314,10 @@ class TensorBoardLogger:
                 self.writer.add_scalar(key, value, global_step=step)
         self.writer.flush()
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        text = "\n\n".join(f"{r['input']} -> {r['output']} (score {r['score']})" for r in rows)
+        self.writer.add_text("val/generations", text, global_step=step)
+
     def close(self, failed: bool = False) -> None:
         self.writer.close()
 
@@ -320,6 +346,14 @@ class WandbLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         values = {k: v for k, v in ((k, _scalar(v)) for k, v in metrics.items()) if v is not None}
         self.run.log(values, step=step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        table = wandb.Table(columns=["step", "input", "output", "score"])
+        for row in rows:
+            table.add_data(step, row["input"], row["output"], row["score"])
+        self.run.log({"val/generations": table}, step=step)
 
     def close(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)

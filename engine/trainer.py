@@ -24,14 +24,16 @@ from engine.algo.kl import apply_kl_in_reward, make_kl_controller
 from engine.algo.masked import last_valid_index
 from engine.algo.names import estimator_needs
 from engine.algo.rollout_correction import Correction, correct_rollout, ragged_to_padded
+from engine.balance import balance
 from engine.batch import Rollout, join_groups, split_groups
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
+from engine.controller.dispatch import concat, take
 from engine.controller.worker_group import WorkerGroup
 from engine.data.dataset import PromptSample, RLDataset
 from engine.data.loader import PromptLoader
 from engine.errors import EngineError
-from engine.generations import write_generations
+from engine.generations import generation_rows, pick_samples, write_generations
 from engine.metrics import (
     StageTimer,
     batch_metrics,
@@ -120,7 +122,14 @@ class Trainer:
     def _fit(self) -> None:
         if self.resume_from is not None:
             self.resume(self.resume_from)
-        elif self.val_dataset is not None and self.cfg.trainer.val_before_train:
+        if self.cfg.trainer.val_only:  # verl's key: one validation, no training
+            self.tracker.log(self.step, self.validate())
+            return
+        if (
+            self.resume_from is None
+            and self.val_dataset is not None
+            and (self.cfg.trainer.val_before_train)
+        ):
             self.tracker.log(self.step, self.validate())
             self.startup.mark("validation")
         while self.step < self.total_steps:
@@ -217,6 +226,9 @@ class Trainer:
                 rollout = self.generate_training_batch(timer, metrics)
             if cfg.trainer.rollout_data_dir:
                 write_generations(cfg.trainer.rollout_data_dir, self.step, rollout, self.tokenizer)
+            if cfg.trainer.balance_batch:  # equal tokens per data-parallel rank
+                rollout, balanced = balance(rollout, cfg.data_parallel_size("actor"))
+                metrics |= balanced
             if rollout.agent_stats is not None and rollout.response_masks is not None:
                 metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
             tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
@@ -445,11 +457,13 @@ class Trainer:
         total = len(self.val_dataset)
         chunk = self.cfg.data.val_batch_size or total
         samples: list[ValidationSample] = []
+        rollouts: list[Rollout] = []  # the real samples, for the dump and the logged ones
         exclusive = self.overlap.rollout_exclusive() if self.overlap else contextlib.nullcontext()
         with timer("val"), exclusive, progress(total, "validation") as bar:
             for start in range(0, total, chunk):
                 prompts = [self.val_dataset[i] for i in range(start, min(start + chunk, total))]
                 rollout = self.generate(self.pad_for_ranks(prompts, n), self.val_sampling, timer)
+                rollouts.append(take(rollout, slice(0, len(prompts) * n)))
                 samples += [
                     ValidationSample(
                         data_source=rollout.meta.data_source[i],
@@ -463,7 +477,18 @@ class Trainer:
                 bar.update(len(prompts))
         metrics = validation_metrics(samples, seed=self.cfg.trainer.seed)
         metrics |= self.scorer.judge_metrics(prefix="val/")
+        self.record_validation(concat(rollouts))
         return metrics | {"timing_s/val": timer.seconds["val"]}
+
+    def record_validation(self, rollout: Rollout) -> None:
+        """verl's trainer.validation_data_dir (every sample, <dir>/<step>.jsonl) and
+        trainer.log_val_generations (a fixed choice of samples to the loggers)."""
+        t = self.cfg.trainer
+        if t.validation_data_dir:
+            write_generations(t.validation_data_dir, self.step, rollout, self.tokenizer)
+        if t.log_val_generations > 0:
+            rows = generation_rows(rollout, self.tokenizer)
+            self.tracker.log_samples(self.step, pick_samples(rows, t.log_val_generations, t.seed))
 
     def pad_for_ranks(self, prompts: list[PromptSample], n: int) -> list[PromptSample]:
         """Repeat prompts at the end until the samples split evenly over the ranks:

@@ -44,9 +44,13 @@ def find_recipe(ref: str) -> Path:
     path = Path(ref).expanduser()
     if path.is_file():
         return path
-    bundled = BUNDLED_RECIPES / f"{ref.removesuffix('.yaml')}.yaml"
-    if bundled.is_file():
-        return bundled
+    # a bundled recipe by its file's name or by the name it lists under (`rlctl recipes`:
+    # dapo-qwen32b for dapo_qwen32b.yaml)
+    stem = ref.removesuffix(".yaml")
+    for name in (stem, stem.replace("-", "_")):
+        bundled = BUNDLED_RECIPES / f"{name}.yaml"
+        if bundled.is_file():
+            return bundled
     names = ", ".join(sorted(p.stem for p in BUNDLED_RECIPES.glob("*.yaml")))
     raise RlctlError(f"no recipe at {ref!r}", hint=f"give a recipe file, or a bundled one: {names}")
 

@@ -189,7 +189,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         recipe=recipe,
         paths=paths,
         layout=layout,
-        engine_yaml=to_yaml(cfg),
+        engine_yaml=to_yaml(cfg, compact=True),
         setup=tuple(setup),
         image=default_image(layout.hardware, recipe.rollout),
         extras=extras_needed(cfg),
@@ -207,7 +207,7 @@ def extras_needed(cfg: Any) -> tuple[str, ...]:
     strategies = {roles.actor.strategy, roles.ref.strategy, cfg.critic.strategy}
     if "megatron" in strategies:
         extras.append("megatron")
-    if set(cfg.trainer.logger) - {"console"}:
+    if set(cfg.trainer.loggers) - {"console"}:
         extras.append("trackers")
     where = str(cfg.trainer.default_local_dir)
     if where.startswith("s3://"):
@@ -238,16 +238,23 @@ def engine_config(dotted: dict[str, Any], source: str, model: str | None = None)
 
 
 def model_problems(cfg: Any, model: str) -> list[str]:
-    """``megatron_problems``, and Ulysses sizes that do not divide the model's heads."""
+    """``megatron_problems``, Ulysses sizes that do not divide the model's heads, and a
+    quantized checkpoint trained in full."""
     from types import SimpleNamespace
 
-    from engine.schema import ulysses_model_problems
+    from engine.schema import quantized_model_problems, ulysses_model_problems
     from rlctl.models import model_config
 
     problems = megatron_problems(cfg, model)
+    fields = SimpleNamespace(**model_config(model))
     if any(cfg.ulysses_size(role) > 1 for role in ("actor", "reference", "critic")):
-        fields = SimpleNamespace(**model_config(model))
         problems += ulysses_model_problems(cfg, lambda _model: fields)
+    problems += quantized_model_problems(
+        cfg,
+        lambda m: (
+            fields if m.path in (None, "", model) else SimpleNamespace(**model_config(m.path))
+        ),
+    )
     return problems
 
 

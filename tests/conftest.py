@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import durations_plugin  # tests/durations_plugin.py (conftest's folder is on the path)
 import pytest
 
 # No model hub here or in CI: a hub name must fail at once, not after retries.
@@ -44,23 +45,19 @@ def _needs_megatron(item: pytest.Item) -> bool:
 # a module goes to one worker, so its module-scoped fixtures (a Ray cluster, a
 # warm-started model) are built once, and the tests that start the real Slurm and
 # SkyPilot daemons, which share a session-scoped cluster, form one group. Groups go out
-# in this order, the longest first (measured on the 2-core machine), so that no long one
-# starts last. (xdist's own --dist loadgroup renames node ids, which pytest 9.2 no longer
-# lets a plugin do: the groups are this scheduler's.)
+# the longest first, as measured in tests/durations.json (scripts/durations.py), so that
+# no long one starts last. (xdist's own --dist loadgroup renames node ids, which pytest
+# 9.2 no longer lets a plugin do: the groups are this scheduler's.)
 DAEMONS = ("tests/slurm/", "tests/skypilot/")
-LONGEST_FIRST = (
-    "tests/e2e/test_tool_task_cpu.py",  # about 11 minutes
-    "daemons",  # 8
-    "tests/e2e/test_async_cpu.py",  # 7
-    "tests/e2e/test_engine_cpu.py",  # 6
-    "tests/e2e/test_resume.py",  # 6
-    "tests/e2e/test_lora_cpu.py",  # 4
-)
 
 
 def _group(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     return "daemons" if path.startswith(DAEMONS) else path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    durations_plugin.register(config)  # every run records its tests' durations
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
@@ -76,9 +73,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the order groups go out in
-        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        seconds = durations_plugin.group_seconds(_group)  # a group not measured: last
         # stable: a module's tests keep their order
-        items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
+        items.sort(key=lambda item: -seconds.get(_group(item.nodeid), 0.0))
     if os.environ.get("RLCTL_TEST_MEGATRON") == "all":
         return
     skip = pytest.mark.skip(

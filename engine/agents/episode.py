@@ -26,7 +26,15 @@ from engine.agents.interactions import (
     as_feedback,
     row_interaction,
 )
-from engine.agents.tools import OK, TIMEOUT, TRUNCATED, ParsedTurn, ToolResult, execute
+from engine.agents.tools import (
+    EXECUTED,
+    OK,
+    TIMEOUT,
+    TRUNCATED,
+    ParsedTurn,
+    ToolResult,
+    execute,
+)
 from engine.agents.tools.sample import sample_tool_kwargs
 from engine.agents.trajectory import ANSWERED, LENGTH, MAX_TURNS, AgentLimits, Trajectory
 from engine.errors import EngineError
@@ -48,7 +56,7 @@ class ModelTurn:
     """A model turn as the loop reads it."""
 
     token_ids: list[int]  # as sampled (cut to the budget), already in the trajectory
-    text: str  # decoded, special tokens skipped
+    text: str  # decoded as written, special tokens included, less its end-of-turn token
     finished: bool  # ended with its end-of-turn token, not cut by a limit
 
 
@@ -112,6 +120,12 @@ class Episode:
         return max(0, self.context.limits.max_turns - self.trajectory.turns)
 
     @property
+    def user_turns_left(self) -> int | None:
+        """Environment turns left (``max_user_turns``); None when they are not limited."""
+        most = self.context.limits.max_user_turns
+        return None if most is None else max(0, most - self.trajectory.user_turns)
+
+    @property
     def room(self) -> int:
         """Tokens left in the response budget (model and environment together)."""
         return max(0, self.trajectory.room(self.context.limits))
@@ -148,8 +162,7 @@ class Episode:
         self._last_finished = complete
         if not complete and self.room <= 0:
             t.ended = LENGTH
-        text = self.chat.tokenizer.decode(kept, skip_special_tokens=True)
-        return ModelTurn(kept, text, complete)
+        return ModelTurn(kept, self.chat.turn_text(kept), complete)
 
     # -- tools ----------------------------------------------------------------------
 
@@ -160,8 +173,15 @@ class Episode:
     async def call_tools(self, parsed: ParsedTurn) -> list[ToolResult]:
         """A turn's calls, run at once, a timeout each, with the row's tool keywords;
         counted in the trajectory's statistics. What the parser could not read counts as
-        errors; nothing is added to the conversation (``add_tool_results`` does)."""
+        errors; nothing is added to the conversation (``add_tool_results`` does).
+
+        Nothing runs when no result could come back: the episode has ended, no
+        environment turn is left (it ends, ``max_turns``), or the budget has no room for
+        even empty results (it ends, ``length``); the result is then ``[]``."""
         limits = self.context.limits
+        t = self.trajectory
+        if not self._room_for(len(parsed.calls) + len(parsed.errors)):
+            return []
         results = await execute(
             parsed.calls,
             self.context.tools,
@@ -169,8 +189,7 @@ class Episode:
             max_output_chars=limits.max_tool_response_chars,
             sample=self.tools_kwargs,
         )
-        t = self.trajectory
-        t.tool_calls += len(results)
+        t.tool_calls += sum(r.kind in EXECUTED for r in results)
         t.tool_errors += len(parsed.errors) + sum(
             r.kind not in (OK, TRUNCATED, TIMEOUT) for r in results
         )
@@ -195,10 +214,32 @@ class Episode:
         return self.add_tokens(self.chat.continuation_ids(list(messages)))
 
     def add_tokens(self, token_ids: Sequence[int]) -> bool:
-        """Environment tokens as they are (mask 0), for loops that render their own."""
-        if not self.trajectory.running:
+        """Environment tokens as they are (mask 0), for loops that render their own: one
+        environment turn (``max_user_turns``)."""
+        t = self.trajectory
+        if not t.running:
             return False
-        return self.trajectory.add_environment(list(token_ids), self.context.limits)
+        if self.user_turns_left == 0:
+            t.ended = MAX_TURNS
+            return False
+        added = t.add_environment(list(token_ids), self.context.limits)
+        t.user_turns += int(added)
+        return added
+
+    def _room_for(self, results: int) -> bool:
+        """Whether ``results`` tool results could still come back; ends the episode
+        (``max_turns`` or ``length``) when they could not."""
+        t = self.trajectory
+        if not t.running:
+            return False
+        if self.user_turns_left == 0:
+            t.ended = MAX_TURNS
+            return False
+        empty = [{"role": "tool", "name": "", "content": ""}] * max(results, 1)
+        if len(self.chat.continuation_ids(empty)) > self.room:
+            t.ended = LENGTH
+            return False
+        return True
 
     def interact(self, turn: ModelTurn | str) -> Feedback | None:
         """The row's interaction's answer to a model turn (its score kept for the

@@ -23,9 +23,8 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
-import stat
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,9 +33,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.agents import sandbox_view
 from engine.agents.sandbox_bwrap import applied as bwrap_applied
 from engine.agents.sandbox_bwrap import bwrap_argv, find_bwrap
+from engine.agents.sandbox_bwrap import missing as bwrap_missing
+from engine.agents.sandbox_cgroup import RunCgroup
+from engine.agents.sandbox_cgroup import hierarchy as cgroup_hierarchy
 from engine.agents.sandbox_io import Capture, drain_async, drain_sync, kill_group, read_status
+from engine.agents.sandbox_leftovers import remove_tree, remove_uid_leftovers
 from engine.agents.sandbox_limits import SandboxError, SandboxLimits
 
 log = logging.getLogger(__name__)
@@ -58,11 +62,9 @@ _INIT_SCRIPT = str(Path(__file__).with_name("sandbox_init.py"))
 _PYTHON_FLAGS = ["-I", "-S", "-B", "-u", "-X", "utf8"]
 # Where the code runs when it has a mount namespace: inside the private /tmp.
 _NAMESPACE_WORKDIR = "/tmp/sandbox"
-# Directories a mount namespace covers with an empty, read-only tmpfs (the interpreter
-# is bound back when it lives under one): other users' files, sockets in /run.
-_HIDDEN = ("/home", "/root", "/run")
-# Never hidden, even when $HOME is one of them: the system the interpreter needs.
-_SYSTEM_DIRS = ("/", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/opt", "/var", "/tmp")
+# What a cgroup grants each of the sandbox's own processes (the supervisor and the
+# init, Python with a few modules: about 10 MiB each), beside the code's memory.
+_WATCHER_BYTES = 24 << 20
 # The parent's own deadline is the wall clock plus this, for setup and teardown on a
 # loaded machine; the init inside enforces the wall clock itself.
 _BACKSTOP_GRACE = 10.0
@@ -78,16 +80,20 @@ UID = "uid"  # root without namespaces: a fresh uid only
 NONE = "none"  # neither: rlimits and a scratch directory only
 _MISSING = {
     NAMESPACES: "",
-    USERNS: "runs as the engine's uid: files it may read and are not hidden stay readable",
-    BWRAP: "runs as the engine's uid: files it may read and are not hidden stay readable",
+    USERNS: "runs as the engine's uid (in user namespaces of its own)",
+    BWRAP: "runs as the engine's uid (in a user namespace of its own)",
     UID: (
-        "NO network isolation; shared /tmp, /var/tmp, /dev/shm (what it leaves there "
-        "is removed after); the host's /proc visible; the file system readable as far "
-        "as its permissions allow"
+        "NO network isolation; NO IPC namespace (SysV objects it leaves are removed"
+        " after); shared /tmp, /var/tmp, /dev/shm and world-writable directories (what"
+        " it leaves there is removed after); the host's /dev (its ptys) and /proc; the"
+        " file system readable (and lockable) as far as its permissions allow; its keys"
+        " invalidated after, not held apart"
     ),
     NONE: (
-        "NO network isolation; NO file isolation: the code runs as the engine's uid and "
-        "can read and write its files and signal its processes; process limit approximate"
+        "NO network isolation; NO file isolation: the code runs as the engine's uid and"
+        " can read and write its files and signal (or, where kernel.yama.ptrace_scope is"
+        " 0, trace) its processes; NO IPC namespace; the host's /dev and /proc; process"
+        " limit approximate"
     ),
 }
 
@@ -271,19 +277,24 @@ def _run_sync(code: str, limits: SandboxLimits, stdin: str, mode: str) -> Sandbo
 
 
 class _Launch:
-    """One run's plan, scratch directory and status pipe; ``result`` reads them back,
-    ``cleanup`` removes what the run left."""
+    """One run's plan, scratch directory, cgroup and status socket; ``result`` reads
+    them back, ``cleanup`` removes what the run left."""
 
     def __init__(self, limits: SandboxLimits, mode: str, scratch: Path, uid: int | None) -> None:
         self.limits = limits
         self.mode = mode
         self.scratch = scratch
         self.uid = uid
-        self.status_r, self.status_w = os.pipe()
-        self.stdin_fd = self.plan_fd = -1
+        # A socket, not a pipe: no process can open it again through /proc/PID/fd.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.status_r, self.status_w = ours.detach(), theirs.detach()
+        self.stdin_fd = self.plan_fd = self.script_fd = -1
+        self.cgroup: RunCgroup | None = None
+        self.no_cgroup = ""  # why there is none
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
         self.cwd = str(scratch)
+        self.python = ""
 
     @classmethod
     def prepare(cls, code: str, limits: SandboxLimits, stdin: str, mode: str) -> _Launch:
@@ -301,10 +312,12 @@ class _Launch:
         return launch
 
     def _write(self, code: str, stdin: str) -> None:
-        limits, uid = self.limits, self.uid
+        limits, uid, mode = self.limits, self.uid, self.mode
         python = os.path.realpath(limits.python or sys.executable)
         engine_python = os.path.realpath(sys.executable)
-        if self.mode in (NAMESPACES, USERNS, BWRAP):
+        self.python = python
+        namespaced = mode in (NAMESPACES, USERNS, BWRAP)
+        if namespaced:
             workdir = _NAMESPACE_WORKDIR
         else:
             workdir = str(self.scratch / "work")
@@ -312,50 +325,61 @@ class _Launch:
             if uid is not None:
                 os.chmod(self.scratch, 0o711)  # the uid may pass through, not list
                 os.chown(workdir, uid, uid)
-        # What stays visible under a hidden directory: the interpreters (the engine's
-        # runs the init, under bwrap inside the namespaces) and the init script itself.
-        keep = {str(Path(p).parent.parent) for p in (python, engine_python)}
-        keep |= {os.path.realpath(sys.base_prefix), str(Path(_INIT_SCRIPT).parent)}
-        hide = _hidden_dirs()
+        view: dict = {"binds": [], "links": []}
+        view_note = ""
+        if namespaced:
+            # What the code sees of the file system (the engine's interpreter runs the
+            # init inside under bwrap).
+            pythons = [python, engine_python] if mode == BWRAP else [python]
+            shown_uid = uid if uid is not None else os.getuid()
+            shown_gid = uid if uid is not None else os.getgid()
+            view = sandbox_view.build(pythons, self.scratch / "etc", shown_uid, shown_gid, workdir)
+            view_note = sandbox_view.describe(view)
+            os.mkdir(self.scratch / "root", 0o700)
+        self._make_cgroup()
         plan = {
-            "mode": self.mode,
+            "mode": mode,
             "code": code,
             "workdir": workdir,
             "python": python,
             "python_args": _PYTHON_FLAGS,
             "uid": uid,
             "gid": uid,
+            "host_uid": os.getuid(),
+            "host_gid": os.getgid(),
             "cpu_seconds": limits.cpu_seconds,
             "wall_seconds": float(limits.wall_seconds),
             "memory_bytes": limits.memory_bytes,
+            # RLIMIT_AS only where no cgroup bounds the run's memory as a whole.
+            "address_space": None if self.cgroup else limits.memory_bytes,
             "max_processes": limits.max_processes,
             "file_bytes": limits.file_bytes,
             "open_files": limits.open_files,
             "scratch_bytes": limits.scratch_bytes,
-            "hide": hide,
-            "keep": sorted(keep),
+            "scratch_files": limits.scratch_files,
+            "cgroup_fds": self.cgroup.fds() if self.cgroup else [],
+            "view": view,
+            "view_root": str(self.scratch / "root"),
+            "view_note": view_note,
             "readonly_fallback": _READONLY_FALLBACK,
-            "applied": bwrap_applied(limits.scratch_bytes, hide) if self.mode == BWRAP else [],
+            "applied": [],
         }
+        bwrap = find_bwrap() if mode == BWRAP else None
+        if mode == BWRAP:
+            if bwrap is None:
+                raise SandboxError("bwrap is no longer on the PATH")
+            plan["applied"] = bwrap_applied(bwrap, limits.scratch_bytes, view_note)
         self.plan_fd = self._file("plan.json", json.dumps(plan))
         # stdin from a file: the code reads it at its own pace and then sees EOF, and
         # the parent never blocks writing to a pipe the code does not read.
         self.stdin_fd = self._file("stdin", stdin)
-        # The plan travels open, as fds do through bwrap: its path would be hidden there.
-        init = [
-            engine_python,
-            "-I",
-            "-S",
-            "-B",
-            _INIT_SCRIPT,
-            str(self.plan_fd),
-            str(self.status_w),
-        ]
-        if self.mode == BWRAP:
-            bwrap = find_bwrap()
-            if bwrap is None:
-                raise SandboxError("bwrap is no longer on the PATH")
-            init = bwrap_argv(bwrap, limits.scratch_bytes, hide, sorted(keep)) + init
+        # The init's script, the plan and the status travel open, as fds do through
+        # bwrap: none of their paths is visible inside.
+        self.script_fd = os.open(_INIT_SCRIPT, os.O_RDONLY)
+        init = [engine_python, "-I", "-S", "-B", f"/proc/self/fd/{self.script_fd}"]
+        init += [str(self.plan_fd), str(self.status_w)]
+        if bwrap is not None:
+            init = bwrap_argv(bwrap, limits.scratch_bytes, view) + init
         self.argv = init
         # Nothing of the engine's environment (tokens, keys, cluster addresses).
         self.env = {
@@ -368,47 +392,87 @@ class _Launch:
             "PYTHONIOENCODING": "utf-8",
         }
 
+    def _make_cgroup(self) -> None:
+        """The run's cgroup, where this machine lets one be made (sandbox_cgroup.py):
+        all its memory (the code's, its scratch files', the watchers') and its tasks."""
+        found, why = cgroup_hierarchy()
+        if found is None:
+            self.no_cgroup = why
+            return
+        limits = self.limits
+        watchers = 1 if self.mode == BWRAP else 2  # the supervisor and the init
+        memory = limits.memory_bytes + limits.scratch_bytes + watchers * _WATCHER_BYTES
+        try:
+            self.cgroup = RunCgroup(found, memory, limits.max_processes + watchers)
+        except OSError as exc:
+            self.no_cgroup = f"cannot make the run's cgroup ({exc})"
+
     def _file(self, name: str, text: str) -> int:
-        """Write a file of the scratch dir, readable by root only, and open it to pass."""
+        """Write a file of the scratch dir, readable by root only, open it to pass, and
+        remove it (only the open file remains, which the code never gets)."""
         path = self.scratch / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        return os.open(path, os.O_RDONLY)
+        opened = os.open(path, os.O_RDONLY)
+        path.unlink()
+        return opened
 
     def popen_kwargs(self) -> dict:
+        fds = [self.plan_fd, self.status_w, self.script_fd]
+        fds += self.cgroup.fds() if self.cgroup else []
         return {
             "stdin": self.stdin_fd,
             "env": self.env,
             "cwd": self.cwd,
-            "pass_fds": (self.plan_fd, self.status_w),
+            "pass_fds": tuple(fds),
             "close_fds": True,
             "start_new_session": True,
         }
 
     def started(self) -> None:
-        # Only the sandbox holds the write end now: EOF once it is gone.
-        os.close(self.status_w)
-        os.close(self.plan_fd)
-        self.status_w = self.plan_fd = -1
+        # Only the sandbox holds the other end now: EOF once it is gone.
+        for fd in (self.status_w, self.plan_fd, self.script_fd):
+            os.close(fd)
+        self.status_w = self.plan_fd = self.script_fd = -1
+        if self.cgroup:
+            self.cgroup.close_fds()
 
     def deadline(self, started: float) -> float:
         return started + self.limits.wall_seconds + _BACKSTOP_GRACE
+
+    def isolation(self, applied: list[str]) -> str:
+        """What the run got, and what its mode and this machine leave out."""
+        applied = list(applied)
+        missing = [_MISSING[self.mode]] if _MISSING[self.mode] else []
+        if self.mode == BWRAP:
+            bwrap = find_bwrap()
+            missing += bwrap_missing(bwrap) if bwrap else []
+        if self.cgroup is not None:
+            applied.append(self.cgroup.describe())
+        else:
+            missing.append(
+                "NO cgroup: memory bounded per process (RLIMIT_AS), not for the run"
+                " (memfd files, pipe buffers and kernel memory of all its processes"
+                f" together are not bounded): {self.no_cgroup}"
+            )
+        text = f"{self.mode}: " + ", ".join(applied)
+        return text + ("; missing: " + "; ".join(missing) if missing else "")
 
     def result(
         self, out: Capture, err: Capture, returncode: int | None, wall: float, backstop: bool
     ) -> SandboxResult:
         status = read_status(self.status_r)
-        applied = status.get("isolation") or []
-        missing = _MISSING[self.mode]
-        isolation = (
-            f"{self.mode}: " + ", ".join(applied) + (f"; missing: {missing}" if missing else "")
-        )
+        # The kernel's verdict, read here: it killed a process of the run for memory.
+        memory_exceeded = self.cgroup is not None and self.cgroup.oom_kills() > 0
         error = status.get("error")
         if error is None and "isolation" not in status:
             error = f"the sandbox did not start (supervisor exit {returncode})"
         elif error is None and "cpu_seconds" not in status and not backstop:
-            error = f"the sandbox ended without a report (supervisor exit {returncode})"
+            if memory_exceeded:  # the kernel chose a watcher: the run ended all the same
+                status.update(exit=None, signal=signal.SIGKILL)
+            else:
+                error = f"the sandbox ended without a report (supervisor exit {returncode})"
         sig = status.get("signal")
         cpu = status.get("cpu_seconds")
         timed_out = bool(status.get("timed_out")) or backstop
@@ -417,12 +481,10 @@ class _Launch:
         cpu_exceeded = sig == signal.SIGXCPU or (
             sig == signal.SIGKILL
             and not timed_out
+            and not memory_exceeded
             and cpu is not None
             and cpu >= self.limits.cpu_seconds * 0.9
         )
-        # RLIMIT_AS makes an allocation fail, which Python raises as MemoryError (code
-        # that catches it and goes on is not over the limit).
-        memory_exceeded = b"MemoryError" in bytes(err.tail[-2048:])
         return SandboxResult(
             stdout=out.text(),
             stderr=err.text(),
@@ -435,93 +497,20 @@ class _Launch:
             stderr_truncated=err.truncated,
             wall_seconds=round(wall, 3),
             cpu_seconds=cpu,
-            isolation=isolation,
+            isolation=self.isolation(status.get("isolation") or []),
             error=error,
         )
 
     def cleanup(self) -> None:
-        for fd in (self.status_r, self.status_w, self.stdin_fd, self.plan_fd):
+        for fd in (self.status_r, self.status_w, self.stdin_fd, self.plan_fd, self.script_fd):
             if fd >= 0:
                 os.close(fd)
-        self.status_r = self.status_w = self.stdin_fd = self.plan_fd = -1
+        self.status_r = self.status_w = self.stdin_fd = self.plan_fd = self.script_fd = -1
+        if self.cgroup is not None:
+            self.cgroup.remove()
         if self.mode == UID and self.uid is not None:
-            _remove_uid_leftovers(self.uid)
-        _remove_tree(self.scratch)
-
-
-def _hidden_dirs() -> list[str]:
-    hidden = list(_HIDDEN)
-    home = os.environ.get("HOME")
-    if home:
-        home = os.path.realpath(home)
-        covered = any(home == h or home.startswith(h + "/") for h in hidden)
-        system = any(s == home or s.startswith(home.rstrip("/") + "/") for s in _SYSTEM_DIRS)
-        if not covered and not system:
-            hidden.append(home)
-    return hidden
-
-
-def _remove_uid_leftovers(uid: int) -> None:
-    """Without namespaces, a run's uid is its own: kill any process still running as it
-    and remove what it left in the world-writable directories."""
-    for _ in range(10):
-        pids = [pid for pid in _pids() if uid in _uids(pid)]
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
-    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
-        try:
-            entries = list(os.scandir(shared))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    _remove_tree(Path(entry.path))
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
-
-
-def _pids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-
-
-def _uids(pid: int) -> set[int]:
-    """A live process's real, effective, saved and file-system uids, from its status
-    (the owner of /proc/PID is root for a process that made itself undumpable); none
-    for a zombie, which is dead already."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        if fields.get("State", "").split()[:1] == ["Z"]:
-            return set()
-        return {int(uid) for uid in fields.get("Uid", "").split()}
-    except (OSError, ValueError):
-        return set()
-
-
-def _remove_tree(path: Path) -> None:
-    """rmtree, after giving back the permissions the code may have taken from itself
-    (chmod 000 on its own directory stops its owner, not root)."""
-    if not path.exists():
-        return
-    if os.geteuid() != 0:
-        with contextlib.suppress(OSError):
-            os.chmod(path, stat.S_IRWXU)
-        for parent, dirs, _ in os.walk(path):
-            for name in dirs:
-                child = os.path.join(parent, name)
-                if not os.path.islink(child):
-                    with contextlib.suppress(OSError):
-                        os.chmod(child, stat.S_IRWXU)
-    shutil.rmtree(path, ignore_errors=True)
+            remove_uid_leftovers(self.uid, self.python or sys.executable)
+        remove_tree(self.scratch)
 
 
 if __name__ == "__main__":

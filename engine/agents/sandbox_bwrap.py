@@ -3,15 +3,19 @@ them itself: where unprivileged user namespaces are allowed only to allow-listed
 programs (Ubuntu 23.10 and later allow bwrap). Used only when ``bwrap`` is on the PATH
 and the sandbox's own user namespace failed (engine/agents/sandbox.py's probe).
 
-It builds the same view as sandbox_init.py's ``build_filesystem``: the host read-only,
-fresh tmpfs for /tmp, /var/tmp and /dev/shm, a minimal /dev, the pid namespace's /proc,
-and the hidden directories covered, with the interpreter bound back.
+It builds the view sandbox_init.py's ``build_view`` does (sandbox_view.py): a new root
+of the system's directories, the interpreters' prefixes and libraries and ``/etc``'s
+basics, read-only; fresh tmpfs for /tmp, /var/tmp and /dev/shm; a minimal /dev with its
+own devpts; the pid namespace's /proc; and, where bubblewrap has it (0.8), no user
+namespace below the sandbox's. What it cannot do, the run's ``isolation`` says: cap the
+IPC namespace, or bound the files of a tmpfs (``nr_inodes``).
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import shutil
+import subprocess
 
 # The notes a bwrap run adds to its result's isolation.
 APPLIED = [
@@ -20,7 +24,6 @@ APPLIED = [
     "network namespace",
     "pid namespace",
     "ipc namespace",
-    "read-only file system",
 ]
 
 
@@ -28,34 +31,44 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
-def bwrap_argv(bwrap: str, scratch_bytes: int, hide: list[str], keep: list[str]) -> list[str]:
+@functools.lru_cache(maxsize=4)
+def _disables_userns(bwrap: str) -> bool:
+    try:
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--disable-userns" in text
+
+
+def bwrap_argv(bwrap: str, scratch_bytes: int, view: dict) -> list[str]:
     """bwrap's options, up to and including ``--``: the command follows."""
     # --as-pid-1: the sandbox's init is pid 1 itself, which the code cannot signal.
-    argv = [bwrap, "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session"]
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--as-pid-1", "--die-with-parent"]
+    argv += ["--new-session"]
+    if _disables_userns(bwrap):
+        argv += ["--disable-userns"]
+    for source, target in view["binds"]:
+        argv += ["--ro-bind", source, target]
+    for target, path in view["links"]:
+        argv += ["--symlink", target, path]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
     for private in ("/tmp", "/var/tmp", "/dev/shm"):
-        if private == "/dev/shm" or (os.path.isdir(private) and not os.path.islink(private)):
-            argv += ["--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", private]
-    argv += _bind_back("/tmp", keep)
-    for path in hide:
-        if os.path.isdir(path) and not os.path.islink(path):
-            argv += ["--perms", "0755", "--tmpfs", path]
-            argv += _bind_back(path, keep)
-            argv += ["--remount-ro", path]
-    return [*argv, "--chdir", "/", "--"]
+        argv += ["--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", private]
+    return [*argv, "--remount-ro", "/", "--chdir", "/", "--"]
 
 
-def applied(scratch_bytes: int, hide: list[str]) -> list[str]:
-    hidden = [p for p in hide if os.path.isdir(p) and not os.path.islink(p)]
-    notes = [*APPLIED, f"private /tmp /var/tmp /dev/shm ({scratch_bytes >> 20} MiB each)"]
-    if hidden:
-        notes.append("hidden " + " ".join(hidden))
-    return [*notes, "private /proc", "minimal /dev"]
+def applied(bwrap: str, scratch_bytes: int, view_note: str) -> list[str]:
+    notes = [*APPLIED, view_note]
+    notes.append(f"private /tmp /var/tmp /dev/shm ({scratch_bytes >> 20} MiB each)")
+    notes += ["private /proc", "minimal /dev, private devpts"]
+    if _disables_userns(bwrap):
+        notes.append("no nested user namespaces")
+    return notes
 
 
-def _bind_back(covered: str, keep: list[str]) -> list[str]:
-    argv = []
-    for kept in keep:
-        if kept == covered or kept.startswith(covered.rstrip("/") + "/"):
-            argv += ["--ro-bind", kept, kept]
-    return argv
+def missing(bwrap: str) -> list[str]:
+    gaps = ["IPC namespace NOT capped", "tmpfs files NOT bounded (bubblewrap sets no nr_inodes)"]
+    gaps.append("ptys bounded by open files only (its devpts has no max of its own)")
+    if not _disables_userns(bwrap):
+        gaps.append("nested user namespaces allowed (bubblewrap before 0.8)")
+    return gaps

@@ -1,23 +1,27 @@
 """The sandbox's inside: started by engine/agents/sandbox.py as
 
-    python -I -S -B sandbox_init.py PLAN_FD STATUS_FD
+    python -I -S -B /proc/self/fd/SCRIPT_FD PLAN_FD STATUS_FD
 
-(the plan, a JSON file, passed open: under bubblewrap its path is not visible).
+(this file and the plan, a JSON file, passed open: neither path is visible inside).
 
 Stdlib only, and never imports the engine: it runs under the interpreter's isolated
 flags, as root where the engine is root, before anything is dropped. Three processes:
 
-- the supervisor enters the new namespaces (unshare) and forks the init; the parent
-  kills its process group when its own deadline passes;
+- the supervisor joins the run's cgroup, enters the new namespaces (unshare) and forks
+  the init; the parent kills its process group when its own deadline passes;
 - the init is pid 1 of the new pid namespace (or, without one, a child subreaper): it
-  sets up the file system, forks the user process, enforces the wall clock, kills
-  whatever the code left running and reports to the parent, one JSON object a line on
-  STATUS_FD;
-- the user process takes the rlimits, drops to the sandbox uid, sets no_new_privs and
-  execs the code's interpreter.
+  caps the IPC namespace, builds the file system view, forks the user process, enforces
+  the wall clock by its own clock (no signal the code may send changes the verdict),
+  kills whatever the code left running and reports to the parent, one JSON object a
+  line on STATUS_FD, a socket the code cannot open;
+- the user process takes the rlimits, enters a user namespace of its own (the code's
+  keys die with it), drops to the sandbox uid, sets no_new_privs and execs the code's
+  interpreter.
 
-Each step that the plan asks for either works or fails the run: a run never continues
-with less isolation than the parent's probe found and reports.
+The supervisor and the init are not dumpable (no ptrace, no /proc/PID/fd for code of
+the same uid) and ignore every signal they can. Each step that the plan asks for
+either works or fails the run: a run never continues with less isolation than the
+parent's probe found and reports.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import json
 import os
 import re
 import resource
+import select
 import signal
 import sys
+import time
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -48,13 +54,17 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
+MNT_DETACH = 2
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
-# keyctl(2): its number differs by architecture.
-SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+# keyctl(2) and pivot_root(2): their numbers differ by architecture.
+_ARCH = os.uname().machine
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(_ARCH)
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(_ARCH)
 KEYCTL_JOIN_SESSION_KEYRING = 1
 
 # mount_setattr(2), Linux 5.12; one number on every architecture (the unified table).
@@ -63,12 +73,22 @@ AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 1
 
-# The file system inside: everything read-only, one private tmpfs for /tmp (and, bound
-# from it, /var/tmp and /dev/shm), and the working directory in it.
+# The private /tmp holds, bound from it, /var/tmp and /dev/shm.
 SHARED_TMP = (("/var/tmp", ".var-tmp"), ("/dev/shm", ".shm"))
+# The minimal /dev: the host's harmless devices, bound one by one, and links.
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = (
+    ("/proc/self/fd", "fd"),
+    ("/proc/self/fd/0", "stdin"),
+    ("/proc/self/fd/1", "stdout"),
+    ("/proc/self/fd/2", "stderr"),
+    ("pts/ptmx", "ptmx"),
+)
+PTYS = 16  # pseudo-terminals the private devpts instance holds
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
 
@@ -84,10 +104,6 @@ class _MountAttr(ctypes.Structure):
 
 class SetupError(Exception):
     """A step the plan requires failed: the run stops before any code runs."""
-
-
-class Deadline(Exception):
-    pass
 
 
 def _check(ret: int, what: str) -> None:
@@ -111,6 +127,11 @@ def _prctl(option: int, arg: int) -> None:
     _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl {option}")
 
 
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
 class Status:
     """Reports to the parent, one JSON object a line; a parent gone is not an error."""
 
@@ -124,12 +145,25 @@ class Status:
                 data = data[os.write(self.fd, data) :]
 
 
+def guard_self() -> None:
+    """Not dumpable (ptrace and /proc/PID/fd need privileges then), and deaf to every
+    signal that can be ignored, but SIGCHLD (which only wakes the init's wait)."""
+    _prctl(PR_SET_DUMPABLE, 0)
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                signal.signal(sig, signal.SIG_IGN)
+
+
 # ---------------------------------------------------------------- supervisor
 
 
 def enter_namespaces(plan: dict) -> list[str]:
     """unshare the namespaces the plan's mode asks for; the pid namespace takes effect
-    for the next child, which becomes its pid 1."""
+    for the next child, which becomes its pid 1. As root the namespaces belong to the
+    host's user namespace (the code's own user namespace comes later, in the user
+    process); otherwise to a new one in which the sandbox is root (its only id, the
+    engine's own), so that it may cap the IPC namespace."""
     mode = plan["mode"]
     if mode == "bwrap":  # bubblewrap made them, and the file system
         return list(plan["applied"])
@@ -140,26 +174,30 @@ def enter_namespaces(plan: dict) -> list[str]:
         flags |= CLONE_NEWUSER
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(flags), "unshare")
-    applied = ["network namespace", "pid namespace", "ipc namespace"]
     if mode == "userns":
-        # Map only our own ids, to themselves: inside, the code is not root, so its
-        # exec drops the namespace's capabilities and it cannot undo the mounts.
-        for path, text in (
-            ("setgroups", "deny"),
-            ("uid_map", f"{uid} {uid} 1"),
-            ("gid_map", f"{gid} {gid} 1"),
-        ):
-            with open(f"/proc/self/{path}", "w") as f:
-                f.write(text)
-        applied.insert(0, "user namespace")
-    return applied
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"0 {uid} 1")
+        _write("/proc/self/gid_map", f"0 {gid} 1")
+    return ["network namespace", "pid namespace", "ipc namespace"]
+
+
+def join_cgroup(plan: dict) -> None:
+    """Join the run's cgroup (its ``cgroup.procs``, opened by the parent): every process
+    after this one counts against the run's memory and task limits."""
+    for fd in plan["cgroup_fds"]:
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
 
 
 def supervise(plan: dict, status: Status) -> int:
     try:
-        applied = enter_namespaces(plan)
+        join_cgroup(plan)
+        applied = enter_namespaces(plan)  # (its own id maps need it still dumpable)
+        guard_self()
     except OSError as exc:
-        status.send(error=f"cannot enter the namespaces: {exc}")
+        status.send(error=f"cannot enter the cgroup or the namespaces: {exc}")
         return 1
     supervisor = os.getpid()
     if plan["mode"] == "bwrap":
@@ -189,9 +227,11 @@ def run_init(plan: dict, status: Status, applied: list[str], supervisor: int) ->
 
 
 def init(plan: dict, status: Status, applied: list[str], supervisor: int) -> int:
-    namespaced = plan["mode"] in ("namespaces", "userns", "bwrap")
+    mode = plan["mode"]
+    namespaced = mode in ("namespaces", "userns", "bwrap")
     # Die with the supervisor: the parent's last resort is to kill its process group.
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    guard_self()
     if not namespaced:
         if os.getppid() != supervisor:
             return 1
@@ -200,9 +240,13 @@ def init(plan: dict, status: Status, applied: list[str], supervisor: int) -> int
         applied.append("subreaper (leftover processes killed)")
     try:
         workdir = plan["workdir"]
-        if plan["mode"] in ("namespaces", "userns"):
-            applied += build_filesystem(plan)
-        elif plan["mode"] == "bwrap":
+        if mode in ("namespaces", "userns"):
+            applied += cap_ipc(plan)
+            if mode == "userns":
+                # One user namespace more (the code's own), and none below it.
+                _write("/proc/sys/user/max_user_namespaces", "1")
+            applied += build_view(plan)
+        elif mode == "bwrap":
             os.makedirs(workdir, mode=0o700)
         write_code(plan, workdir)
         baseline = process_baseline(plan)
@@ -212,11 +256,23 @@ def init(plan: dict, status: Status, applied: list[str], supervisor: int) -> int
         return 1
 
     err_r, err_w = os.pipe()
+    ask_r, ask_w = os.pipe()  # the user process: "map me" (root's namespaces mode)
+    go_r, go_w = os.pipe()
     main = os.fork()
     if main == 0:
-        os.close(err_r)
-        become_user(plan, workdir, baseline, err_w)  # never returns
-    os.close(err_w)
+        for fd in (err_r, ask_r, go_w):
+            os.close(fd)
+        become_user(plan, workdir, baseline, err_w, ask_w, go_r)  # never returns
+    for fd in (err_w, ask_w, go_r):
+        os.close(fd)
+    if _read_all(ask_r):  # it entered its user namespace: map its ids
+        uid, gid = plan["uid"], plan["gid"]
+        with contextlib.suppress(OSError):  # a failure shows as its own error
+            _write(f"/proc/{main}/uid_map", f"{uid} {uid} 1")
+            _write(f"/proc/{main}/gid_map", f"{gid} {gid} 1")
+            os.write(go_w, b"m")
+    os.close(go_w)
+    os.close(ask_r)
     problem = _read_all(err_r).decode(errors="replace")
     os.close(err_r)
     if problem:
@@ -234,68 +290,120 @@ def init(plan: dict, status: Status, applied: list[str], supervisor: int) -> int
     return 0
 
 
-def build_filesystem(plan: dict) -> list[str]:
-    """A private, read-only view of the host's file system with a private /tmp."""
-    notes = []
+def cap_ipc(plan: dict) -> list[str]:
+    """Bound the new IPC namespace (its own sysctls; the code cannot change them): SysV
+    shared memory to the run's memory in all, few segments, queues and semaphores, and
+    segments removed once no process holds them. Without these a new IPC namespace has
+    no bound at all on shared memory."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    values = {
+        "kernel/shmmax": plan["memory_bytes"],
+        "kernel/shmall": max(plan["memory_bytes"] // page, 1),
+        "kernel/shmmni": 16,
+        "kernel/shm_rmid_forced": 1,
+        "kernel/msgmni": 16,
+        "kernel/msgmnb": 65536,
+        "kernel/msgmax": 8192,
+        "kernel/sem": "32 512 32 16",
+        "fs/mqueue/queues_max": 8,
+    }
+    failed = []
+    for name, value in values.items():
+        try:
+            _write(f"/proc/sys/{name}", str(value))
+        except OSError as exc:
+            failed.append(f"{name} ({exc.strerror})")
+    if not failed:
+        return [f"ipc namespace capped (shared memory {plan['memory_bytes'] >> 20} MiB)"]
+    if plan["mode"] == "namespaces":
+        raise SetupError("cannot cap the IPC namespace: " + ", ".join(failed))
+    return ["ipc namespace NOT capped: " + ", ".join(failed)]
+
+
+# ---------------------------------------------------------------- the file system view
+
+
+def build_view(plan: dict) -> list[str]:
+    """A new root of only what the interpreter needs (sandbox_view.py), read-only, with
+    a private /tmp (/var/tmp, /dev/shm), /dev, devpts and /proc; pivoted into, and the
+    host's tree detached."""
+    view, root = plan["view"], plan["view_root"]
     # Nothing mounted here may reach the host's mount table.
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    # The interpreter may live under a directory we hide (/root/.pyenv, ~/miniconda3):
-    # hold it open to bind it back after.
-    keep = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in plan["keep"] if os.path.isdir(p)}
-    readonly_root(plan.get("readonly_fallback", False))
-    size = plan["scratch_bytes"]
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
-    _bind_kept("/tmp", keep)
-    for target, name in SHARED_TMP:
-        if os.path.isdir(target) and not os.path.islink(target):
-            source = os.path.join("/tmp", name)
-            os.mkdir(source)
-            os.chmod(source, 0o1777)
-            _mount(source, target, None, MS_BIND)
-    os.makedirs(plan["workdir"], mode=0o700)
-    notes.append(f"read-only file system, private /tmp /var/tmp /dev/shm ({size >> 20} MiB)")
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=1024,mode=0755")
+    for source, target in view["binds"]:
+        inside = root + target
+        os.makedirs(os.path.dirname(inside), mode=0o755, exist_ok=True)
+        if os.path.isdir(source):
+            os.makedirs(inside, mode=0o755, exist_ok=True)
+        else:
+            os.close(os.open(inside, os.O_WRONLY | os.O_CREAT, 0o644))
+        _mount(source, inside, None, MS_BIND | MS_REC)
+    for target, path in view["links"]:
+        os.symlink(target, root + path)
+    build_dev(root + "/dev")
+    for path in ("/tmp", "/proc", "/var/tmp"):
+        os.makedirs(root + path, mode=0o755, exist_ok=True)
+    readonly_tree(root, plan.get("readonly_fallback", False))
+    notes = [plan["view_note"]]
 
-    hidden = []
-    for path in plan["hide"]:
-        if os.path.isdir(path) and not os.path.islink(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-            _bind_kept(path, keep)
-            _mount(
-                None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755"
-            )
-            hidden.append(path)
-    for fd in keep.values():
-        os.close(fd)
-    if hidden:
-        notes.append("hidden " + " ".join(hidden))
-    try:
-        # The pid namespace's own /proc: the host's processes (and their command
-        # lines) are not visible.
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        notes.append("private /proc")
-    except OSError as exc:
-        notes.append(f"host /proc visible ({exc.strerror})")
+    # The pid namespace's own /proc (mounted while the host's is still there: the
+    # kernel asks for a visible one first). Its sysctls read-only in a user namespace,
+    # where the code's uid is the one that owns them.
+    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if plan["mode"] == "userns":
+        sys_dir = root + "/proc/sys"
+        _mount(sys_dir, sys_dir, None, MS_BIND | MS_REC)
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        _mount(None, sys_dir, None, flags)
+    notes.append("private /proc")
+
+    size, files = plan["scratch_bytes"], plan["scratch_files"]
+    tmp_options = f"size={size},nr_inodes={files},mode=1777"
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_options)
+    for target, name in SHARED_TMP:
+        source = os.path.join(root + "/tmp", name)
+        os.mkdir(source)
+        os.chmod(source, 0o1777)
+        _mount(source, root + target, None, MS_BIND)
+    notes.append(f"private /tmp /var/tmp /dev/shm ({size >> 20} MiB, {files} files)")
+    devpts = f"newinstance,ptmxmode=0666,mode=0620,max={PTYS}"
+    _mount("devpts", root + "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, devpts)
+    notes.append(f"minimal /dev, private devpts ({PTYS} ptys)")
+
+    if SYS_PIVOT_ROOT is None:
+        raise SetupError(f"pivot_root's number on {_ARCH} is not known here")
+    os.chdir(root)
+    _check(_libc.syscall(ctypes.c_long(SYS_PIVOT_ROOT), b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount the host's root")
+    os.chdir("/")
+    os.makedirs(plan["workdir"], mode=0o700)
     return notes
 
 
-def _bind_kept(covered: str, keep: dict[str, int]) -> None:
-    """Bind back, read-only, the kept directories that a mount on ``covered`` hid."""
-    for kept, fd in keep.items():
-        if kept == covered or kept.startswith(covered.rstrip("/") + "/"):
-            os.makedirs(kept, mode=0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", kept, None, MS_BIND | MS_REC)
+def build_dev(dev: str) -> None:
+    os.makedirs(dev, mode=0o755, exist_ok=True)
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
+    for name in DEVICES:
+        node = os.path.join(dev, name)
+        os.close(os.open(node, os.O_WRONLY | os.O_CREAT, 0o666))
+        _mount(f"/dev/{name}", node, None, MS_BIND)
+    for target, name in DEV_LINKS:
+        os.symlink(target, os.path.join(dev, name))
+    for name in ("pts", "shm"):
+        os.mkdir(os.path.join(dev, name), 0o755)
 
 
-def readonly_root(force_fallback: bool) -> None:
-    """Every mount read-only, recursively: one mount_setattr call where the kernel has
-    it (5.12), else a bind remount of each mount keeping its flags (which a user
+def readonly_tree(top: str, force_fallback: bool) -> None:
+    """Every mount at and under ``top`` read-only: one mount_setattr call where the
+    kernel has it (5.12), else a bind remount of each keeping its flags (which a user
     namespace may not clear)."""
     if not force_fallback:
         attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
         ret = _libc.syscall(
             ctypes.c_long(SYS_MOUNT_SETATTR),
             ctypes.c_int(AT_FDCWD),
-            ctypes.c_char_p(b"/"),
+            ctypes.c_char_p(os.fsencode(top)),
             ctypes.c_uint(AT_RECURSIVE),
             ctypes.byref(attr),
             ctypes.c_size_t(ctypes.sizeof(attr)),
@@ -303,9 +411,9 @@ def readonly_root(force_fallback: bool) -> None:
         if ret == 0:
             return
         if ctypes.get_errno() not in (38, 22):  # ENOSYS, EINVAL: an older kernel
-            _check(ret, "mount_setattr /")
+            _check(ret, f"mount_setattr {top}")
     failed = []
-    for mountpoint in _mountpoints():
+    for mountpoint in _mountpoints(top):
         try:
             flags = os.statvfs(mountpoint).f_flag
         except OSError as exc:
@@ -330,14 +438,16 @@ def readonly_root(force_fallback: bool) -> None:
         raise SetupError("cannot make read-only: " + ", ".join(failed))
 
 
-def _mountpoints() -> list[str]:
+def _mountpoints(top: str) -> list[str]:
     points = []
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             field = line.split()[4]
             # mountinfo escapes space, tab, newline and backslash as octal.
             raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
-            points.append(os.fsdecode(raw))
+            point = os.fsdecode(raw)
+            if point == top or point.startswith(top.rstrip("/") + "/"):
+                points.append(point)
     return sorted(set(points), key=len)
 
 
@@ -369,16 +479,14 @@ def new_session_keyring() -> str:
 def process_baseline(plan: dict) -> int:
     """Processes RLIMIT_NPROC already counts for the code's uid, to add to its limit.
 
-    The kernel counts (since 5.14) per user namespace: in our own user namespace the
-    supervisor and this init; as a fresh uid, nothing. Otherwise the processes of the
-    user that /proc shows: under bwrap those of its namespaces (exact); without any,
-    all of them, so the code gets ``max_processes`` more (racy, and only approximate:
-    that mode isolates little anyway)."""
+    The kernel counts (since 5.14) per user namespace and uid: the code's own user
+    namespace (namespaces, userns) or its fresh uid (uid) start at none. Otherwise the
+    processes of the user that /proc shows: under bwrap those of its namespaces
+    (exact); without any, all of them, so the code gets ``max_processes`` more (racy,
+    and only approximate: that mode isolates little anyway)."""
     mode = plan["mode"]
-    if mode == "namespaces" or mode == "uid":
+    if mode in ("namespaces", "uid") or (mode == "userns" and _kernel_at_least(5, 14)):
         return 0
-    if mode == "userns" and _kernel_at_least(5, 14):
-        return 2
     uid = os.getuid()
     count = 0
     for entry in os.listdir("/proc"):
@@ -401,39 +509,68 @@ def _kernel_at_least(major: int, minor: int) -> bool:
 
 def user_isolation(plan: dict) -> list[str]:
     notes = []
+    if plan["mode"] in ("namespaces", "userns"):
+        notes.append("own user namespace (its keys die with it; no nested ones)")
     if plan["uid"] is not None:
         notes.append(f"uid {plan['uid']}")
     else:
-        notes.append(f"uid {os.getuid()} (the engine's own)")
+        notes.append(f"uid {plan['host_uid']} (the engine's own)")
     notes.append("no_new_privs")
-    notes.append("rlimits cpu/as/nproc/fsize/nofile/core")
+    notes.append("rlimits cpu/nproc/fsize/nofile/core" + ("/as" if plan["address_space"] else ""))
     return notes
 
 
 # ---------------------------------------------------------------- user process
 
 
-def become_user(plan: dict, workdir: str, baseline: int, err_w: int) -> None:
-    """In the forked user process: limits, identity, then exec. Any failure is written
-    to err_w (closed on a successful exec) and the process exits."""
+def become_user(plan: dict, workdir: str, baseline: int, err_w: int, ask_w: int, go_r: int) -> None:
+    """In the forked user process: limits, its user namespace, identity, then exec. Any
+    failure is written to err_w (closed on a successful exec) and the process exits."""
     try:
         os.set_inheritable(err_w, False)
+        # Its own /proc/self files again (the id maps below); exec decides after.
+        _prctl(PR_SET_DUMPABLE, 1)
+        # Back to the defaults: ignored signals stay ignored across exec.
+        for sig in signal.valid_signals():
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                with contextlib.suppress(OSError, ValueError, RuntimeError):
+                    signal.signal(sig, signal.SIG_DFL)
         cpu = int(plan["cpu_seconds"])
         limits = [
             # SIGXCPU at the limit, SIGKILL one second later if the code catches it.
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-            (resource.RLIMIT_AS, (plan["memory_bytes"],) * 2),
-            (resource.RLIMIT_NPROC, (plan["max_processes"] + baseline,) * 2),
             (resource.RLIMIT_FSIZE, (plan["file_bytes"],) * 2),
             (resource.RLIMIT_NOFILE, (plan["open_files"],) * 2),
             (resource.RLIMIT_CORE, (0, 0)),
         ]
+        if plan["address_space"]:  # without a cgroup to bound the run's memory
+            limits.append((resource.RLIMIT_AS, (plan["address_space"],) * 2))
         for which, value in limits:
             resource.setrlimit(which, value)
-        if plan["uid"] is not None:
+        mode, uid, gid = plan["mode"], plan["uid"], plan["gid"]
+        if uid is not None:
             os.setgroups([])
-            os.setresgid(plan["gid"], plan["gid"], plan["gid"])
-            os.setresuid(plan["uid"], plan["uid"], plan["uid"])
+        if mode == "namespaces":
+            # A user namespace of its own, its ids mapped by the init (root outside).
+            _check(_libc.unshare(CLONE_NEWUSER), "unshare the code's user namespace")
+            os.write(ask_w, b"u")
+            os.close(ask_w)
+            if os.read(go_r, 1) != b"m":
+                raise SetupError("the init could not map the code's user namespace")
+            _write("/proc/sys/user/max_user_namespaces", "0")
+        elif mode == "userns":
+            # Below the sandbox's (in which it is root): the engine's uid, not root.
+            outer_uid, outer_gid = os.getuid(), os.getgid()
+            _check(_libc.unshare(CLONE_NEWUSER), "unshare the code's user namespace")
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{plan['host_uid']} {outer_uid} 1")
+            _write("/proc/self/gid_map", f"{plan['host_gid']} {outer_gid} 1")
+        # After the user namespace: its count starts with this process.
+        nproc = plan["max_processes"] + baseline
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        if uid is not None:
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
             if os.getuid() == 0 or os.geteuid() == 0:
                 raise SetupError("still root after setresuid")
         # No setuid binary (su, sudo) can give root back.
@@ -442,8 +579,6 @@ def become_user(plan: dict, workdir: str, baseline: int, err_w: int) -> None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.chdir(workdir)
         os.umask(0o077)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
         python = plan["python"]
         os.closerange(3, err_w)
         os.closerange(err_w + 1, 1 << 16)
@@ -454,7 +589,7 @@ def become_user(plan: dict, workdir: str, baseline: int, err_w: int) -> None:
         )
     except BaseException as exc:
         message = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, PermissionError) and plan["uid"] is not None:
+        if isinstance(exc, PermissionError) and plan["mode"] == "uid":
             message += (
                 f" (uid {plan['uid']} cannot run {plan['python']}: without a mount namespace"
                 " the interpreter must be readable by other users; set SandboxLimits.python)"
@@ -469,32 +604,40 @@ def become_user(plan: dict, workdir: str, baseline: int, err_w: int) -> None:
 
 
 def wait_for(main: int, wall_seconds: float) -> dict:
-    """Reap children until the code's process exits or the wall clock runs out (then
-    kill it). Orphans reparented to us are reaped on the way."""
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise Deadline
-
+    """Reap children until the code's process exits or the wall clock, read from this
+    process's own monotonic clock, runs out (then kill it). SIGCHLD only wakes the
+    wait: a signal the code sends cannot end it early or make it a timeout. Orphans
+    reparented to us are reaped on the way."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    deadline = time.monotonic() + max(wall_seconds, 0.001)
     ended = None
-    timed_out = False
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(wall_seconds, 0.001))
-    try:
-        while ended is None:
-            pid, wait_status, usage = os.wait4(-1, 0)
+    while ended is None:
+        while True:
+            try:
+                pid, wait_status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = 0
+            if pid == 0:
+                break
             if pid == main:
                 ended = wait_status, usage
-    except Deadline:
-        timed_out = ended is None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        left = deadline - time.monotonic()
+        if ended is not None or left <= 0:
+            break
+        with contextlib.suppress(InterruptedError):
+            select.select([wake_r], [], [], left)
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_r, 4096)
+    signal.set_wakeup_fd(-1)
+    timed_out = ended is None
     if ended is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(main, signal.SIGKILL)
-        try:
-            ended = os.wait4(main, 0)[1:]
-        except ChildProcessError:  # reaped just as the alarm rang: its status is lost
-            return {"exit": None, "signal": signal.SIGKILL, "timed_out": True, "cpu_seconds": None}
+        ended = os.wait4(main, 0)[1:]
     wait_status, usage = ended
     code = os.waitstatus_to_exitcode(wait_status)
     return {

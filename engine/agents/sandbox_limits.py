@@ -20,17 +20,23 @@ class SandboxError(EngineError):
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """The resources one run may use and who it runs as. Each limit binds one process
-    (RLIMITs are per process): a run that forks may use up to ``max_processes`` times
-    ``memory_bytes``; the wall clock bounds the whole run."""
+    """The resources one run may use and who it runs as. Where a cgroup can be made
+    (docs/sandbox.md), ``memory_bytes`` and ``max_processes`` bound the run as a whole,
+    as the kernel counts them; without one, RLIMITs bind each process (a run that forks
+    may use up to ``max_processes`` times ``memory_bytes``). The wall clock bounds the
+    whole run."""
 
     # RLIMIT_CPU of each process, in seconds (SIGXCPU at the limit, SIGKILL a second on).
     cpu_seconds: int = 10
     # The whole run, from the start of the code to its end: then every process is killed.
     wall_seconds: float = 30.0
-    # RLIMIT_AS of each process, in bytes: an allocation past it raises MemoryError.
+    # The run's memory, in bytes: with a cgroup, all its processes' memory together
+    # (shared memory, memfd, pipe buffers and kernel memory included; its scratch files
+    # beside it, up to scratch_bytes), past which the kernel kills a process of the run;
+    # without one, RLIMIT_AS of each process (an allocation past it raises MemoryError).
     memory_bytes: int = 1 << 30
-    # RLIMIT_NPROC: processes the code may have at once, its own first process included.
+    # Processes (and threads) the code may have at once, its own first one included: the
+    # cgroup's pids.max where there is one, and RLIMIT_NPROC.
     max_processes: int = 16
     # Bytes kept of stdout and of stderr each; the rest is read and dropped.
     output_bytes: int = 64 << 10
@@ -39,6 +45,9 @@ class SandboxLimits:
     # The private /tmp (with the working directory, /var/tmp and /dev/shm in it), in
     # bytes; only where a mount namespace is available.
     scratch_bytes: int = 64 << 20
+    # Files and directories the private /tmp may hold (its tmpfs's nr_inodes: each costs
+    # the kernel memory whatever its size); only where a mount namespace is available.
+    scratch_files: int = 4096
     # RLIMIT_NOFILE: open file descriptors per process.
     open_files: int = 256
     # The interpreter the code runs in (None: the engine's own, its real path). It must
@@ -61,6 +70,7 @@ class SandboxLimits:
         out: list[str] = []
         least = {"cpu_seconds": 1, "max_processes": 1, "output_bytes": 1, "file_bytes": 1}
         least |= {"open_files": 16, "memory_bytes": MIN_MEMORY_BYTES, "scratch_bytes": 1 << 20}
+        least |= {"scratch_files": 16}
         for name, low in least.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -23,11 +23,14 @@ class AgentLimits:
     max_response_tokens: int = 1024  # model and environment tokens after the prompt, in all
     max_tool_response_chars: int = 2000  # each tool result, cut and marked beyond this
     tool_timeout_s: float = 30.0  # each tool call
+    max_user_turns: int | None = None  # environment turns (tool results, feedback); None: any
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_response_tokens", "max_tool_response_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AgentLimits.{name} must be at least 1")
+        if self.max_user_turns is not None and self.max_user_turns < 1:
+            raise ValueError("AgentLimits.max_user_turns must be at least 1, or None")
         if not self.tool_timeout_s > 0:
             raise ValueError("AgentLimits.tool_timeout_s must be positive")
 
@@ -40,7 +43,8 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob; 0.0 off-mask
     turns: int = 0  # model turns
     ended: str | None = None  # ANSWERED | MAX_TURNS | LENGTH; None while running
-    tool_calls: int = 0
+    user_turns: int = 0  # environment turns added (tool results, feedback)
+    tool_calls: int = 0  # calls whose tool ran (engine.agents.tools.EXECUTED)
     tool_errors: int = 0  # calls that failed (unknown tool, bad arguments, raised) and
     # malformed calls the parser could not read
     tool_timeouts: int = 0

@@ -226,8 +226,8 @@ def cispo(inputs: PolicyLossInputs, cfg: ActorConfig, scale: LossScale | None) -
     The weight is detached, so every token keeps a gradient (−ŵ_t A_t w.r.t. its
     log-prob), unlike PPO, which drops the gradient of clipped tokens. The range comes
     from ``clip_ratio_low`` / ``clip_ratio_high`` (default ``clip_ratio``); the paper
-    effectively leaves the lower side open and tunes only the upper one, which here is
-    a ``clip_ratio_low`` close to 1 (it must stay below 1). Aggregated with
+    effectively leaves the lower side open and tunes only the upper one: a
+    ``clip_ratio_low`` of 1 or more (verl's example gives 10). Aggregated with
     ``loss_agg_mode`` (the paper uses token-mean).
 
     Metrics: ``pg_clipfrac`` (valid tokens whose weight was truncated), ``ppo_kl``.

@@ -16,6 +16,17 @@ layout so that a verl command line carries over:
     reward_model.judge            judge.py       the generative reward model (an LLM judge)
     algorithm                     algorithm.py   advantages, KL penalty, dynamic sampling
     trainer                       trainer.py     devices, length, checkpoints, loggers
+    <role>.megatron               megatron.py    Megatron-core's sizes, and their rules
+    reward, ray_kwargs, model_engine, distillation, transfer_queue, global_profiler, skip
+                                  verl_sections.py  verl's sections beyond the engine's own
+
+Every key of verl's trainer schema is known (docs/verl-compat.md): ``verl_names`` lists
+verl's other spellings (read by ``aliases``), ``verl_trees`` the shapes of verl's
+subtrees held as one mapping each, ``verl_features`` the keys that turn on what this
+engine lacks (refused by name); a key that changes nothing here is declared with
+``fields.inert`` and a run that sets one is told so (``given``, ``notes``).
+``compose`` reads Hydra's config files and group choices, ``suggest`` words an unknown
+key, ``dump`` writes the config back as YAML.
 
 ``engine.py`` holds ``EngineConfig`` (the sections together, and what is derived from
 them). Each section's module holds its rules too; ``rules.validate`` runs them all (its
@@ -39,10 +50,12 @@ from engine.config.algorithm import (
 )
 from engine.config.critic import CriticConfig
 from engine.config.data import TRUNCATION_MODES, DataConfig
+from engine.config.dump import to_yaml, verl_yaml
 from engine.config.engine import TOKEN_BUDGET_KEYS, EngineConfig
 from engine.config.judge import JudgeConfig
 from engine.config.keys import config_keys, schema_leaf
-from engine.config.load import key_problems, load_config, to_yaml
+from engine.config.load import Loaded, key_problems, load, load_config
+from engine.config.megatron import MegatronConfig, RefMegatronConfig
 from engine.config.multi_turn import AGENT_LOOPS, MultiTurnConfig
 from engine.config.reward import (
     REWARD_MANAGERS,
@@ -57,7 +70,6 @@ from engine.config.train import (
     LR_SCHEDULERS,
     TRAIN_STRATEGIES,
     FSDPConfig,
-    MegatronConfig,
     MixedPrecisionConfig,
     ModelConfig,
     OptimConfig,
@@ -92,6 +104,7 @@ __all__ = [
     "FilterGroupsConfig",
     "JudgeConfig",
     "KLControlConfig",
+    "Loaded",
     "MegatronConfig",
     "MixedPrecisionConfig",
     "ModelConfig",
@@ -100,6 +113,7 @@ __all__ = [
     "OverlongBufferConfig",
     "PolicyLossConfig",
     "RefConfig",
+    "RefMegatronConfig",
     "RewardModelConfig",
     "RolloutConfig",
     "RolloutCorrectionConfig",
@@ -107,8 +121,10 @@ __all__ = [
     "TrainerConfig",
     "config_keys",
     "key_problems",
+    "load",
     "load_config",
     "schema_leaf",
     "to_yaml",
     "validate",
+    "verl_yaml",
 ]

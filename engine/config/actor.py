@@ -7,16 +7,17 @@ count are in ``engine.config.batches``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.algo import names
+from engine.config import verl_trees
 from engine.config.algorithm import KL_ESTIMATOR_HELP, kl_estimator_problems
-from engine.config.fields import choice, one_of, positive, setting
+from engine.config.fields import choice, inert, one_of, positive, setting, tree
+from engine.config.megatron import MegatronConfig, RefMegatronConfig
 from engine.config.rollout import RolloutConfig
 from engine.config.train import (
     TRAIN_STRATEGIES,
     FSDPConfig,
-    MegatronConfig,
     ModelConfig,
     OptimConfig,
     dtype_problems,
@@ -47,6 +48,21 @@ class PolicyLossConfig:
         0.0002, "kl_cov: fraction of the tokens (largest covariance first) given a KL penalty."
     )
     ppo_kl_coef: float = setting(1.0, "kl_cov: coefficient of that penalty.")
+    dro_beta: float | None = inert(
+        None, "verl's DRO loss coefficient; changes nothing here (no such loss mode here)."
+    )
+
+
+_PROFILER = (
+    "verl's profiler of this role (nsys, torch, npu); changes nothing here (the engine's"
+    " timings are in its metrics; benchmarks/ measures more)."
+)
+_VEOMNI = (
+    "verl's VeOmni engine settings (model_engine=veomni); this engine runs veomni on its"
+    " FSDP2: param_offload, optimizer_offload, ulysses_parallel_size and the entropy and"
+    " compile switches are read as fsdp_config's and the role's keys, the rest change"
+    " nothing here."
+)
 
 
 @dataclass
@@ -80,8 +96,12 @@ class ActorConfig:
     recompute_old_log_prob: bool = setting(
         False, "Run the separate π_old pass even when the update is on-policy."
     )
-    shuffle: bool = setting(
-        False, "verl's mini-batch shuffle; unused: mini-batches keep the batch's order."
+    shuffle: bool = inert(
+        False,
+        "verl's mini-batch shuffle; changes nothing here: mini-batches keep the batch's order.",
+    )
+    data_loader_seed: int = inert(
+        42, "verl's seed of that shuffle; changes nothing here (no shuffle)."
     )
     grad_clip: float = setting(1.0, "Clip the global gradient norm to this before each step.")
     clip_ratio: float = setting(
@@ -135,6 +155,70 @@ class ActorConfig:
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other actor keys (docs/verl-compat.md).
+    use_torch_compile: bool = setting(
+        False,
+        "Compile the log-prob and entropy functions with torch.compile (FSDP roles; verl's"
+        " key, whose default is true: here false, since each worker compiles at start and a"
+        " CPU run needs a C compiler). The results are the same.",
+    )
+    entropy_from_logits_with_chunking: bool = setting(
+        False,
+        "Compute the entropy over slices of entropy_from_logits_chunk_size positions, so that"
+        " its temporaries (positions × vocabulary) exist for one slice at a time (FSDP"
+        " roles; the same result).",
+    )
+    entropy_from_logits_chunk_size: int = setting(
+        2048, "Positions per entropy slice, with entropy_from_logits_with_chunking."
+    )
+    entropy_checkpointing: bool = setting(
+        False,
+        "Recompute the entropy's graph in the backward pass instead of keeping it (with"
+        " chunking, one slice at a time); matters when entropy_coeff != 0 (FSDP roles).",
+    )
+    calculate_entropy: bool = inert(
+        False, "verl's switch for the entropy metric; here it is computed whenever it is logged."
+    )
+    calculate_sum_pi_squared: bool = inert(
+        False,
+        "verl's switch for Σπ² in the π_old pass; here the estimators that read it ask for it.",
+    )
+    use_prefix_grouper: bool = inert(
+        False,
+        "verl runs each group's shared prompt once (speed only); changes nothing here.",
+    )
+    freeze_vision_tower: bool = inert(
+        False, "verl freezes a vision-language model's vision tower; text-only models here."
+    )
+    pad_to_length: bool = inert(
+        False, "verl pads packed rows to a bucket length (static shapes); changes nothing here."
+    )
+    ppo_micro_batch_size: int | None = inert(
+        None,
+        "verl's deprecated micro-batch over all devices; refused when set: give"
+        " ppo_micro_batch_size_per_gpu (that number divided by the device count).",
+    )
+    model_engine: str | None = inert(
+        None,
+        "Set by some verl examples beside strategy (verl's own key is the top-level"
+        " model_engine): when set, it must name strategy's family (dp: fsdp/fsdp2,"
+        " megatron, veomni).",
+    )
+    checkpoint: dict[str, Any] = tree(
+        verl_trees.CHECKPOINT,
+        "verl's choice of what a checkpoint holds; changes nothing here: a checkpoint always"
+        " holds the model, the optimizer and the trainer's state (a resume needs all three).",
+    )
+    profiler: dict[str, Any] = tree(verl_trees.PROFILER, _PROFILER)
+    qat: dict[str, Any] = tree(
+        verl_trees.QAT,
+        "verl's quantization-aware training; not in this engine (enable=true is refused).",
+    )
+    router_replay: dict[str, Any] = tree(
+        verl_trees.ROUTER_REPLAY,
+        "verl's MoE routing replay; not in this engine (a mode other than disabled is refused).",
+    )
+    veomni: dict[str, Any] = tree(verl_trees.VEOMNI, _VEOMNI)
 
     @property
     def clip_low(self) -> float:
@@ -168,7 +252,33 @@ class RefConfig:
         " it too.",
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    megatron: RefMegatronConfig = field(default_factory=RefMegatronConfig)
+    # verl's other reference keys (docs/verl-compat.md).
+    use_torch_compile: bool = setting(
+        False,
+        "Compile the reference's log-prob function with torch.compile (FSDP; see the actor's).",
+    )
+    entropy_from_logits_with_chunking: bool = inert(
+        False, "verl's entropy chunking for the reference, which computes no entropy here."
+    )
+    entropy_from_logits_chunk_size: int = inert(2048, "Positions per entropy chunk (unused).")
+    entropy_checkpointing: bool = inert(
+        False, "verl's entropy recomputation for the reference, which computes no entropy here."
+    )
+    pad_to_length: bool = inert(
+        False, "verl pads packed rows to a bucket length (static shapes); changes nothing here."
+    )
+    log_prob_micro_batch_size: int | None = inert(
+        None,
+        "verl's deprecated micro-batch over all devices; refused when set: give"
+        " log_prob_micro_batch_size_per_gpu.",
+    )
+    profiler: dict[str, Any] = tree(verl_trees.PROFILER, _PROFILER)
+    router_replay: dict[str, Any] = tree(
+        verl_trees.ROUTER_REPLAY,
+        "verl's MoE routing replay; not in this engine (a mode other than disabled is refused).",
+    )
+    veomni: dict[str, Any] = tree(verl_trees.VEOMNI, _VEOMNI)
 
 
 @dataclass
@@ -180,6 +290,15 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
+    hybrid_engine: bool = inert(
+        True,
+        "verl's colocated actor and rollout (the only mode of verl's main_ppo); false is"
+        " refused: a rollout on devices of its own is rollout.placement=separate.",
+    )
+    nccl_timeout: int = inert(
+        600,
+        "verl's collective timeout in seconds; changes nothing here (torch's default, 10 minutes).",
+    )
 
 
 def rules(cfg: EngineConfig) -> list[str]:
@@ -222,7 +341,15 @@ def rules(cfg: EngineConfig) -> list[str]:
             (f"{key}.ppo_epochs", actor.ppo_epochs),
         ]
     )
-    if not 0.0 < actor.clip_low < 1.0:
+    if actor.policy_loss.loss_mode == "cispo":
+        # CISPO truncates the (detached) weight at 1 - ε_low: ε_low >= 1 leaves the lower
+        # side open, which is how its paper uses it (verl's example: clip_ratio_low=10).
+        if actor.clip_low < 0:
+            p.append(
+                f"{key}.clip_ratio_low {actor.clip_low} must be >= 0 for cispo (the weight is"
+                " truncated at 1 - clip_ratio_low; 1 or more: no lower bound)"
+            )
+    elif not 0.0 < actor.clip_low < 1.0:
         p.append(
             f"{key}.clip_ratio_low {actor.clip_low} must be in (0, 1):"
             " the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]"
@@ -241,6 +368,11 @@ def rules(cfg: EngineConfig) -> list[str]:
                 f"{key}.{name} must be a positive number (SAPO's gate is σ(τ(r − 1))·4/τ),"
                 f" got {tau}; the paper uses tau_pos=1.0, tau_neg=1.05"
             )
+    if actor.entropy_from_logits_chunk_size < 1:
+        p.append(
+            f"{key}.entropy_from_logits_chunk_size must be a positive number of positions,"
+            f" got {actor.entropy_from_logits_chunk_size}; 2048 is verl's"
+        )
     if actor.loss_scale_factor is not None and actor.loss_scale_factor <= 0:
         p.append(f"{key}.loss_scale_factor must be > 0, got {actor.loss_scale_factor}")
     if not arr.model.path:

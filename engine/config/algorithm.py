@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.algo import names
 from engine.algo.registry import unknown_name_message
 from engine.algo.rollout_spec import IS_LEVELS, LOSS_TYPES, parse_is_threshold, parse_rejection
-from engine.config.fields import choice, one_of, setting
+from engine.config import verl_trees
+from engine.config.fields import choice, inert, one_of, setting, tree
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -55,6 +56,9 @@ class FilterGroupsConfig:
     max_num_gen_batches: int = setting(
         10,
         "Most generation batches per step (groups with equal rewards fill a shortfall); 0: no cap.",
+    )
+    max_inflight_gen_batches: int = inert(
+        1, "verl's generation batches in flight at once; changes nothing here (one at a time)."
     )
 
 
@@ -138,6 +142,12 @@ class AlgorithmConfig:
         None, "gdpo: the weight of each of `gdpo_reward_keys` in the sum; null: 1 each."
     )
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    use_pf_ppo: bool = inert(
+        False,
+        "verl's policy-filtration PPO (samples reweighted by reward); not in this engine"
+        " (true is refused).",
+    )
+    pf_ppo: dict[str, Any] = tree(verl_trees.PF_PPO, "Its reweighting; changes nothing here.")
 
 
 def kl_estimator_problems(key: str, value: str) -> list[str]:
@@ -165,11 +175,6 @@ def rules(cfg: EngineConfig) -> list[str]:
     p += choice(
         algo.filter_groups.metric, FILTER_METRICS, "algorithm.filter_groups.metric", "filter metric"
     )
-    if algo.adv_estimator in names.GROUP_ADVANTAGE_ESTIMATORS and rollout.n < 2:
-        p.append(
-            f"algorithm.adv_estimator={algo.adv_estimator} compares samples of the same prompt:"
-            f" set actor_rollout_ref.rollout.n >= 2 (got {rollout.n}); 8 or 16 are usual"
-        )
     if algo.adv_estimator in names.CRITIC_ADVANTAGE_ESTIMATORS and cfg.critic.enable is False:
         p.append(
             f"algorithm.adv_estimator={algo.adv_estimator} needs a value function: set"
@@ -309,17 +314,37 @@ def _bypass_rules(cfg: EngineConfig, key: str) -> list[str]:
             f" actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} would be ignored:"
             " leave loss_mode=vanilla, or use loss_type=ppo_clip"
         )
-    if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None:
-        p.append(
-            f"{key}.bypass_mode with rollout_is={rc.rollout_is}: under loss_type=ppo_clip"
-            " π_old is the sampler's, so the PPO ratio already is π_θ / π_rollout and there"
-            " is no second ratio to weigh; set rollout_is=null (PPO's clip bounds the"
-            " ratio), loss_type=reinforce (explicit weights, no clip), or bypass_mode=false"
-        )
-    if rc.bypass_mode and rc.rollout_is_batch_normalize:
-        p.append(
-            f"{key}.rollout_is_batch_normalize=true in bypass mode: the weights exist only per"
-            " micro-batch inside the update there, so there is no batch to normalise over;"
-            " set it false, or bypass_mode=false"
-        )
     return p
+
+
+def group_notes(cfg: EngineConfig) -> list[str]:
+    """A group estimator with one sample per prompt runs (as in verl: each group is a
+    singleton, whose advantage is its own score), which is seldom what was meant."""
+    algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    if algo.adv_estimator in names.GROUP_ADVANTAGE_ESTIMATORS and n < 2:
+        return [
+            f"algorithm.adv_estimator={algo.adv_estimator} compares samples of the same"
+            f" prompt, but actor_rollout_ref.rollout.n={n}: each group is one sample, whose"
+            " advantage is its own score (verl's convention); 8 or 16 samples are usual"
+        ]
+    return []
+
+
+def rollout_correction_notes(cfg: EngineConfig) -> list[str]:
+    """What a run is told about its rollout correction: settings verl accepts that act
+    differently from how they read (``engine.config.notes``)."""
+    rc = cfg.algorithm.rollout_correction
+    key = "algorithm.rollout_correction"
+    notes = []
+    if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is is not None:
+        notes.append(
+            f"{key}.rollout_is={rc.rollout_is} applies no weights under bypass_mode with"
+            " loss_type=ppo_clip (as in verl): π_old is the sampler's, so PPO's ratio already"
+            " is π_θ / π_rollout; use loss_type=reinforce for explicit weights"
+        )
+    if rc.bypass_mode and rc.rollout_is_batch_normalize and rc.loss_type == "reinforce":
+        notes.append(
+            f"{key}.rollout_is_batch_normalize=true in bypass mode normalises the weights of"
+            " each micro-batch (as in verl): they exist only inside the update there"
+        )
+    return notes

@@ -1,12 +1,9 @@
-"""verl's other spellings of a key: read as the key the schema holds (``load_config``,
-``key_problems``), so that a newer verl command line carries over too.
-
-verl moved the Ulysses size into each role's engine block (``fsdp_config`` for the
-actor and the reference; the critic's moved from ``critic.model.fsdp_config`` to
-``critic.fsdp``) and kept the old keys, deprecated. Here the old key is the field and
-the new ones are aliases: one value, whichever spelling set it. A source (the base
+"""verl's other spellings of a key (the table is ``verl_names``), read as the key the
+schema holds: for the overrides (``dotted_to_schema``), for a YAML file or a base
+mapping (``nested_to_schema``), and verl's names of values (``bf16``) as the schema's
+(``canonical_value``). One value, whichever spelling set it: a source (the base
 mapping, one YAML file, the overrides) that sets a key under two spellings with
-different values is refused naming both: which one wins would be a guess.
+different values is refused naming both, since which one wins would be a guess.
 """
 
 from __future__ import annotations
@@ -14,26 +11,42 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engine.config.verl_names import ALIASES, PREFIX_ALIASES, VALUE_ALIASES
 from engine.errors import ConfigError
 
-# alias -> the schema's key
-ALIASES = {
-    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": (
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-    ),
-    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": (
-        "actor_rollout_ref.ref.ulysses_sequence_parallel_size"
-    ),
-    "critic.fsdp.ulysses_sequence_parallel_size": "critic.ulysses_sequence_parallel_size",
-    "critic.model.fsdp_config.ulysses_sequence_parallel_size": (
-        "critic.ulysses_sequence_parallel_size"
-    ),
-}
+__all__ = ["ALIASES", "PREFIX_ALIASES", "VALUE_ALIASES"]
+
+
+def schema_key(key: str) -> str:
+    """The schema's spelling of ``key`` (itself when it has no other): exact aliases
+    first, then the longest prefix alias, until neither applies."""
+    for _ in range(4):  # chains are at most two long (critic.fsdp.X -> critic.fsdp_config.X -> ...)
+        if key in ALIASES:
+            key = ALIASES[key]
+            continue
+        prefix = max((p for p in PREFIX_ALIASES if key.startswith(p)), key=len, default=None)
+        if prefix is None:
+            return key
+        key = PREFIX_ALIASES[prefix] + key[len(prefix) :]
+    return key
 
 
 def aliases_of(key: str) -> list[str]:
-    """The other spellings of a schema key (for its help text)."""
-    return [alias for alias, target in ALIASES.items() if target == key]
+    """The other spellings of a schema key (for its help text): exact ones, and the
+    key under each prefix alias that leads to it."""
+    found = [alias for alias in ALIASES if schema_key(alias) == key]
+    for prefix, target in PREFIX_ALIASES.items():
+        if key.startswith(target):
+            found.append(prefix + key[len(target) :])
+    return found
+
+
+def canonical_value(key: str, value: Any) -> Any:
+    """verl's name of a value as the schema's (``bf16`` -> ``bfloat16``)."""
+    names = VALUE_ALIASES.get(key)
+    if names and isinstance(value, str):
+        return names.get(value, value)
+    return value
 
 
 def dotted_to_schema(pairs: Sequence[tuple[str, Any]], source: str) -> list[tuple[str, Any]]:
@@ -43,7 +56,7 @@ def dotted_to_schema(pairs: Sequence[tuple[str, Any]], source: str) -> list[tupl
     problems = []
     renamed = []
     for key, value in pairs:
-        target = ALIASES.get(key, key)
+        target = schema_key(key)
         if target in seen and key != seen[target][0] and seen[target][1] != value:
             problems.append(_conflict(source, seen[target], (key, value)))
         seen[target] = (key, value)
@@ -53,39 +66,36 @@ def dotted_to_schema(pairs: Sequence[tuple[str, Any]], source: str) -> list[tupl
     return renamed
 
 
-def uses_alias(layer: Mapping[str, Any]) -> bool:
-    """Whether a nested mapping spells a key as one of its aliases."""
-    for alias in ALIASES:
-        parts = alias.split(".")
-        parent = _walk(layer, parts[:-1])
-        if parent is not None and parts[-1] in parent:
-            return True
-    return False
-
-
 def nested_to_schema(layer: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """A nested mapping (a YAML file, a base config) with the aliases' values moved to
-    their keys; a section the move leaves empty is dropped (``critic.fsdp`` is no
-    section of the schema)."""
-    tree = _copy(layer)
-    found = []
-    for alias in ALIASES:
-        parts = alias.split(".")
-        parent = _walk(tree, parts[:-1])
-        if parent is not None and parts[-1] in parent:
-            found.append((alias, parent.pop(parts[-1])))
-            _prune(tree, parts[:-1])
-    for key in set(ALIASES.values()):
-        parts = key.split(".")
-        parent = _walk(tree, parts[:-1])
-        if parent is not None and parts[-1] in parent:
-            found.insert(0, (key, parent[parts[-1]]))
-    for key, value in dotted_to_schema(found, source):
-        parts = key.split(".")
+    """A nested mapping (a YAML file, a base config) with every alias's value moved to
+    its key."""
+    return nest(dotted_to_schema(list(flatten(layer).items()), source))
+
+
+def flatten(layer: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as dotted leaves; an empty mapping is a leaf ({})."""
+    out: dict[str, Any] = {}
+    for key, value in layer.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def nest(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """Dotted ``(key, value)`` pairs as a nested mapping (later pairs win)."""
+    tree: dict[str, Any] = {}
+    for key, value in pairs:
+        *parents, last = key.split(".")
         node = tree
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
+        for part in parents:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[last] = value
     return tree
 
 
@@ -95,27 +105,3 @@ def _conflict(source: str, first: tuple[str, Any], second: tuple[str, Any]) -> s
         f"{source}: {a}={x!r} and {b}={y!r} set the same value (verl's two spellings of"
         f" it); give one of them"
     )
-
-
-def _copy(node: Any) -> Any:
-    if isinstance(node, Mapping):
-        return {k: _copy(v) for k, v in node.items()}
-    return node
-
-
-def _walk(tree: Mapping[str, Any], parts: list[str]) -> Any:
-    """The mapping at ``parts`` of ``tree``; None where there is none."""
-    node: Any = tree
-    for part in parts:
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node if isinstance(node, Mapping) else None
-
-
-def _prune(tree: dict[str, Any], parts: list[str]) -> None:
-    """Drop the empty sections left along ``parts``, deepest first."""
-    for depth in range(len(parts), 0, -1):
-        parent = _walk(tree, parts[: depth - 1])
-        if parent is not None and parent.get(parts[depth - 1]) == {}:
-            del parent[parts[depth - 1]]

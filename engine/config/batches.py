@@ -38,16 +38,18 @@ def rules(cfg: EngineConfig) -> list[str]:
 
 
 def mini_batch_rules(cfg: EngineConfig) -> list[str]:
-    """verl's batch-size rules, in prompts and samples, with the numbers that would work."""
+    """verl's batch-size rules, in prompts and samples, with the numbers that would work:
+    a mini-batch's samples split over the role's data-parallel groups (the devices over
+    the ranks that share rows: Megatron's TP × PP × CP, an FSDP role's Ulysses group)."""
     actor = cfg.actor_rollout_ref.actor
     n = cfg.actor_rollout_ref.rollout.n
-    world = cfg.world_size
     train_bsz = cfg.data.train_batch_size
     p = []
-    # (role, mini-batch, micro-batch, whether the mini-batch is the role's own setting,
-    #  whether micro-batches are packed by tokens)
+    # (role, config key, mini-batch, micro-batch, whether the mini-batch is the role's own
+    #  setting, whether micro-batches are packed by tokens)
     roles = [
         (
+            "actor",
             "actor_rollout_ref.actor",
             actor.ppo_mini_batch_size,
             actor.ppo_micro_batch_size_per_gpu,
@@ -61,43 +63,65 @@ def mini_batch_rules(cfg: EngineConfig) -> list[str]:
         roles.append(
             (
                 "critic",
+                "critic",
                 critic_mini,
                 cfg.critic.ppo_micro_batch_size_per_gpu,
                 own,
                 cfg.token_budget("critic") is not None,
             )
         )
-    for role, mini, micro, own, dynamic in roles:
+    for role, key, mini, micro, own, dynamic in roles:
         if mini < 1 or micro < 1:
             continue
+        dp = cfg.data_parallel_size(role)
         if not own:
             # Inherited from the actor: its mini-batch problems are reported once, there.
-            if train_bsz % mini or (mini * n) % world:
+            if train_bsz % mini or (mini * n) % dp:
                 continue
         elif mini > train_bsz or train_bsz % mini:
             fits = ", ".join(map(str, divisors_near(train_bsz, mini)))
             p.append(
-                f"{role}.ppo_mini_batch_size {mini} must divide data.train_batch_size {train_bsz}"
+                f"{key}.ppo_mini_batch_size {mini} must divide data.train_batch_size {train_bsz}"
                 f" (both count prompts); use a divisor such as {fits}"
             )
             continue
         samples = mini * n
-        if own and samples % world:
+        groups = _groups(cfg, dp)
+        if own and samples % dp:
             p.append(
-                f"{role}.ppo_mini_batch_size × rollout.n = {mini} × {n} = {samples} samples must be"
-                f" divisible by the {world} devices (trainer.nnodes × trainer.n_gpus_per_node);"
-                " change the mini-batch size, rollout.n or the device count"
+                f"{key}.ppo_mini_batch_size × rollout.n = {mini} × {n} = {samples} samples must be"
+                f" divisible by the {groups}; change the mini-batch size, rollout.n or the"
+                " device count"
             )
             continue
-        per_device = samples // world
-        if not dynamic and per_device % micro:
-            fits = ", ".join(map(str, divisors_near(per_device, micro)))
+        per_group = samples // dp
+        # Micro-batches may be uneven (the loss normalises over the whole mini-batch, as
+        # in verl), except through a Megatron pipeline, whose 1F1B schedule here takes
+        # equal ones.
+        if not dynamic and per_group % micro and _pipelined(cfg, role):
+            fits = ", ".join(map(str, divisors_near(per_group, micro)))
             p.append(
-                f"{role}.ppo_micro_batch_size_per_gpu {micro} must divide the {per_device} samples"
-                f" each device gets per mini-batch ({mini} prompts × {n} samples / {world}"
-                f" devices); use {fits}, or set {role}.use_dynamic_bsz=true"
+                f"{key}.ppo_micro_batch_size_per_gpu {micro} must divide the {per_group} samples"
+                f" each data-parallel group gets per mini-batch ({mini} prompts × {n} samples"
+                f" / {dp}): a pipeline's micro-batches are equal here; use {fits}, or set"
+                f" {key}.use_dynamic_bsz=true"
             )
     return p
+
+
+def _pipelined(cfg: EngineConfig, role: str) -> bool:
+    megatron = cfg.megatron_roles().get(role)
+    return megatron is not None and megatron[1].pipeline_model_parallel_size > 1
+
+
+def _groups(cfg: EngineConfig, dp: int) -> str:
+    """The data-parallel groups in words, for messages."""
+    if dp == cfg.world_size:
+        return f"{dp} devices (trainer.nnodes × trainer.n_gpus_per_node)"
+    return (
+        f"{dp} data-parallel groups ({cfg.world_size} devices over the ranks that share rows:"
+        " Megatron's tensor × pipeline × context parallel sizes, or the Ulysses group)"
+    )
 
 
 def token_budget_rules(cfg: EngineConfig) -> list[str]:

@@ -5,14 +5,15 @@ in ``engine.config.batches``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.algo import names
-from engine.config.fields import choice, one_of, positive, setting
+from engine.config import verl_trees
+from engine.config.fields import choice, inert, one_of, positive, setting, tree
+from engine.config.megatron import MegatronConfig
 from engine.config.train import (
     TRAIN_STRATEGIES,
     FSDPConfig,
-    MegatronConfig,
     ModelConfig,
     OptimConfig,
     optim_problems,
@@ -65,6 +66,54 @@ class CriticConfig:
     )
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # verl's other critic keys (docs/verl-compat.md).
+    forward_micro_batch_size_per_gpu: int | None = inert(
+        None,
+        "verl's micro-batch of the value pass; changes nothing here: that pass uses"
+        " actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu.",
+    )
+    forward_max_token_len_per_gpu: int | None = inert(
+        None,
+        "verl's token budget of the value pass; changes nothing here: that pass uses"
+        " actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu.",
+    )
+    forward_micro_batch_size: int | None = inert(
+        None, "verl's deprecated global micro-batch of the value pass; refused when set."
+    )
+    ppo_micro_batch_size: int | None = inert(
+        None,
+        "verl's deprecated micro-batch over all devices; refused when set: give"
+        " ppo_micro_batch_size_per_gpu.",
+    )
+    loss_scale_factor: float | None = inert(
+        None, "verl's copy of the actor's loss_scale_factor; changes nothing for the critic here."
+    )
+    shuffle: bool = inert(False, "verl's mini-batch shuffle; changes nothing here.")
+    data_loader_seed: int = inert(42, "verl's seed of that shuffle; changes nothing here.")
+    nccl_timeout: int = inert(
+        600, "verl's collective timeout in seconds; changes nothing here (torch's default)."
+    )
+    # the entropy and compile switches of verl's critic engine: the value head has none
+    use_torch_compile: bool = inert(True, "verl's compile switch; the critic has no logits here.")
+    entropy_from_logits_with_chunking: bool = inert(False, "No entropy in a value model.")
+    entropy_from_logits_chunk_size: int = inert(2048, "No entropy in a value model.")
+    entropy_checkpointing: bool = inert(False, "No entropy in a value model.")
+    pad_to_length: bool = inert(
+        False, "verl pads packed rows to a bucket length (static shapes); changes nothing here."
+    )
+    checkpoint: dict[str, Any] = tree(
+        verl_trees.CHECKPOINT,
+        "verl's choice of what a checkpoint holds; changes nothing here: a checkpoint always"
+        " holds the model, the optimizer and the trainer's state.",
+    )
+    profiler: dict[str, Any] = tree(
+        verl_trees.PROFILER, "verl's profiler of the critic; changes nothing here."
+    )
+    veomni: dict[str, Any] = tree(
+        verl_trees.VEOMNI,
+        "verl's VeOmni engine settings for the critic (model_engine=veomni); run on this"
+        " engine's FSDP2 (see actor_rollout_ref.actor.veomni).",
+    )
 
 
 def rules(cfg: EngineConfig) -> list[str]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.config.fields import as_list, choice, positive, setting
+from engine.config import verl_trees
+from engine.config.fields import as_list, choice, inert, mapping, positive, setting, tree
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -31,9 +32,9 @@ class DataConfig:
         kind="path or list of paths",
     )
     prompt_key: str = setting("prompt", "Column holding each row's prompt as chat messages.")
-    reward_fn_key: str = setting(
+    reward_fn_key: str = inert(
         "data_source",
-        "verl's column naming each row's reward function; kept for its recipes: the engine"
+        "verl's column naming each row's reward function; changes nothing here: the engine"
         " always reads `data_source`.",
     )
     max_prompt_length: int = setting(
@@ -58,8 +59,71 @@ class DataConfig:
     )
     shuffle: bool = setting(True, "Shuffle the training prompts, anew each epoch.")
     seed: int = setting(1, "Seed of the training prompts' shuffle.")
-    dataloader_num_workers: int = setting(
-        0, "verl's loader processes; unused: prompts are tokenised once, in memory."
+    dataloader_num_workers: int = inert(
+        0, "verl's loader processes; changes nothing here: prompts are tokenised once, in memory."
+    )
+    # verl's other data keys (docs/verl-compat.md).
+    train_max_samples: int = setting(
+        -1,
+        "Use at most this many training prompts (a random choice of them by `seed` when"
+        " shuffling, else the first ones); -1: all.",
+    )
+    val_max_samples: int = setting(
+        -1, "Use at most this many validation prompts (chosen as train_max_samples); -1: all."
+    )
+    apply_chat_template_kwargs: dict[str, Any] = mapping(
+        "Keyword arguments of the tokenizer's chat template when prompts are rendered (e.g."
+        " enable_thinking: false for Qwen3)."
+    )
+    image_key: str = inert(
+        "images",
+        "verl's column of a prompt's images. Models here are text-only: a row with images"
+        " in this column is refused when the data loads.",
+    )
+    video_key: str = inert(
+        "videos", "verl's column of videos; a row with videos in it is refused when the data loads."
+    )
+    audio_key: str = inert(
+        "audios", "verl's column of audio; a row with audio in it is refused when the data loads."
+    )
+    image_patch_size: int = inert(14, "verl's vision patch size; text-only models here.")
+    return_multi_modal_inputs: bool = inert(True, "verl's multimodal switch; text-only here.")
+    mm_processor_kwargs: dict[str, Any] = inert(
+        help="verl's multimodal processor arguments; text-only models here.",
+        factory=dict,
+        kind="mapping",
+    )
+    return_raw_chat: bool = inert(
+        True,
+        "verl keeps each prompt's chat messages beside its tokens; always so here (the"
+        " agent loop, the judge and rollout_data_dir read them), false changes nothing.",
+    )
+    return_raw_input_ids: bool = inert(
+        False, "verl's prompt ids for a reward model of another tokenizer; changes nothing here."
+    )
+    return_full_prompt: bool = inert(
+        False, "verl keeps the rendered prompt text; changes nothing here."
+    )
+    gen_batch_size: int | None = inert(
+        None,
+        "verl's prompts per generation round of dynamic sampling; changes nothing here:"
+        " each round draws data.train_batch_size prompts (filter_groups.max_num_gen_batches"
+        " counts rounds).",
+    )
+    validation_shuffle: bool = inert(
+        False, "verl's validation order switch; changes nothing here (file order)."
+    )
+    filter_overlong_prompts_workers: int = inert(
+        1, "verl's processes filtering long prompts; changes nothing here (one pass in memory)."
+    )
+    use_shm: bool = inert(False, "verl copies data files to /dev/shm; changes nothing here.")
+    custom_cls: dict[str, Any] = tree(
+        verl_trees.CUSTOM_CLASS,
+        "verl's own dataset class (path, name); not in this engine (a path is refused).",
+    )
+    continuous_token: dict[str, Any] = tree(
+        verl_trees.CONTINUOUS_TOKEN,
+        "verl's continuous-token prompts; not in this engine (enable=true is refused).",
     )
 
     @property

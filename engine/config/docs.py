@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.config.aliases import aliases_of, schema_key
 from engine.config.keys import Leaf, config_keys, leaf, leaves, sections
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -62,9 +63,19 @@ Every key, its type, default and meaning: [the reference](#reference) below, or
 - `python -m engine.main --check ...` validates and prints what would run (batch
   arithmetic, which roles load); `--print-config` prints the resolved YAML. Neither
   imports torch or Ray.
-- An unknown key suggests the closest one (`data.train_batch_sise` → did you mean
-  `data.train_batch_size`?). Sweeps (`a=1,2`) and deletions (`~a`) are refused: the engine
-  runs one configuration.
+- An unknown key suggests a near miss of the same section (`data.train_batch_sise` →
+  did you mean `data.train_batch_size`?), or the key of that name in another section;
+  a section of verl's that this engine lacks is named by its feature. Sweeps (`a=1,2`)
+  are refused: the engine runs one configuration. `~key` puts a key back to its default
+  (or removes an entry of a mapping such as `rollout.engine_kwargs.vllm`), `+key=value`
+  and `++key=value` set it.
+- verl's command lines carry over unchanged ([verl-compat.md](verl-compat.md)): every key
+  of verl's trainer schema is known here: read under this engine's name (verl's other
+  spelling is listed beside the key below), or accepted as changing nothing here (its
+  meaning below says why; a run that sets one is told so in one line at start), or, where
+  it turns on a feature this engine lacks, refused by that feature's name. Hydra's
+  `--config-path`/`--config-name`, group choices (`model_engine=megatron`) and
+  `--cfg job` work as in verl.
 
 ## Rules checked up front
 Every rule is checked before anything starts, and all broken rules are reported together,
@@ -76,10 +87,13 @@ tie several sections together, in `engine/config/batches.py`.)
 prompts; micro-batches count samples on one device):
 
 1. `ppo_mini_batch_size` must divide `data.train_batch_size` (the message offers nearby divisors).
-2. `ppo_mini_batch_size × rollout.n` samples must split evenly over the
-   `trainer.nnodes × trainer.n_gpus_per_node` devices.
-3. `ppo_micro_batch_size_per_gpu` must divide the samples each device gets per mini-batch,
-   unless `use_dynamic_bsz=true`.
+2. `ppo_mini_batch_size × rollout.n` samples must split evenly over the role's
+   data-parallel groups: the `trainer.nnodes × trainer.n_gpus_per_node` devices over the
+   ranks that share rows (Megatron's tensor × pipeline × context parallel sizes, an FSDP
+   role's Ulysses group), as verl splits them.
+3. Micro-batches (`ppo_micro_batch_size_per_gpu`) may be uneven (the loss normalises over
+   the whole mini-batch), except through a Megatron pipeline (PP > 1), where they must
+   divide each group's samples, unless `use_dynamic_bsz=true`.
 4. With `use_dynamic_bsz=true`, each token budget (`ppo_max_token_len_per_gpu`, and the
    log-prob passes' and critic's when set) must hold one whole sequence,
    `data.max_prompt_length + data.max_response_length`.
@@ -87,12 +101,13 @@ prompts; micro-batches count samples on one device):
 The critic follows the same rules with its own sizes (its mini-batch defaults to the actor's).
 
 **Algorithms**: estimator, policy loss, aggregation mode, KL estimator and controller names
-must be registered (the message lists the valid ones); group estimators (`grpo`, `rloo`,
-`grpo_passk`, `reinforce_plus_plus_baseline`, `opo`, `gpg`, `gdpo`) and DAPO's `filter_groups`
-need `rollout.n >= 2`; `gae` needs the critic; `gdpo` needs `algorithm.gdpo_reward_keys`
+must be registered (the message lists the valid ones); DAPO's `filter_groups` needs
+`rollout.n >= 2`; group estimators (`grpo`, `rloo`, `grpo_passk`,
+`reinforce_plus_plus_baseline`, `opo`, `gpg`, `gdpo`) with `rollout.n=1` run as in verl
+(each group one sample, its advantage its own score), with a note at start; `gae` needs the critic; `gdpo` needs `algorithm.gdpo_reward_keys`
 (with one `gdpo_reward_weights` entry per key when set) and no `use_kl_in_reward`; the
 optimal token baselines are refused until the actor computes Σπ²; `clip_ratio_low` in
-(0, 1), `clip_ratio_high > 0`, `clip_ratio_c > 1`; SAPO's `tau_pos` and `tau_neg` > 0;
+(0, 1) (for `cispo` any value >= 0: 1 or more leaves the weight's lower side open), `clip_ratio_high > 0`, `clip_ratio_c > 1`; SAPO's `tau_pos` and `tau_neg` > 0;
 `gamma`, `lam` in [0, 1]; the overlong buffer must be shorter than
 `data.max_response_length`; `algorithm.rollout_correction.rollout_is` is `token`, `sequence`
 or null, needs `actor_rollout_ref.rollout.calculate_log_probs=true`, and its
@@ -115,11 +130,12 @@ section, as in verl:
 | `<role>.megatron.pipeline_model_parallel_size` | 1 | ≥ 1; must divide `num_hidden_layers` (equal stages); p stages run a 1F1B schedule, the ranks of one model replica (t × p of them) share their rows |
 | `<role>.megatron.context_parallel_size` | 1 | ≥ 1; c ranks split every sequence (zigzag, keys and values gathered for attention) and share their rows; for long sequences |
 | `<role>.megatron.expert_model_parallel_size` | 1 | ≥ 1; > 1 for Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 only: must divide `num_experts`, TP × EP × PP must divide the world, and with TP > 1 `sequence_parallel` must be true ([backends](backends.md#mixture-of-experts)) |
-| `<role>.megatron.sequence_parallel` | false | with TP > 1, activations outside attention and the MLP are split by sequence over the TP ranks (the plan turns it on whenever TP > 1); ignored at TP 1 |
+| `<role>.megatron.sequence_parallel` | true | with TP > 1, activations outside attention and the MLP are split by sequence over the TP ranks (verl's default; needed for expert parallelism with TP > 1); ignored at TP 1 |
 | `<role>.megatron.use_distributed_optimizer` | true | Megatron's `DistributedOptimizer` on GPUs; ignored on CPU, where a torch AdamW fallback runs |
 
 `<role>` is `actor_rollout_ref.actor`, `actor_rollout_ref.ref` or `critic`.
-`actor_rollout_ref.ref.strategy` defaults to the actor's (`null`). Further rules: the
+`actor_rollout_ref.ref.strategy` defaults to the actor's (`null`), and so do the
+reference's parallel sizes (null: the actor's, as in verl). Further rules: the
 device count must be a multiple of tensor × pipeline × context parallel sizes; the
 Megatron roles run in the same worker processes, which hold one Megatron parallel state,
 so their tensor, pipeline and context sizes must be equal; `trainer.device=npu` is refused (the
@@ -148,24 +164,34 @@ def render_markdown() -> str:
     described = sections()
     for section, description in described.items():
         if not section:
-            continue
-        depth = section.count(".")
-        out.append(f"\n{'#' * min(3 + depth, 6)} `{section}`\n")
-        if description:
-            out.append(f"\n{description}\n")
+            out.append("\n### Top-level keys\n")
+        else:
+            depth = section.count(".")
+            out.append(f"\n{'#' * min(3 + depth, 6)} `{section}`\n")
+            if description:
+                out.append(f"\n{description}\n")
         own = [
             item
             for item in leaves(section)
-            if item.key.rsplit(".", 1)[0] == section  # its own keys, not its subsections'
+            # its own keys, not its subsections'
+            if (item.key.rsplit(".", 1)[0] if "." in item.key else "") == section
         ]
         if own:
             out.append("\n| key | type | default | meaning |\n| --- | --- | --- | --- |\n")
             out.extend(
                 f"| `{item.key}` | {item.type_name} | `{format_value(item.default)}` |"
-                f" {_cell(item.help)} |\n"
+                f" {_cell(_meaning(item))} |\n"
                 for item in own
             )
     return "".join(out)
+
+
+def _meaning(item: Leaf) -> str:
+    """A key's help, with verl's other spellings of it."""
+    others = aliases_of(item.key)
+    if not others:
+        return item.help
+    return f"{item.help} verl's spelling: {', '.join(f'`{a}`' for a in others)}."
 
 
 def format_value(value: Any) -> str:
@@ -176,6 +202,15 @@ def format_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # a mapping (a subtree of verl's keys): its keys, one level
+        return (
+            "{"
+            + ", ".join(
+                f"{k}: {{…}}" if isinstance(v, dict) and v else f"{k}: {format_value(v)}"
+                for k, v in value.items()
+            )
+            + "}"
+        )
     if value == "":
         return '""'
     return str(value)
@@ -189,21 +224,52 @@ def key_help(keys: Sequence[str]) -> tuple[str, list[str]]:
     blocks, unknown = [], []
     for key in keys:
         key = key.rstrip(".")
-        found = leaf(key)
+        target = schema_key(key)
+        found = leaf(target)
+        alias = f"{key}\n  verl's spelling of {target}, which it sets:\n" if target != key else ""
         if found is not None:
-            blocks.append(_leaf_text(found))
-        elif key and key in described:
-            blocks.append(_section_text(key, described[key]))
+            blocks.append(alias + _leaf_text(found))
+        elif target and target in described:
+            blocks.append(alias + _section_text(target, described[target]))
+        elif (inside := _inside_mapping(target)) is not None:
+            blocks.append(inside)
+        elif key == "hydra" or key.startswith("hydra."):
+            blocks.append(
+                f"{key}\n  Hydra's own setting (output folder, search path, logging); accepted,"
+                " and changes nothing: the engine does not run under Hydra's app runner."
+            )
         else:
             unknown.append(_unknown_key(key, described))
     return "\n\n".join(blocks), unknown
 
 
-def _leaf_text(item: Leaf) -> str:
+def _inside_mapping(key: str) -> str | None:
+    """Help for a key inside a mapping field (a subtree of verl's keys, or keyword
+    arguments passed on): the field's help, and the key's default there."""
+    from engine.config.given import field_at
+    from engine.config.verl_features import value_at
+
+    found = field_at(key)
+    if found is None or found[1] == key:
+        return None
+    field, owner = found
+    from engine.config.engine import EngineConfig
+
+    default = value_at(EngineConfig(), key)
+    inert = " (changes nothing here)" if field.metadata.get("inert") else ""
     return (
+        f"{key}\n  part of {owner}{inert}\n  default: {format_value(default)}\n"
+        f"  {field.metadata.get('help', '')}"
+    )
+
+
+def _leaf_text(item: Leaf) -> str:
+    text = (
         f"{item.key}\n  type:    {item.type_name}\n"
         f"  default: {format_value(item.default)}\n  {item.help}"
     )
+    others = aliases_of(item.key)
+    return text + (f"\n  also spelt (verl): {', '.join(others)}" if others else "")
 
 
 def _section_text(section: str, description: str) -> str:

@@ -5,17 +5,28 @@ token budget)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.algo import names
+from engine.config import verl_trees
 from engine.config.actor import ActorRolloutRefConfig
 from engine.config.algorithm import AlgorithmConfig
 from engine.config.async_training import AsyncTrainingConfig
 from engine.config.critic import CriticConfig
 from engine.config.data import DataConfig
-from engine.config.fields import selected
+from engine.config.fields import selected, setting, tree
+from engine.config.megatron import MegatronConfig
 from engine.config.reward import CustomRewardFunctionConfig, RewardModelConfig
-from engine.config.train import MegatronConfig
 from engine.config.trainer import TrainerConfig
+from engine.config.verl_sections import (
+    DISTILLATION_HELP,
+    GLOBAL_PROFILER_HELP,
+    MODEL_ENGINE_HELP,
+    SKIP_HELP,
+    TRANSFER_QUEUE_HELP,
+    RayKwargsConfig,
+    RewardSection,
+)
 
 
 @dataclass
@@ -32,6 +43,14 @@ class EngineConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    # verl's sections beyond the engine's own (verl_sections.py, docs/verl-compat.md)
+    reward: RewardSection = field(default_factory=RewardSection)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    model_engine: str | None = setting(None, MODEL_ENGINE_HELP)
+    distillation: dict[str, Any] = tree(verl_trees.DISTILLATION, DISTILLATION_HELP)
+    transfer_queue: dict[str, Any] = tree(verl_trees.TRANSFER_QUEUE, TRANSFER_QUEUE_HELP)
+    global_profiler: dict[str, Any] = tree(verl_trees.GLOBAL_PROFILER, GLOBAL_PROFILER_HELP)
+    skip: dict[str, Any] = tree(verl_trees.SKIP, SKIP_HELP)
 
     # Derived facts the trainer and workers ask for; computed, never stored.
 
@@ -76,7 +95,9 @@ class EngineConfig:
         if arr.actor.strategy == "megatron":
             roles["actor"] = ("actor_rollout_ref.actor.megatron", arr.actor.megatron)
         if self.use_reference and self.ref_strategy == "megatron":
-            roles["reference"] = ("actor_rollout_ref.ref.megatron", arr.ref.megatron)
+            # the reference's null sizes are the actor's (verl's default)
+            ref = arr.ref.megatron.resolved(arr.actor.megatron)
+            roles["reference"] = ("actor_rollout_ref.ref.megatron", ref)
         if self.use_critic and self.critic.strategy == "megatron":
             roles["critic"] = ("critic.megatron", self.critic.megatron)
         return roles
@@ -112,6 +133,22 @@ class EngineConfig:
         actor = [selected(self, key) for key in TOKEN_BUDGET_KEYS["actor"]]
         dynamic, budget = (a if o is None else o for o, a in zip(own, actor, strict=True))
         return budget * self.sequence_split(BUDGET_ROLES[role]) if dynamic else None
+
+    def data_parallel_size(self, role: str) -> int:
+        """Groups of ranks that each take their own rows of ``role`` (actor, reference or
+        critic): the device count over the ranks that share rows (Megatron's TP × PP ×
+        CP, or under FSDP the Ulysses group), as verl splits its batches."""
+        megatron = self.megatron_roles().get(role)
+        if megatron is not None:
+            section = megatron[1]
+            shared = (
+                section.tensor_model_parallel_size
+                * section.pipeline_model_parallel_size
+                * section.context_parallel_size
+            )
+        else:
+            shared = max(1, self.ulysses_size(role))
+        return max(1, self.world_size // max(1, shared))
 
     def sequence_split(self, role: str) -> int:
         """Ranks that split each sequence of ``role`` (actor, reference or critic) and so

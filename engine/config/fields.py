@@ -16,11 +16,13 @@ def setting(
     *,
     factory: Callable[[], Any] | None = None,
     kind: str | None = None,
+    **marks: Any,
 ) -> Any:
     """A leaf field: its default (or a ``factory`` for a mutable one) and its help text,
     kept in the field's metadata for ``--help KEY`` and docs/configuration.md. ``kind``
-    names the type in words where the annotation cannot (a field typed ``Any``)."""
-    metadata = {"help": help} if kind is None else {"help": help, "type": kind}
+    names the type in words where the annotation cannot (a field typed ``Any``);
+    ``marks`` are further metadata (``inert``, ``tree``: see below)."""
+    metadata = {"help": help, **marks} if kind is None else {"help": help, "type": kind, **marks}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -60,3 +62,33 @@ def one_of(valid: Iterable[str]) -> str:
     """Names in words, for help texts: ``a, b or c``."""
     valid = list(valid)
     return valid[0] if len(valid) == 1 else f"{', '.join(valid[:-1])} or {valid[-1]}"
+
+
+def inert(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    kind: str | None = None,
+) -> Any:
+    """A verl key accepted so that a verl command line runs unchanged, which changes
+    nothing in this engine: ``help`` says what it does in verl and why not here. A run
+    that sets one is told so in one line at start (``engine.config.given``)."""
+    return setting(default, help, factory=factory, kind=kind, inert=True)
+
+
+def tree(default: dict[str, Any], help: str, *, inert_tree: bool = True) -> Any:
+    """A subtree of verl's keys held as one mapping with verl's default shape: a key
+    under it that the default lacks is refused (``engine.config.verl_trees``), the
+    values are not typed. ``inert_tree``: the subtree changes nothing here."""
+    import copy
+
+    def factory() -> dict[str, Any]:
+        return copy.deepcopy(default)
+
+    return setting(help=help, factory=factory, kind="mapping", tree=default, inert=inert_tree)
+
+
+def mapping(help: str, factory: Callable[[], dict[str, Any]] = dict) -> Any:
+    """A free-form mapping (keyword arguments passed on to a library): any key."""
+    return setting(help=help, factory=factory, kind="mapping")

@@ -1,22 +1,38 @@
-"""Composition: defaults, then a base mapping, a YAML file and Hydra-style ``key=value``
-overrides (``load_config``), each key checked against the schema (``key_problems``); and
-the resolved config back as YAML (``to_yaml``)."""
+"""Composition: defaults, then verl's config choices (``compose``), a base mapping, a
+YAML file and Hydra-style ``key=value`` overrides (``load``, ``load_config``), verl's
+spellings read as the schema's (``aliases``); and a mapping's keys checked alone
+against the schema (``key_problems``). YAML output is in ``dump``."""
 
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config.aliases import dotted_to_schema, nested_to_schema, uses_alias
+from engine.config.aliases import canonical_value, dotted_to_schema, flatten, nested_to_schema
+from engine.config.compose import Layer, compose_file, group_preset, is_group
 from engine.config.engine import EngineConfig
 from engine.config.fields import selected
 from engine.config.keys import config_keys, expected, schema_leaf
 from engine.config.rules import validate
+from engine.config.suggest import unknown_key_message
+from engine.config.verl_names import VALUE_ALIASES
+from engine.config.verl_trees import tree_problems
 from engine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A config and what the run gave to make it: the dotted schema keys set by the
+    base mapping, the files and the overrides (verl's spellings renamed), and Hydra's
+    own settings (``hydra.*``), which change nothing here."""
+
+    config: EngineConfig
+    given: tuple[str, ...] = ()
+    hydra: tuple[str, ...] = ()
 
 
 def load_config(
@@ -24,46 +40,74 @@ def load_config(
     config_file: str | Path | None = None,
     base: Mapping[str, Any] | None = None,
     check: bool = True,
+    config_path: str | None = None,
+    config_name: str | None = None,
 ) -> EngineConfig:
     """Build an ``EngineConfig``: defaults, then ``base`` (a nested mapping), then a YAML
-    ``config_file``, then Hydra-style ``overrides`` (``a.b=c``, ``a=[1,2]``, ``a=null``).
+    ``config_file`` (or Hydra's ``config_path``/``config_name`` pair), then Hydra-style
+    ``overrides`` (``a.b=c``, ``a=[1,2]``, ``a=null``, ``+a=c``, ``~a``, group choices).
 
     Unknown keys and values of the wrong type raise ``ConfigError`` naming the key; with
     ``check`` every cross-field rule of ``validate`` is applied too.
     """
+    return load(overrides, config_file, base, check, config_path, config_name).config
+
+
+def load(
+    overrides: Sequence[str] = (),
+    config_file: str | Path | None = None,
+    base: Mapping[str, Any] | None = None,
+    check: bool = True,
+    config_path: str | None = None,
+    config_name: str | None = None,
+) -> Loaded:
+    """``load_config``, with what the run gave (``Loaded``)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    cfg = copy.deepcopy(_schema())
-    layers: list[tuple[str, Any]] = []
-    if base is not None:
-        layers.append(("base config", dict(base)))
+    parsed = _parse_overrides(overrides)
+    files: list[Layer] = []
+    if config_name is not None:
+        files += compose_file(config_path, config_name)
     if config_file is not None:
         path = Path(config_file)
         if not path.is_file():
             raise ConfigError([f"config file {str(path)!r} does not exist"])
-        layers.append((str(path), OmegaConf.load(path)))
-    for source, layer in layers:
-        if uses_alias(layer):  # verl's other spellings (``aliases``)
-            plain = (
-                OmegaConf.to_container(layer, resolve=False)
-                if OmegaConf.is_config(layer)
-                else layer
+        files.append(Layer(str(path), OmegaConf.to_container(OmegaConf.load(path), resolve=False)))
+    # Choices of verl's configs fill defaults (as in Hydra): under everything the user
+    # sets, the command line's choices over the files'.
+    layers = [layer for layer in files if layer.preset] + parsed.presets
+    if base is not None:
+        layers.append(Layer("base config", dict(base)))
+    layers += [layer for layer in files if not layer.preset]
+
+    cfg = copy.deepcopy(_schema())
+    given: list[str] = []
+    for layer in layers:
+        if not isinstance(layer.keys, Mapping):
+            raise ConfigError(
+                [f"{layer.source}: a config must be a mapping of keys, got {_short(layer.keys)}"]
             )
-            layer = nested_to_schema(plain, source)
+        renamed = nested_to_schema(layer.keys, layer.source)
+        if not layer.preset:
+            given += flatten(renamed)
         try:
-            cfg = OmegaConf.merge(cfg, layer)
+            cfg = OmegaConf.merge(cfg, renamed)
         except OmegaConfBaseException as exc:
-            raise ConfigError([_omegaconf_problem(exc, source)]) from None
+            raise ConfigError([_omegaconf_problem(exc, layer.source)]) from None
 
     problems = []
-    for key, value in dotted_to_schema(_parse_overrides(overrides), "overrides"):
+    for key, value in dotted_to_schema(parsed.settings, "overrides"):
+        given.append(key)
         try:
             OmegaConf.update(cfg, key, value, merge=True)
         except OmegaConfBaseException as exc:
             problems.append(_omegaconf_problem(exc, f"override {key}={value!r}"))
+    for key in parsed.deletes:
+        problems += _delete(cfg, key)
     if problems:
         raise ConfigError(problems)
+    _canonical_values(cfg)
 
     try:
         OmegaConf.resolve(cfg)
@@ -71,11 +115,27 @@ def load_config(
     except OmegaConfBaseException as exc:
         raise ConfigError([_omegaconf_problem(exc, "config")]) from None
     untyped = [p for k in _PATH_KEYS if (p := _paths_problem(k, selected(result, k)))]
+    untyped += tree_problems(result)
     if untyped:
         raise ConfigError(untyped)
+    apply_conventions(result)
     if check:
         validate(result)
-    return result
+    return Loaded(result, tuple(dict.fromkeys(given)), tuple(parsed.hydra))
+
+
+def apply_conventions(cfg: EngineConfig) -> None:
+    """verl's conventions that stand for a value of another key, read as that value:
+    Megatron's absolute ``optim.min_lr`` as ``min_lr_ratio``, and the fully async
+    trainer's ``data.train_batch_size=0`` (a step of ``require_batches`` mini-batches)."""
+    for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
+        if optim.min_lr > 0 and optim.min_lr_ratio == 0 and optim.lr > 0:
+            optim.min_lr_ratio = optim.min_lr / optim.lr
+    a = cfg.async_training
+    if cfg.data.train_batch_size == 0 and a.mode == "fully_async":
+        batches = 1 if a.require_batches is None else a.require_batches
+        cfg.data.train_batch_size = batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        a.require_batches = batches
 
 
 @functools.cache
@@ -85,6 +145,40 @@ def _schema() -> Any:
     from omegaconf import OmegaConf
 
     return OmegaConf.structured(EngineConfig)
+
+
+def _canonical_values(cfg: Any) -> None:
+    """verl's names of values (``bf16``) as the schema's, where the user gave them."""
+    from omegaconf import OmegaConf
+
+    for key in VALUE_ALIASES:
+        value = OmegaConf.select(cfg, key)
+        new = canonical_value(key, value)
+        if new != value:
+            OmegaConf.update(cfg, key, new, merge=False)
+
+
+def _delete(cfg: Any, key: str) -> list[str]:
+    """Hydra's ``~key``: a schema key (or section) goes back to its default; an entry of
+    a mapping (engine_kwargs.vllm.x) is removed."""
+    from omegaconf import OmegaConf
+
+    from engine.config.aliases import schema_key
+
+    target = schema_key(key)
+    default = OmegaConf.select(_schema(), target, default=_MISSING)
+    if default is not _MISSING:
+        OmegaConf.update(cfg, target, copy.deepcopy(default), merge=False)
+        return []
+    parent_key, _, name = target.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else None
+    if OmegaConf.is_dict(parent) and name in parent:
+        del parent[name]
+        return []
+    return [f"override ~{key}: there is no such key to delete"]
+
+
+_MISSING = object()
 
 
 def key_problems(dotted: Mapping[str, Any]) -> list[str]:
@@ -117,8 +211,9 @@ def key_problems(dotted: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-# Keys the schema types as Any (a path or a list of paths): checked here instead.
-_PATH_KEYS = ("data.train_files", "data.val_files")
+# Keys the schema types as Any (one item or a list of them): checked here instead.
+_PATH_KEYS = ("data.train_files", "data.val_files", "trainer.logger")
+_WHAT = {"trainer.logger": "a name or a list of names"}
 
 
 def _paths_problem(key: str, value: Any) -> str | None:
@@ -126,56 +221,26 @@ def _paths_problem(key: str, value: Any) -> str | None:
         return None
     if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
         return None
-    return f"{key}: expected a path or a list of paths, got {_short(value)}"
+    what = _WHAT.get(key, "a path or a list of paths")
+    return f"{key}: expected {what}, got {_short(value)}"
 
 
-# Line breaks besides \n that YAML readers fold inside a quoted scalar: a value holding
-# one is written double-quoted, where they are escapes (\N, \L, \P) and survive.
-_YAML_SPECIAL_BREAKS = ("\x85", "\u2028", "\u2029")
+@dataclass
+class _Overrides:
+    settings: list[tuple[str, Any]]
+    deletes: list[str]
+    presets: list[Layer]  # group choices
+    hydra: list[str]  # Hydra's own settings
 
 
-@functools.cache
-def _yaml_dumper() -> type:
-    """OmegaConf's YAML dumper, except that a string holding one of the special breaks is
-    written double-quoted (made once: a representer is registered on the class)."""
-    import yaml
-    from omegaconf._utils import get_omega_conf_dumper
-
-    base = get_omega_conf_dumper()
-
-    class Dumper(base):  # type: ignore[misc, valid-type]
-        pass
-
-    def represent_str(dumper: yaml.Dumper, data: str) -> yaml.ScalarNode:
-        if any(ch in data for ch in _YAML_SPECIAL_BREAKS):
-            return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
-        return base.str_representer(dumper, data)
-
-    Dumper.add_representer(str, represent_str)
-    return Dumper
-
-
-def to_yaml(cfg: EngineConfig) -> str:
-    """The config as YAML (OmegaConf's layout), every string read back as written."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    container = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
-    return yaml.dump(
-        container,
-        default_flow_style=False,
-        allow_unicode=True,
-        sort_keys=False,
-        Dumper=_yaml_dumper(),
-    )
-
-
-def _parse_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
+def _parse_overrides(overrides: Sequence[str]) -> _Overrides:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    from engine.config.aliases import nest
+
     parser = OverridesParser.create()
-    parsed = []
+    out = _Overrides([], [], [], [])
     problems = []
     for line in overrides:
         try:
@@ -188,13 +253,33 @@ def _parse_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
                 f"override {line!r} is a sweep; the engine runs one config: give a single value"
             )
             continue
-        if override.is_delete():
-            problems.append(f"override {line!r} deletes a key; schema keys cannot be removed")
-            continue
-        parsed.append((override.key_or_group, override.value()))
+        key = override.key_or_group
+        if key == "hydra" or key.startswith("hydra."):
+            out.hydra.append(line)
+        elif override.is_delete():
+            out.deletes.append(key)
+        elif override.package is not None or (is_group(key) and key != "model_engine"
+                                             and schema_leaf(key) is None):  # fmt: skip
+            # a group choice (actor@actor_rollout_ref.actor=megatron_actor)
+            try:
+                preset = group_preset(key, override.package, override.value(), "overrides")
+            except ConfigError as exc:
+                problems += exc.problems
+                continue
+            out.presets.append(Layer(f"override {line}", nest(list(preset.items())), True))
+        elif key == "model_engine":  # verl's engine family: a group choice and a key
+            try:
+                preset = group_preset(key, None, override.value(), "overrides")
+            except ConfigError as exc:
+                problems += exc.problems
+                continue
+            out.presets.append(Layer(f"override {line}", nest(list(preset.items())), True))
+            out.settings.append((key, override.value()))
+        else:  # key=value, +key=value, ++key=value: the schema decides what exists
+            out.settings.append((key, override.value()))
     if problems:
         raise ConfigError(problems)
-    return parsed
+    return out
 
 
 def _omegaconf_problem(exc: Exception, source: str) -> str:
@@ -204,9 +289,7 @@ def _omegaconf_problem(exc: Exception, source: str) -> str:
     key = getattr(exc, "full_key", None) or ""
     msg = str(getattr(exc, "msg", None) or exc).splitlines()[0]
     if isinstance(exc, ConfigKeyError | ConfigAttributeError):
-        close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{source}: unknown key {key!r}{hint}"
+        return unknown_key_message(key, config_keys(), source)
     leaf = schema_leaf(key) if key else None
     wrong_type = ("could not be converted", "is not a valid", "Incompatible value", "is not a List")
     if leaf is not None and hasattr(exc, "value") and any(w in msg for w in wrong_type):

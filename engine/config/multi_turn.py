@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.config.fields import positive, setting
+from engine.config.fields import inert, positive, setting
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -41,6 +41,11 @@ class MultiTurnConfig:
         "hermes", "How the model writes a tool call: hermes (<tool_call> JSON, Qwen2.5/Qwen3)."
     )
     max_assistant_turns: int = setting(4, "Model turns in one trajectory, at most.")
+    max_user_turns: int | None = setting(
+        None,
+        "Environment turns in one trajectory, at most (tool results and interaction"
+        " feedback, each one turn); null: as many as the model turns leave room for.",
+    )
     max_parallel_calls: int = setting(8, "Tool calls run from one model turn, at most.")
     max_tool_response_length: int = setting(
         2000, "Characters of one tool result the model reads; the rest is cut and marked."
@@ -50,6 +55,28 @@ class MultiTurnConfig:
         "tool_agent",
         "The agent loop of samples without an agent_name: single_turn, tool_agent or one the"
         " agent loops file declares.",
+    )
+    # verl's other multi-turn keys (docs/verl-compat.md).
+    tool_response_truncate_side: str = setting(
+        "right",
+        "Which side of a long tool result is cut: right (the start is kept, marked); verl's"
+        " left and middle are refused.",
+    )
+    function_tool_path: str | None = inert(
+        None,
+        "verl's Python functions as tools; not in this engine (refused when set): declare"
+        " them in the tools file (docs/tools.md).",
+    )
+    use_inference_chat_template: bool = inert(
+        False,
+        "verl's choice of chat template for training tokens; changes nothing here: the"
+        " trained tokens are those the model generated and read.",
+    )
+    tokenization_sanity_check_mode: str = inert(
+        "strict", "verl's check of its re-tokenization; changes nothing here (no re-tokenizing)."
+    )
+    num_repeat_rollouts: int | None = inert(
+        None, "verl's repeated interaction rollouts; changes nothing here (rollout.n samples)."
     )
 
 
@@ -65,6 +92,8 @@ def rules(cfg: EngineConfig) -> list[str]:
             (f"{key}.max_tool_response_length", mt.max_tool_response_length),
         ]
     )
+    if mt.max_user_turns is not None:
+        p += positive([(f"{key}.max_user_turns", mt.max_user_turns)])
     if not mt.tool_timeout_s > 0:
         p.append(f"{key}.tool_timeout_s must be positive, got {mt.tool_timeout_s}")
     if mt.default_agent not in AGENT_LOOPS and not mt.agent_loop_config_path:

@@ -11,15 +11,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from engine.config.fields import choice, positive, setting
+from engine.config import verl_trees
+from engine.config.fields import choice, inert, positive, setting, tree
 from engine.config.judge import JudgeConfig, judge_rules
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
 
-REWARD_MANAGERS = ("naive", "dapo")
+REWARD_MANAGERS = ("naive", "dapo", "gdpo")
 REWARD_MODEL_STYLES = ("discriminative", "generative")
 
 
@@ -58,6 +59,22 @@ class RewardModelModelConfig:
     trust_remote_code: bool = setting(
         False, "Run the model's own Python code from the hub or its folder (transformers')."
     )
+    external_lib: str | None = inert(
+        None,
+        "verl: a Python module imported to register a custom model; not in this engine"
+        " (refused when set).",
+    )
+
+
+# verl's reward_kwargs: the DAPO reward manager's arguments (the overlong buffer's are
+# read as reward_model.overlong_buffer.*, aliases.py).
+REWARD_KWARGS = {"max_resp_len": None, "overlong_buffer_cfg": {"log": False}}
+_REWARD_KWARGS_HELP = (
+    "verl's reward manager arguments: overlong_buffer_cfg.enable, len and penalty_factor"
+    " are read as reward_model.overlong_buffer's; max_resp_len, when set, must be"
+    " data.max_response_length (the penalty counts from there); overlong_buffer_cfg.log"
+    " changes nothing here (the penalty is always in the metrics)."
+)
 
 
 @dataclass
@@ -99,13 +116,32 @@ class RewardModelConfig:
         " null: every sample (verl's behaviour).",
     )
     reward_manager: str = setting(
-        "naive", "naive or dapo (verl's names; the overlong penalty follows `overlong_buffer`)."
+        "naive",
+        "naive, dapo or gdpo (verl's names; dapo's overlong penalty follows"
+        " `overlong_buffer`, gdpo is naive: a reward function's dict gives GDPO its"
+        " components).",
     )
     num_workers: int = setting(4, "Processes scoring samples in parallel.")
     timeout_s: float = setting(
         10.0, "Seconds one sample may take; a sample over it scores 0 (its worker is replaced)."
     )
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # verl's other (legacy) reward_model keys (docs/verl-compat.md).
+    reward_kwargs: dict[str, Any] = tree(REWARD_KWARGS, _REWARD_KWARGS_HELP, inert_tree=False)
+    reward_loop_source: str | None = inert(
+        None, "verl: where its reward loop class comes from; not in this engine (refused when set)."
+    )
+    reward_loop_module_path: str | None = inert(
+        None, "verl: a reward loop module of your own; not in this engine (refused when set)."
+    )
+    reward_loop_class_name: str | None = inert(
+        None, "verl: that module's class; not in this engine (refused when set)."
+    )
+    rollout: dict[str, Any] = tree(
+        verl_trees.LEGACY_REWARD_MODEL_SERVING,
+        "verl's legacy spelling of reward.reward_model.rollout (an inference engine serving"
+        " the reward model); changes nothing here (see reward.reward_model.rollout).",
+    )
 
 
 @dataclass

@@ -6,9 +6,10 @@ size divides the devices it shares with the actor."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from engine.config.fields import choice, positive, setting
+from engine.config import verl_trees
+from engine.config.fields import choice, inert, mapping, positive, setting, tree
 from engine.config.multi_turn import MultiTurnConfig
 from engine.config.train import dtype_problems
 
@@ -17,6 +18,24 @@ if TYPE_CHECKING:
 
 ROLLOUT_BACKENDS = ("hf", "vllm", "sglang")
 PLACEMENTS = ("colocate", "separate")
+# vLLM's logprobs_mode values (log-probs of the distribution sampled from, or before
+# temperature and top-k/top-p, and the logits themselves).
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+_ENGINE_ONLY = "vllm/sglang only"
+# Engine arguments the colocated integration sets itself (engine.rollout.translate):
+# rollout.engine_kwargs may not change them.
+RESERVED_ENGINE_ARGS = {
+    "vllm": (
+        "model",
+        "tokenizer",
+        "tensor_parallel_size",
+        "distributed_executor_backend",
+        "load_format",
+        "skip_tokenizer_init",
+    ),
+    "sglang": ("model_path", "tp_size", "skip_tokenizer_init", "load_format"),
+}
 
 _TOP_P = (
     "Nucleus sampling: sample from the most likely tokens that make up top_p of the mass; 1: off."
@@ -111,6 +130,147 @@ class RolloutConfig:
     )
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    # verl's other rollout keys (docs/verl-compat.md).
+    max_model_len: int | None = setting(
+        None,
+        f"The engine's context length in tokens ({_ENGINE_ONLY}); null:"
+        " data.max_prompt_length + data.max_response_length, which it must hold.",
+    )
+    max_num_seqs: int = setting(
+        256, f"Sequences the engine schedules at once ({_ENGINE_ONLY}; vLLM's max_num_seqs)."
+    )
+    enable_chunked_prefill: bool = setting(
+        True, f"Split long prompts' prefill into chunks ({_ENGINE_ONLY})."
+    )
+    enable_prefix_caching: bool = setting(
+        True, f"Reuse the KV cache of shared prompt prefixes ({_ENGINE_ONLY})."
+    )
+    disable_log_stats: bool = setting(True, "vLLM: leave out its periodic statistics log.")
+    scheduling_policy: str = setting("fcfs", "vLLM's scheduler: fcfs or priority.")
+    logprobs_mode: str = setting(
+        "processed_logprobs",
+        "vLLM's log-probs with calculate_log_probs: processed_logprobs (of the distribution"
+        " sampled from: after temperature and top-k/top-p, what training compares) or"
+        " raw_logprobs, processed_logits, raw_logits.",
+    )
+    cudagraph_capture_sizes: list[int] | None = setting(
+        None, "vLLM: the batch sizes its CUDA graphs are captured for; null: vLLM's."
+    )
+    expert_parallel_size: int = setting(
+        1,
+        "vLLM: > 1 spreads a mixture-of-experts model's experts over the engine's devices"
+        " (enable_expert_parallel) instead of splitting each expert.",
+    )
+    engine_kwargs: dict[str, Any] = mapping(
+        "Further keyword arguments of the engine, per backend: engine_kwargs.vllm.* are"
+        " passed to vllm.LLM, engine_kwargs.sglang.* to sglang.Engine (they win over the"
+        " engine's own choices), engine_kwargs.trtllm.* is refused (no TensorRT-LLM here).",
+        factory=lambda: {"vllm": {}, "sglang": {}, "trtllm": {}},
+    )
+    prompt_length: int | None = inert(
+        None,
+        "verl's copy of data.max_prompt_length for the rollout; when set it must equal it"
+        " (the rollout's prompts are the data's).",
+    )
+    response_length: int | None = inert(
+        None,
+        "verl's copy of data.max_response_length for the rollout; when set it must equal it.",
+    )
+    mode: str = inert(
+        "async",
+        "verl's choice between its sync and async rollout servers; changes nothing here:"
+        " the controller drives generation one way.",
+    )
+    nnodes: int = inert(
+        0,
+        "verl's nodes of a rollout with its own devices; changes nothing here: that is"
+        " placement=separate with separate_nnodes.",
+    )
+    n_gpus_per_node: int | None = inert(
+        None,
+        "verl's devices per node of such a rollout; changes nothing here: that is"
+        " placement=separate with separate_n_gpus_per_node.",
+    )
+    data_parallel_size: int = inert(
+        1,
+        "verl's engine replicas within one server; changes nothing here: every"
+        " tensor-parallel group of devices runs an engine of its own.",
+    )
+    pipeline_model_parallel_size: int = inert(
+        1, "verl's pipeline stages of the engine; changes nothing here (tensor parallel only)."
+    )
+    seed: int = inert(42, "verl's rollout seed; changes nothing here (trainer.seed seeds it).")
+    full_determinism: bool = inert(
+        False, "verl's deterministic inference switch; changes nothing here (not enforced)."
+    )
+    load_format: str = inert(
+        "dummy",
+        "How verl's engine reads the checkpoint at start; changes nothing here: the weights"
+        " always come from the actor before the first generation.",
+    )
+    layered_summon: bool = inert(
+        False, "verl gathers FSDP weights layer by layer for the push; changes nothing here."
+    )
+    multi_stage_wake_up: bool = inert(
+        False, "verl wakes the engine's weights and KV cache in two steps; changes nothing here."
+    )
+    skip_tokenizer_init: bool = inert(
+        True, "verl's engine tokenizer switch; changes nothing here (token ids in and out)."
+    )
+    over_sample_rate: float = inert(
+        0.0,
+        "verl generates more samples and drops the slowest; not in this engine (> 0 is refused).",
+    )
+    moe_load_balance_metrics_interval: int = inert(
+        0, "verl's MoE load-balance metrics period; changes nothing here."
+    )
+    log_prob_micro_batch_size: int | None = inert(
+        None,
+        "verl's deprecated micro-batch over all devices; refused when set: give"
+        " log_prob_micro_batch_size_per_gpu.",
+    )
+    moe_tensor_parallel_size: int = inert(
+        1, "verl's expert tensor parallelism of TensorRT-LLM; > 1 is refused (no TensorRT-LLM)."
+    )
+    enable_rollout_routing_replay: bool = inert(
+        False, "verl records MoE routing for replay in training; not in this engine (refused)."
+    )
+    quantization: str | None = inert(
+        None,
+        "verl's quantized generation (fp8); not in this engine (refused when set): pass an"
+        " engine option through engine_kwargs if the backend takes it.",
+    )
+    quantization_config_file: str | None = inert(
+        None, "verl's quantization config file; not in this engine (refused when set)."
+    )
+    checkpoint_engine: dict[str, Any] = tree(
+        verl_trees.CHECKPOINT_ENGINE,
+        "verl's weight transport to the engine (its update_weights_bucket_megabytes is read"
+        " as this section's); the rest changes nothing here: weights go in buckets through"
+        " the engine's own loader (a custom_backend_module is refused).",
+    )
+    agent: dict[str, Any] = tree(
+        verl_trees.AGENT,
+        "verl's agent loop workers (its agent_loop_config_path and default_agent_loop are"
+        " read as multi_turn's); num_workers changes nothing here (the loops run in the"
+        " rollout workers); a custom_async_server is refused.",
+    )
+    trace: dict[str, Any] = tree(
+        verl_trees.TRACE, "verl's rollout tracing (mlflow, weave); changes nothing here."
+    )
+    prometheus: dict[str, Any] = tree(
+        verl_trees.PROMETHEUS, "verl's Prometheus metrics server; changes nothing here."
+    )
+    profiler: dict[str, Any] = tree(
+        verl_trees.PROFILER, "verl's profiler of the rollout; changes nothing here."
+    )
+    qat: dict[str, Any] = tree(
+        verl_trees.QAT, "verl's quantization-aware training's rollout side; not in this engine."
+    )
+    disaggregation: dict[str, Any] = tree(
+        verl_trees.DISAGGREGATION,
+        "verl's prefill/decode disaggregated serving; not in this engine (enabled is refused).",
+    )
 
 
 def rules(cfg: EngineConfig) -> list[str]:
@@ -148,6 +308,14 @@ def rules(cfg: EngineConfig) -> list[str]:
             f"{key}.tensor_model_parallel_size {tp} must divide the"
             f" {cfg.world_size} devices the rollout shares with the actor"
         )
+    for backend, reserved in RESERVED_ENGINE_ARGS.items():
+        for name in rollout.engine_kwargs.get(backend) or {}:
+            if name in reserved:
+                p.append(
+                    f"{key}.engine_kwargs.{backend}.{name}: the engine sets it itself (the"
+                    " colocated engine's model, tensor parallelism and weight loading);"
+                    " remove it from engine_kwargs"
+                )
     if rollout.placement == "separate" and (
         rollout.separate_nnodes < 1 or rollout.separate_n_gpus_per_node < 1
     ):

@@ -7,7 +7,9 @@ rule that spans sections lives with the field it is about (``rollout.n >= 2`` fo
 estimators in ``algorithm``, the rollout's tensor-parallel size against the device count
 in ``rollout``). Two kinds span too much for one section and have modules of their own:
 the batch sizes (``batches``: data, actor, critic, rollout and devices) and the Megatron
-parallel layout, shared by every role that uses it (``train.megatron_rules``).
+parallel layout, shared by every role that uses it (``megatron.megatron_rules``). verl's
+keys that turn on what this engine lacks, or repeat one of its keys, are checked in
+``verl_features``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from engine.config import (
     reward,
     rollout,
     trainer,
+    verl_features,
 )
 from engine.config.engine import EngineConfig
-from engine.config.train import megatron_rules
+from engine.config.megatron import megatron_rules
 from engine.errors import ConfigError
 
 # In the order their problems are listed.
@@ -43,6 +46,7 @@ RULES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     async_training.rules,
     batches.rules,
     megatron_rules,
+    verl_features.rules,
 )
 
 

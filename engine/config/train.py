@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config.fields import choice, one_of, setting
+from engine.config import verl_trees
+from engine.config.fields import choice, inert, one_of, setting, tree
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -17,6 +18,14 @@ TRAIN_STRATEGIES = ("fsdp", "fsdp2", "megatron")
 FUSED_BACKENDS = ("torch", "liger")  # engine.train.fused_head
 DTYPES = ("float32", "bfloat16", "float16")
 LR_SCHEDULERS = ("constant", "cosine")
+OPTIMIZERS = ("AdamW",)
+_MUON = "verl's Muon optimizer setting; changes nothing here (optimizer=Muon is refused)."
+# Why verl's Megatron knobs of these kinds change nothing here.
+_MEGATRON_OPTIMIZER = (
+    "verl's Megatron optimizer setting; changes nothing here: the Megatron roles step a"
+    " torch AdamW (fp32 states) on CPU and Megatron's distributed optimizer on GPUs with"
+    " its defaults"
+)
 
 
 @dataclass
@@ -85,6 +94,67 @@ class ModelConfig:
         " a list of module names (q_proj, v_proj, ...; a name matches a module path's end).",
         kind="all-linear or a list of module names",
     )
+    # verl's other model keys (docs/verl-compat.md).
+    hf_config_path: str | None = inert(
+        None,
+        "verl: a config.json folder other than `path`; this engine reads the model's own"
+        " (refused when set).",
+    )
+    use_shm: bool = inert(
+        False, "verl copies the model to /dev/shm before loading; changes nothing here."
+    )
+    custom_chat_template: str | None = inert(
+        None,
+        "verl: a Jinja chat template replacing the tokenizer's; not in this engine (refused"
+        " when set): save the template into the tokenizer folder instead.",
+    )
+    external_lib: str | None = inert(
+        None,
+        "verl: a Python module imported to register a custom model; not in this engine"
+        " (refused when set).",
+    )
+    override_config: dict[str, Any] = inert(
+        help="verl: fields of the model's Hugging Face config replaced at load; not in this"
+        " engine (refused when not empty).",
+        factory=dict,
+        kind="mapping",
+    )
+    enable_activation_offload: bool = inert(
+        False,
+        "verl moves checkpointed activations to host memory; changes nothing here"
+        " (activations stay on the device; enable_gradient_checkpointing bounds them).",
+    )
+    exclude_modules: Any = setting(
+        None,
+        "Modules LoRA leaves without an adapter among target_modules: a regular expression"
+        " matched against the whole module path (e.g. .*visual.*), or a list of names; null:"
+        " none (verl's key).",
+        kind="text, a list of names, or null",
+    )
+    lora_adapter_path: str | None = inert(
+        None,
+        "verl: start LoRA from a saved adapter; not in this engine (refused when set).",
+    )
+    use_liger: bool = inert(
+        False,
+        "verl patches the model with Liger's fused kernels (speed only); changes nothing"
+        " here (fused log-probs: use_fused_kernels with impl_backend=liger).",
+    )
+    tiled_mlp: dict[str, Any] = tree(
+        verl_trees.TILED_MLP,
+        "verl computes the MLP in tiles to save memory; changes nothing here.",
+    )
+    mtp: dict[str, Any] = tree(
+        verl_trees.MTP,
+        "verl's multi-token prediction: speculative decoding with the model's MTP layers"
+        " (enable_rollout: faster generation, the same samples' distribution; changes"
+        " nothing here) and training them (enable_train: not in this engine, refused).",
+    )
+    lora: dict[str, Any] = tree(
+        verl_trees.MEGATRON_LORA,
+        "verl's Megatron LoRA; not in this engine (rank > 0 is refused): LoRA here is"
+        " lora_rank under fsdp2.",
+    )
 
 
 @dataclass
@@ -110,6 +180,52 @@ class OptimConfig:
     total_training_steps: int = setting(
         -1, "Length of the schedule in steps; set by the engine from the run's step count."
     )
+    optimizer: str = setting("AdamW", "The optimizer: AdamW (verl's other names are refused).")
+    optimizer_impl: str = inert(
+        "torch.optim", "verl's module of the optimizer class; here it is always torch's AdamW."
+    )
+    min_lr: float = setting(
+        0.0,
+        "verl's Megatron floor of the learning rate, absolute; when > 0 it is read as"
+        " min_lr_ratio = min_lr / lr.",
+    )
+    zero_indexed_step: bool = inert(
+        True, "verl's scheduler step counting; changes nothing here (steps count from 0)."
+    )
+    override_optimizer_config: Any = inert(
+        None,
+        "verl's extra arguments of Megatron's optimizer (CPU offload and such); changes"
+        " nothing here: the Megatron roles step with the defaults.",
+        kind="mapping or null",
+    )
+    lr_warmup_init: float = inert(
+        0.0, "verl's Megatron warmup start; changes nothing here (warmup starts at 0)."
+    )
+    lr_decay_steps: int | None = inert(
+        None,
+        "verl's Megatron decay length; changes nothing here (the schedule spans"
+        " total_training_steps).",
+    )
+    weight_decay_incr_style: str = inert("constant", _MEGATRON_OPTIMIZER + " (constant).")
+    lr_wsd_decay_style: str = inert("exponential", _MEGATRON_OPTIMIZER + " (WSD only).")
+    lr_wsd_decay_steps: int | None = inert(None, _MEGATRON_OPTIMIZER + " (WSD only).")
+    use_checkpoint_opt_param_scheduler: bool = inert(False, _MEGATRON_OPTIMIZER + ".")
+    use_precision_aware_optimizer: bool = inert(False, _MEGATRON_OPTIMIZER + ".")
+    main_grads_dtype: str = inert("fp32", _MEGATRON_OPTIMIZER + ".")
+    exp_avg_dtype: str = inert("fp32", _MEGATRON_OPTIMIZER + ".")
+    exp_avg_sq_dtype: str = inert("fp32", _MEGATRON_OPTIMIZER + ".")
+    use_layer_wise_distributed_optimizer: bool = inert(False, _MEGATRON_OPTIMIZER + ".")
+    muon_momentum: float = inert(0.95, _MUON)
+    muon_nesterov: bool = inert(False, _MUON)
+    muon_split_qkv: bool = inert(True, _MUON)
+    muon_scale_mode: str = inert("spectral", _MUON)
+    muon_coefficient_type: str = inert("quintic", _MUON)
+    muon_num_ns_steps: int = inert(5, _MUON)
+    muon_tp_mode: str = inert("blockwise", _MUON)
+    muon_fp32_matmul_prec: str = inert("medium", _MUON)
+    muon_extra_scale_factor: float = inert(1.0, _MUON)
+    muon_scalar_optimizer: str = inert("adam", _MUON)
+    muon_match_adamw_update_rms: bool = inert(False, _MUON)
 
 
 @dataclass
@@ -121,6 +237,9 @@ class MixedPrecisionConfig:
     )
     reduce_dtype: str = setting(
         "float32", "dtype gradients are reduced in: float32, bfloat16, float16."
+    )
+    buffer_dtype: str = inert(
+        "float32", "FSDP1's dtype of buffers; changes nothing here (FSDP2 keeps buffers as loaded)."
     )
 
 
@@ -140,39 +259,55 @@ class FSDPConfig:
     reshard_after_forward: bool = setting(
         True, "Free each layer's gathered parameters after its forward (less memory, more traffic)."
     )
-    fsdp_size: int = setting(
-        -1, "verl's sharding group size; unused: parameters shard over all data-parallel ranks."
+    offload_policy: bool = setting(
+        False,
+        "verl's FSDP2 CPU offload policy; here the same as param_offload: either one keeps"
+        " the parameters in host memory.",
+    )
+    fsdp_size: int = inert(
+        -1, "verl's sharding group size; changes nothing here: parameters shard over all ranks."
     )
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    wrap_policy: dict[str, Any] = tree(
+        verl_trees.WRAP_POLICY,
+        "verl's FSDP unit choice; changes nothing here: each decoder layer is one unit.",
+    )
+    forward_prefetch: bool = inert(
+        False, "verl's FSDP prefetch (speed only); changes nothing here."
+    )
+    model_dtype: str = inert(
+        "fp32",
+        "verl's dtype of the held parameters; changes nothing here: FSDP holds them in"
+        " float32 and computes in mixed_precision.param_dtype.",
+    )
+    use_orig_params: bool = inert(False, "An FSDP1 option; changes nothing under FSDP2.")
+    seed: int = inert(42, "verl's per-engine seed; changes nothing here (trainer.seed seeds all).")
+    full_determinism: bool = inert(
+        False, "verl's deterministic kernels switch; changes nothing here (not enforced)."
+    )
+    pad_to_length_bucket: int = inert(
+        1024, "verl pads packed rows to a multiple of this (static shapes); changes nothing here."
+    )
+    forward_only: bool = inert(
+        False, "Set by verl for roles that never train; changes nothing here (the role decides)."
+    )
+    strategy: str = inert(
+        "fsdp", "verl's copy of the role's strategy; changes nothing here (<role>.strategy)."
+    )
+    qat: dict[str, Any] = tree(
+        verl_trees.QAT,
+        "verl's quantization-aware training; not in this engine (enable=true is refused).",
+    )
+    turbo_config: dict[str, Any] = tree(
+        verl_trees.TURBO_CONFIG,
+        "verl's fsdp_turbo engine's layout; changes nothing here: strategy=fsdp_turbo runs on"
+        " this engine's FSDP2.",
+    )
 
-
-@dataclass
-class MegatronConfig:
-    """``strategy=megatron``: Megatron-core's parallel sizes (verl's ``<role>.megatron.*``).
-    Data parallel is the rest of the world. The rules are in
-    ``engine.train.megatron_parallel`` (what the engine supports and why)."""
-
-    tensor_model_parallel_size: int = setting(
-        1, "Ranks that split every layer (tensor parallel); they share their rows."
-    )
-    pipeline_model_parallel_size: int = setting(
-        1, "Pipeline stages the layers are split over (1F1B schedule)."
-    )
-    context_parallel_size: int = setting(
-        1, "Ranks that split every sequence (for long sequences); they share their rows."
-    )
-    expert_model_parallel_size: int = setting(
-        1, "Ranks the experts of a mixture-of-experts model are spread over."
-    )
-    sequence_parallel: bool = setting(
-        False,
-        "With tensor parallel > 1, split the activations outside attention and the MLP by"
-        " sequence over its ranks; ignored at 1.",
-    )
-    use_distributed_optimizer: bool = setting(
-        True,
-        "Megatron's DistributedOptimizer (sharded state) on GPUs; the CPU path uses torch's AdamW.",
-    )
+    @property
+    def cpu_offload(self) -> bool:
+        """Parameters, gradients and optimizer state in host memory (FSDP2's policy)."""
+        return self.param_offload or self.offload_policy
 
 
 def optim_problems(key: str, optim: OptimConfig) -> list[str]:
@@ -200,20 +335,49 @@ def fused_kernel_problems(cfg: EngineConfig) -> list[str]:
         )
     if not model.use_fused_kernels:
         return p
-    megatron = [r for r in cfg.megatron_roles() if r in ("actor", "reference")]
-    if megatron:
-        p.append(
-            f"{key}.use_fused_kernels=true applies to the fsdp/fsdp2 strategies; the"
-            f" {' and '.join(megatron)} here use megatron, whose head keeps its full"
-            f" (tensor-parallel) logits: set {' and '.join(_strategy_key(r) for r in megatron)}"
-            " to fsdp2, or use_fused_kernels=false"
-        )
     if opts.impl_backend == "liger" and cfg.trainer.device in ("cpu", "npu"):
         p.append(
             f"{key}.fused_kernel_options.impl_backend=liger runs Triton kernels on NVIDIA/AMD"
             f" GPUs, but trainer.device={cfg.trainer.device}: use impl_backend=torch"
         )
     return p
+
+
+def fused_kernel_notes(cfg: EngineConfig) -> list[str]:
+    """``use_fused_kernels`` under Megatron roles runs (verl accepts it), but their head
+    keeps its full (tensor-parallel) logits: said at start (``engine.config.notes``)."""
+    megatron = [r for r in cfg.megatron_roles() if r in ("actor", "reference")]
+    if not cfg.actor_rollout_ref.model.use_fused_kernels or not megatron:
+        return []
+    return [
+        "actor_rollout_ref.model.use_fused_kernels=true applies to the fsdp/fsdp2"
+        f" strategies; under megatron ({' and '.join(megatron)}) the head computes its full"
+        f" (tensor-parallel) logits (set {' and '.join(map(_strategy_key, megatron))} to"
+        " fsdp2 for the chunked head)"
+    ]
+
+
+def logit_option_notes(cfg: EngineConfig) -> list[str]:
+    """The actor's entropy chunking, checkpointing and torch.compile apply to FSDP roles;
+    a Megatron actor computes its vocabulary-parallel logits its own way."""
+    actor = cfg.actor_rollout_ref.actor
+    if "actor" not in cfg.megatron_roles():
+        return []
+    keys = [
+        name
+        for name in (
+            "entropy_from_logits_with_chunking",
+            "entropy_checkpointing",
+            "use_torch_compile",
+        )
+        if getattr(actor, name)
+    ]
+    if not keys:
+        return []
+    return [
+        f"actor_rollout_ref.actor.{', '.join(keys)} apply to the fsdp/fsdp2 strategies; the"
+        " megatron actor computes its (vocabulary-parallel) log-probs and entropy whole"
+    ]
 
 
 def ulysses_problems(cfg: EngineConfig, role: str) -> list[str]:
@@ -301,6 +465,41 @@ def ulysses_model_problems(cfg: EngineConfig, hf_config_of: Any) -> list[str]:
     return p
 
 
+def quantized_model_problems(cfg: EngineConfig, hf_config_of: Any) -> list[str]:
+    """A model trained in full whose config declares a ``quantization_config`` (GPTQ, AWQ,
+    bitsandbytes, GGUF...): its weights are not full-precision parameters an optimizer can
+    step. The actor may train a LoRA adapter over it (the base stays frozen); the critic
+    always trains every weight. ``hf_config_of(model_cfg)``: as ``ulysses_model_problems``."""
+    roles = [("actor", "actor_rollout_ref.model")]
+    if cfg.use_critic:
+        roles.append(("critic", _model_key(cfg, "critic")))
+    p = []
+    for role, key in roles:
+        model = selected_model(cfg, role)
+        if role == "actor" and model.lora_rank > 0:
+            continue  # an adapter over a frozen quantized base (QLoRA-style)
+        quant = _get(hf_config_of(model), "quantization_config")
+        if not quant:
+            continue
+        method = _get(quant, "quant_method") or "quantized"
+        fix = (
+            "set actor_rollout_ref.model.lora_rank (e.g. 32) to train an adapter over it, or"
+            if role == "actor"
+            else "the critic trains every weight:"
+        )
+        p.append(
+            f"{key}.path={model.path!r} is a {method} checkpoint (its config.json has a"
+            f" quantization_config): its weights cannot be trained in full; {fix} point"
+            f" {key}.path at the full-precision model"
+        )
+    return p
+
+
+def _get(obj: Any, name: str) -> Any:
+    """A config field from a transformers config, a namespace or a plain dict."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
 def _configured_ulysses(cfg: EngineConfig, role: str) -> int | None:
     arr = cfg.actor_rollout_ref
     return {
@@ -329,46 +528,6 @@ def _megatron_key(role: str) -> str:
         "reference": "actor_rollout_ref.ref.megatron",
         "critic": "critic.megatron",
     }[role]
-
-
-def megatron_rules(cfg: EngineConfig) -> list[str]:
-    """The Megatron engine's parallel sizes, for each role that uses it."""
-    roles = cfg.megatron_roles()
-    if not roles:
-        return []
-    # Pure python (no torch): importable wherever this module is.
-    from engine.train.megatron_parallel import MegatronParallel
-
-    p = []
-    if cfg.trainer.device == "npu":
-        p.append(
-            "trainer.device=npu: the Megatron engine runs on NVIDIA/AMD GPUs (cuda) only; on"
-            f" Ascend set {' and '.join(_strategy_key(role) for role in roles)} to fsdp2"
-        )
-    for key, section in roles.values():
-        p += MegatronParallel.of(section).problems(cfg.world_size, key)
-    # Every role runs in the same worker processes, which hold one Megatron parallel state.
-    names = (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-    )
-    sizes = {
-        role: tuple(getattr(section, name) for name in names)
-        for role, (_key, section) in roles.items()
-    }
-    if len(set(sizes.values())) > 1:
-        listed = "; ".join(
-            f"{roles[role][0]}: "
-            + ", ".join(f"{name}={size}" for name, size in zip(names, role_sizes, strict=True))
-            for role, role_sizes in sizes.items()
-        )
-        p.append(
-            f"the Megatron roles share their worker processes and so one parallel layout, but"
-            f" their sizes differ ({listed}); give them the same sizes"
-        )
-    return p
 
 
 def _strategy_key(role: str) -> str:

@@ -5,9 +5,10 @@ loggers; and the rules on them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from engine.config.fields import choice, one_of, positive, setting
+from engine.config import verl_trees
+from engine.config.fields import choice, inert, one_of, positive, setting, tree
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "cuda", "npu", "cpu")
 RESUME_MODES = ("auto", "disable", "resume_path")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+_LOGGER_NAMES = {"file": "jsonl"}  # verl's file logger writes JSON lines, as jsonl does
 
 
 @dataclass
@@ -57,8 +59,11 @@ class TrainerConfig:
         "Write each step's samples to <dir>/<step>.jsonl (verl's key): the prompt, the"
         " response, the ground truth, the score and the prompt's index in the training set.",
     )
-    logger: list[str] = setting(
-        help=f"Where metrics go, any of: {one_of(LOGGERS)}.", factory=lambda: ["console"]
+    logger: Any = setting(
+        help=f"Where metrics go: a list of {one_of(LOGGERS)}, or one of them (verl's file"
+        " logger is read as jsonl).",
+        factory=lambda: ["console"],
+        kind="list of names, or one name",
     )
     default_local_dir: str = setting(
         "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
@@ -80,13 +85,70 @@ class TrainerConfig:
         "Export the final checkpoint to this folder as a Hugging Face model (needs save_freq).",
     )
     seed: int = setting(1, "Seed of model building, sampling and validation.")
+    # verl's other trainer keys (docs/verl-compat.md).
+    balance_batch: bool = setting(
+        False,
+        "Reorder each step's samples so that every data-parallel rank gets about the same"
+        " number of tokens (verl's key; its default is true, here false: it changes which"
+        " samples share a mini-batch, and only speed otherwise).",
+    )
+    log_val_generations: int = setting(
+        0,
+        "After each validation, show this many of its samples (prompt, response, score; the"
+        " same prompts each time): lines in <run folder>/val_generations.jsonl, printed with"
+        " the console logger, text in tensorboard, a table in wandb (verl's key); 0: none.",
+    )
+    validation_data_dir: str | None = setting(
+        None,
+        "Write each validation's samples to <dir>/<step>.jsonl (as rollout_data_dir does"
+        " for training steps; verl's key); null: none.",
+    )
+    val_only: bool = setting(
+        False, "Validate once (needs data.val_files) and stop, without training (verl's key)."
+    )
+    max_critic_ckpt_to_keep: int | None = inert(
+        None,
+        "verl keeps the critic's checkpoints apart; changes nothing here: a checkpoint holds"
+        " every role, kept by max_actor_ckpt_to_keep.",
+    )
+    default_hdfs_dir: str | None = inert(
+        None,
+        "verl copies checkpoints to HDFS; not in this engine (refused when set):"
+        " default_local_dir may be a bucket URL (s3://, gs://).",
+    )
+    del_local_ckpt_after_load: bool = inert(
+        False, "verl deletes a checkpoint after resuming from it; changes nothing here."
+    )
+    esi_redundant_time: int = inert(
+        0, "verl's save-before-expiry margin on Volcano's elastic instances; changes nothing here."
+    )
+    ray_wait_register_center_timeout: int = inert(
+        300, "verl's wait for its workers' registry; changes nothing here."
+    )
+    use_legacy_worker_impl: str = inert(
+        "auto", "verl's choice between its old and new worker code; changes nothing here."
+    )
+    use_v1: bool = inert(
+        True, "verl's choice of its v1 trainer; changes nothing here (one trainer loop)."
+    )
+    v1: dict[str, Any] = tree(
+        verl_trees.TRAINER_V1,
+        "verl's v1 trainer modes; a trainer_mode other than sync is refused: overlapping"
+        " generation and training here is async_training.mode (docs/async.md).",
+    )
+
+    @property
+    def loggers(self) -> list[str]:
+        """``logger`` as a list (verl accepts one name as a string)."""
+        names = [self.logger] if isinstance(self.logger, str) else list(self.logger)
+        return [_LOGGER_NAMES.get(name, name) for name in names]
 
 
 def rules(cfg: EngineConfig) -> list[str]:
     t = cfg.trainer
     p = choice(t.device, DEVICES, "trainer.device", "device")
     p += choice(t.resume_mode, RESUME_MODES, "trainer.resume_mode", "resume mode")
-    for logger in t.logger:
+    for logger in t.loggers:
         p += choice(logger, LOGGERS, "trainer.logger", "logger")
     p += positive(
         [
@@ -125,6 +187,10 @@ def rules(cfg: EngineConfig) -> list[str]:
             "trainer.export_hf_dir exports the final checkpoint: set trainer.save_freq to a"
             " positive step count (the last step is always saved then)"
         )
+    if t.val_only and not cfg.data.val_file_list:
+        p.append("trainer.val_only=true validates only: set data.val_files")
+    if t.log_val_generations < 0:
+        p.append(f"trainer.log_val_generations must be >= 0, got {t.log_val_generations}")
     if t.max_actor_ckpt_to_keep is not None and t.max_actor_ckpt_to_keep < 1:
         p.append("trainer.max_actor_ckpt_to_keep must be >= 1 or null (keep all)")
     return p

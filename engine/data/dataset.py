@@ -129,9 +129,12 @@ class RLDataset:
         tokenizer: Any,
         cfg: DataConfig,
         tools: Sequence[dict[str, Any]] = (),
+        max_samples: int = -1,
     ):
         """``tools``: OpenAI function schemas the chat template shows the model (a
-        multi-turn rollout's tools, engine.agents)."""
+        multi-turn rollout's tools, engine.agents). ``max_samples`` > 0 keeps that many
+        rows (verl's train_max_samples/val_max_samples): a random choice of them by
+        ``cfg.seed`` when ``cfg.shuffle``, else the first ones."""
         if isinstance(files, (str, Path)):
             files = [files]
         if not files:
@@ -147,10 +150,20 @@ class RLDataset:
         self.tools = list(tools)
         self._origins: list[tuple[str, int]] = []  # (file, row) of each sample, for messages
         for path in self.files:
-            n = self._load_file(path, cfg.prompt_key)
+            n = self._load_file(path, cfg)
             self._origins.extend((path, row) for row in range(n))
+        if 0 < max_samples < len(self._messages):
+            rows = len(self._messages)
+            keep = (
+                sorted(np.random.default_rng(cfg.seed).choice(rows, max_samples, replace=False))
+                if cfg.shuffle
+                else range(max_samples)
+            )
+            self._keep_rows([int(i) for i in keep])
 
-        ids, offsets = _tokenize_chats(tokenizer, self._messages, self.tools)
+        ids, offsets = _tokenize_chats(
+            tokenizer, self._messages, self.tools, cfg.apply_chat_template_kwargs
+        )
         lengths = np.diff(offsets)
         over = np.flatnonzero(lengths > cfg.max_prompt_length)
         self.num_overlong = int(over.size)
@@ -191,10 +204,12 @@ class RLDataset:
         self._ids = ids
         self._offsets = offsets
 
-    def _load_file(self, path: str, prompt_key: str) -> int:
+    def _load_file(self, path: str, cfg: DataConfig) -> int:
+        prompt_key = cfg.prompt_key
         columns = read_columns(path)
         hint = "" if prompt_key in columns else " (the chat column is set by data.prompt_key)"
         require_columns(path, columns, (prompt_key, *REQUIRED_COLUMNS), hint)
+        _refuse_media(path, columns, cfg)
         prompts = columns[prompt_key]
         rewards = columns["reward_model"]
         extra = columns["extra_info"] if "extra_info" in columns else [None] * len(prompts)
@@ -263,6 +278,20 @@ class RLDataset:
         return np.diff(self._offsets)
 
 
+def _refuse_media(path: str, columns: dict[str, list[Any]], cfg: DataConfig) -> None:
+    """Models here are text-only: a row with images, videos or audio (verl's
+    data.image_key, video_key, audio_key columns) is refused, not trained without them."""
+    for what, name in (("images", "image_key"), ("videos", "video_key"), ("audio", "audio_key")):
+        column = getattr(cfg, name)
+        for row, value in enumerate(columns.get(column, ())):
+            if value is not None and len(value) > 0:
+                raise DataError(
+                    f"{path}: row {row} has {what} in column {column!r} (data.{name}): this"
+                    " engine trains text-only models and would drop them; give prompts"
+                    " without media"
+                )
+
+
 def _check_chat(chat: Any, path: str, row: int, prompt_key: str) -> list[dict[str, Any]]:
     valid = (
         isinstance(chat, list)
@@ -284,7 +313,10 @@ def _check_chat(chat: Any, path: str, row: int, prompt_key: str) -> list[dict[st
 
 
 def _tokenize_chats(
-    tokenizer: Any, chats: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    chats: list[list[dict[str, Any]]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Render every chat with the tokenizer's template and tokenise it.
 
@@ -305,6 +337,7 @@ def _tokenize_chats(
             tokenize=False,
             add_generation_prompt=True,
             **({"tools": tools} if tools else {}),  # what a plain prompt renders stays as it was
+            **(template_kwargs or {}),  # data.apply_chat_template_kwargs (enable_thinking, ...)
         )
         encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
         for ids in encoded["input_ids"]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import RolloutConfig
+from engine.config.rollout import RESERVED_ENGINE_ARGS
 from engine.errors import EngineError
 from engine.rollout.weights import DEFAULT_BUCKET_BYTES
 from engine.types import SamplingParams
@@ -130,12 +131,16 @@ def engine_args_for(
             # vLLM V1 always chunks prefill; the budget must still hold one full sequence
             # for models whose prefill cannot be chunked.
             "max_num_batched_tokens": max(cfg.max_num_batched_tokens, max_model_len),
+            "max_num_seqs": cfg.max_num_seqs,
+            "enable_chunked_prefill": cfg.enable_chunked_prefill,
+            "disable_log_stats": cfg.disable_log_stats,
+            "scheduling_policy": cfg.scheduling_policy,
             "seed": seed,
             "enable_sleep_mode": cfg.free_cache_engine,
             # Colocated SPMD: the engine runs inside this (already distributed) process
             # and its tensor-parallel peers, not in processes of its own.
             "distributed_executor_backend": "external_launcher",
-            "enable_prefix_caching": True,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
             # Ray pins one device per worker, so TP peers cannot map each other's memory
             # (custom all-reduce needs CUDA IPC between visible devices): use NCCL.
             "disable_custom_all_reduce": True,
@@ -146,13 +151,17 @@ def engine_args_for(
             # (as the training side computes them) and after top-k/top-p (which training
             # does not apply: with those on, the gap is real, and TIS corrects for it).
             # V1's default is the raw log-probs, before temperature.
-            "logprobs_mode": "processed_logprobs",
+            "logprobs_mode": cfg.logprobs_mode,
         }
+        if cfg.expert_parallel_size > 1:
+            args["enable_expert_parallel"] = True
+        if cfg.cudagraph_capture_sizes:
+            args["compilation_config"] = {"cudagraph_capture_sizes": cfg.cudagraph_capture_sizes}
         if kv_cache_bytes is not None:
             args["kv_cache_memory_bytes"] = kv_cache_bytes
-        return args
+        return _with_engine_kwargs(args, cfg, backend)
     if backend == "sglang":
-        return {
+        args = {
             "model_path": model_path,
             "tp_size": tp,
             "mem_fraction_static": cfg.gpu_memory_utilization,
@@ -162,7 +171,6 @@ def engine_args_for(
             # (max_req_len = context_length - 1, less one more): two tokens of room let
             # a full-length prompt get a full-length response, as on the other backends.
             "context_length": max_model_len + SGLANG_CONTEXT_ROOM,
-            "chunked_prefill_size": cfg.max_num_batched_tokens,
             "max_prefill_tokens": max(cfg.max_num_batched_tokens, max_model_len),
             "random_seed": seed,
             "enable_memory_saver": cfg.free_cache_engine,
@@ -170,8 +178,35 @@ def engine_args_for(
             "trust_remote_code": trust_remote_code,
             "load_format": load_format,
             "log_level": "error",
+            # -1 turns SGLang's chunked prefill off
+            "chunked_prefill_size": (
+                cfg.max_num_batched_tokens if cfg.enable_chunked_prefill else -1
+            ),
+            "disable_radix_cache": not cfg.enable_prefix_caching,
+            "max_running_requests": cfg.max_num_seqs,
         }
+        return _with_engine_kwargs(args, cfg, backend)
     raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+def _with_engine_kwargs(args: dict[str, Any], cfg: RolloutConfig, backend: str) -> dict[str, Any]:
+    """``args`` with the user's ``rollout.engine_kwargs.<backend>`` over them (as verl
+    passes them); a nested mapping (vLLM's compilation_config) is merged, not replaced."""
+    extra = dict(cfg.engine_kwargs.get(backend) or {})
+    reserved = [k for k in extra if k in RESERVED_ENGINE_ARGS.get(backend, ())]
+    if reserved:
+        raise EngineError(
+            f"actor_rollout_ref.rollout.engine_kwargs.{backend}.{reserved[0]}: the engine sets"
+            " it itself (the colocated engine's model, tensor parallelism and weight loading);"
+            " remove it from engine_kwargs"
+        )
+    out = dict(args)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
 
 
 @dataclass(frozen=True)

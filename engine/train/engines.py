@@ -14,6 +14,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.config.engine import ULYSSES_KEYS
 from engine.device import DeviceSpec
 from engine.train.fsdp import FSDPEngine
+from engine.train.logit_options import LogitOptions
 
 
 def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
@@ -21,7 +22,7 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
     actor = arr.actor
     if actor.strategy == "megatron":
         return _megatron(cfg, device, "actor", arr.model, actor.megatron, actor.optim)
-    return FSDPEngine.from_hf(
+    engine = FSDPEngine.from_hf(
         arr.model,
         actor.fsdp_config,
         actor.optim,
@@ -31,13 +32,16 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
         ulysses=cfg.ulysses_size("actor"),
         ulysses_key=ULYSSES_KEYS["actor"],
     )
+    engine.logit_options = LogitOptions.of(actor)  # verl's entropy and compile keys
+    return engine
 
 
 def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
     arr = cfg.actor_rollout_ref
     if cfg.ref_strategy == "megatron":
-        return _megatron(cfg, device, "reference", arr.model, arr.ref.megatron, None)
-    return FSDPEngine.from_hf(
+        ref = arr.ref.megatron.resolved(arr.actor.megatron)  # null sizes: the actor's
+        return _megatron(cfg, device, "reference", arr.model, ref, None)
+    engine = FSDPEngine.from_hf(
         arr.model,
         arr.ref.fsdp_config,
         None,
@@ -45,6 +49,8 @@ def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
         ulysses=cfg.ulysses_size("reference"),
         ulysses_key=ULYSSES_KEYS["reference"],
     )
+    engine.logit_options = LogitOptions.of(arr.ref)
+    return engine
 
 
 def critic_model(cfg: EngineConfig) -> ModelConfig:

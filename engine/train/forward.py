@@ -18,12 +18,12 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.algo.entropy import (
-    entropy_from_logits,
     logprobs_from_logits,
     sum_squared_probs_from_logits,
 )
 from engine.controller.dispatch import take
 from engine.train.fused_head import HeadOptions, quantities_from_model
+from engine.train.logit_options import PLAIN, LogitOptions
 from engine.train.packing import ModelCall, model_call, trim_padding
 from engine.types import TokenBatch
 
@@ -40,6 +40,7 @@ def response_logprobs(
     head: HeadOptions | None = None,
     packed: bool = False,
     ulysses=None,
+    options: LogitOptions = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(o_t | prefix) for every response token, and optionally the entropy.
 
@@ -52,7 +53,8 @@ def response_logprobs(
     With ``head`` (the model's ``use_fused_kernels``) the logits are never whole:
     ``engine.train.fused_head``. ``packed``: the rows end to end, no padding
     (``engine.train.packing``). ``ulysses``: this rank's sequence-parallel group
-    (``engine.train.ulysses``; packed only).
+    (``engine.train.ulysses``; packed only). ``options``: the role's entropy chunking and
+    checkpointing and torch.compile (``engine.train.logit_options``).
     """
     call = model_call(model, tokens, device, packed, ulysses)
     if head is not None:
@@ -62,11 +64,11 @@ def response_logprobs(
         )  # fmt: skip
         return call.unpack(logp), (call.unpack(entropy) if with_entropy else None)
     logits_BRV = _response_logits(model, call, temperature)
-    logp = logprobs_from_logits(logits_BRV, call.targets)
+    logp = options.logprobs(logits_BRV, call.targets)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = call.unpack(entropy_from_logits(logits_BRV))
+            entropy = call.unpack(options.entropy(logits_BRV))
     return call.unpack(logp), entropy
 
 

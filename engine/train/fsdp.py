@@ -23,6 +23,7 @@ from engine.algo.aggregate import LossScale
 from engine.config import FSDPConfig, ModelConfig, OptimConfig
 from engine.device import DeviceSpec
 from engine.train.fused_head import HeadOptions
+from engine.train.logit_options import PLAIN, LogitOptions
 from engine.types import TokenBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,7 +81,7 @@ def shard_model(
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=DTYPES[mp.param_dtype], reduce_dtype=DTYPES[mp.reduce_dtype]
         )
-    if fsdp_cfg.param_offload and device.type != "cpu":
+    if fsdp_cfg.cpu_offload and device.type != "cpu":
         # Parameters, gradients and optimizer state live in host memory; FSDP moves
         # each unit to the device for its forward and backward. (On a CPU device
         # everything is in host memory already: there is nothing to offload.)
@@ -229,6 +230,8 @@ class FSDPEngine:
     packed: bool = False
     # The role's Ulysses group (engine.train.ulysses); None at size 1.
     ulysses: Any = None
+    # The role's entropy chunking, checkpointing and compile (engine.train.logit_options).
+    logit_options: LogitOptions = PLAIN
 
     def __init__(
         self,
@@ -329,6 +332,7 @@ class FSDPEngine:
             head=self.head,
             packed=self.packed,
             ulysses=self.ulysses,
+            options=self.logit_options,
         )
 
     def response_logprobs_sum_pi_squared(

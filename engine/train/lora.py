@@ -45,6 +45,8 @@ def lora_config(model_cfg: ModelConfig, targets: list[str] | None = None) -> Any
         r=model_cfg.lora_rank,
         lora_alpha=model_cfg.lora_alpha,
         target_modules=targets if isinstance(targets, str) else list(targets),
+        # verl's model.exclude_modules: a regular expression (or names) left without adapter
+        exclude_modules=model_cfg.exclude_modules,
         lora_dropout=0.0,  # dropout would make π_old and the update's π differ
         bias="none",
         base_model_name_or_path=model_cfg.path,

@@ -136,6 +136,15 @@ class WorkerHost:
         built ("models")."""
         return dict(self._startup_times)
 
+    def reset(self, cfg: EngineConfig) -> None:
+        """Another run in this process and process group: the roles closed, then built
+        again from ``cfg`` as at the start (fresh models, optimizers and seeds). For
+        runs that place the same roles the same way (tests/e2e keeps one group across
+        the algorithm variants); what ``__init__`` set from the old config stays."""
+        self._close_roles()
+        self.cfg = cfg
+        self._build_roles()
+
     # Checkpoints: the trained roles save their shards; the host saves what the roles
     # share, the random state (rollout sampling draws from it).
 
@@ -197,11 +206,15 @@ class WorkerHost:
         """Before the process is ended: each role releases what would outlive it, then
         the process group goes (here, not only in ``__del__``: Ray ends the process with
         SIGTERM, whose handler, landing in a slow ``__del__``, printed a traceback)."""
+        self._close_roles()
+        self._leave_process_group()
+
+    def _close_roles(self) -> None:
         for role in self.roles.values():
             close = getattr(role, "close", None)
             if callable(close):
                 close()
-        self._leave_process_group()
+        self.roles = {}
 
     def __del__(self) -> None:
         self._leave_process_group()

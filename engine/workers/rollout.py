@@ -79,7 +79,9 @@ class RolloutWorker:
         # The engine holds what the actor pushes: the rollout dtype on accelerators,
         # float32 on CPU (where the actor trains in float32, see DeviceSpec.supports_bf16).
         engine_dtype = rollout_cfg.dtype if device.supports_bf16 else "float32"
-        max_model_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        # the context: rollout.max_model_len (verl's key), or a prompt and its response
+        rollout_len = cfg.actor_rollout_ref.rollout.max_model_len
+        max_model_len = rollout_len or cfg.data.max_prompt_length + cfg.data.max_response_length
         settings = EngineSettings(
             model_path=model.path,
             eos_token_ids=frozenset(eos_ids(tokenizer, generation_config)),
@@ -336,7 +338,7 @@ def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
 
     specs = load_tool_specs(mt.tool_config_path) if mt.tool_config_path else []
     return AgentRunner(
-        ChatFormat(tokenizer, tool_schemas(specs)),
+        ChatFormat(tokenizer, tool_schemas(specs), cfg.data.apply_chat_template_kwargs),
         get_tool_call_parser(mt.format, mt.max_parallel_calls),
         build_tools(specs),
         AgentLimits(
@@ -344,6 +346,7 @@ def _tool_agent(cfg: EngineConfig, tokenizer: Any) -> Any:
             max_response_tokens=cfg.data.max_response_length,
             max_tool_response_chars=mt.max_tool_response_length,
             tool_timeout_s=mt.tool_timeout_s,
+            max_user_turns=mt.max_user_turns,
         ),
         load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {},
         load_agent_loops(mt.agent_loop_config_path) if mt.agent_loop_config_path else {},

@@ -66,25 +66,21 @@ def main() -> None:
     except Exception as exc:  # the one error boundary
         if os.environ.get("RLCTL_DEBUG"):
             raise
-        import click
-
         from rlctl.errors import RlctlError
 
-        if isinstance(exc, click.exceptions.Exit | typer.Exit):
-            sys.exit(exc.exit_code)
-        # usage errors (no such option, a missing argument): click's, or those of the copy
-        # of click that typer >= 0.20 carries (not click's classes, the same interface)
-        if isinstance(exc, click.ClickException) or (
-            callable(getattr(exc, "show", None))
-            and isinstance(getattr(exc, "exit_code", None), int)
-        ):
-            exc.show()
-            sys.exit(exc.exit_code)
         if isinstance(exc, RlctlError):
             typer.secho(f"error: {exc}", err=True, fg="red")
             if exc.hint:
                 typer.echo(f"fix: {exc.hint}", err=True)
             sys.exit(EXIT_USER_ERROR)
+        # exits and usage errors (no such option, a missing argument) of click or of the
+        # copy of it typer >= 0.20 carries: told by their interface, not their classes, and
+        # click never imported (typer >= 0.29 no longer installs it)
+        code = getattr(exc, "exit_code", None)
+        if isinstance(code, int):
+            if callable(getattr(exc, "show", None)):
+                exc.show()
+            sys.exit(code)
         typer.secho(f"error: {type(exc).__name__}: {exc}", err=True, fg="red")
         typer.echo("(set RLCTL_DEBUG=1 for the traceback)", err=True)
         sys.exit(1)

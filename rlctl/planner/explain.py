@@ -28,12 +28,15 @@ from rlctl.planner.memory import (
     adapter_params,
 )
 from rlctl.planner.model import (
+    ADAM_STEP_BYTES,
     ASSUMED_MFU,
     DYNAMIC_BSZ_MIN_TOKENS,
     FRAGMENTATION,
+    FSDP_LOGITS_BYTES,
     LOGITS_BYTES,
     LOGITS_BYTES_FP32,
     LONG_SAMPLE_TOKENS,
+    LORA_FROZEN_BYTES,
     MAX_MICRO,
     RESERVED_GIB,
     UPDATES_PER_STEP,
@@ -46,6 +49,9 @@ from rlctl.planner.settings import (
     _made_for,
     _Settings,
 )
+
+# Where a term is one the GPU proof measured (planner/model.py says what and where).
+MEASURED = ", measured on an H100"
 
 # ---------------------------------------------------------------------------
 # the plan and its explanation
@@ -287,7 +293,9 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
         head = (
             f"training ({c.backend}, LoRA rank {s.lora_rank} on {_targets(s)};"
             f" {roles.replace(' + reference', '')} sharded"
-            f" over {_count(d, 'device')}): weights 4 B/param of the base model + adapter"
+            f" over {_count(d, 'device')}): weights 4 B/param of the base model"
+            + ("" if c.fp32 else f" (+ {LORA_FROZEN_BYTES} B/param held in the update{MEASURED})")
+            + " + adapter"
             f" {_fmt_params(adapter)} ({adapter / m.num_params:.2%} of"
             f" {_fmt_params(m.num_params)}) → {_fmt(st.weights)}, the reference being the"
             f" actor with its adapter off (no second copy); gradients 4 B and Adam 8 B per"
@@ -310,7 +318,7 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     logits_all = t.logits if c.backend != "megatron" else tokens * m.vocab_size * LOGITS_BYTES
     if c.sp > 1 and c.logits_chunk is None:  # Ulysses: each rank's share of the tokens
         split = f" / SP {c.sp}"
-        logits_all = tokens * m.vocab_size * (LOGITS_BYTES_FP32 if c.fp32 else LOGITS_BYTES)
+        logits_all = _head_tokens(c, tokens) * m.vocab_size * _logits_entry_bytes(c)
     biggest = " — the largest term" if t.logits >= 0.5 * t.activations else ""
     mask = (
         f"; the attention mask (S × S booleans per sequence, each rank building only its"
@@ -325,6 +333,11 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
         f" = {_fmt(logits_all)}{split}{biggest}{mask}; training peak"
         f" {_fmt(st.peak(t.activations))}"
     )
+    if st.step_extra and not c.optimizer_offload:
+        act += (
+            f" (the optimizer step's temporaries, {ADAM_STEP_BYTES} B per trained parameter,"
+            f" {_fmt(st.step_extra)}{MEASURED})"
+        )
     if c.param_offload and c.backend == "megatron":
         off = "offload: weights, gradients and optimizer go to host RAM between phases"
     elif c.param_offload:
@@ -409,16 +422,36 @@ def _ulysses_lines(m: ModelShape, s: _Settings, c: _TrainCfg, budget: float) -> 
     return [line]
 
 
+def _head_tokens(c: _TrainCfg, tokens: int) -> int:
+    return math.ceil(tokens * c.head_share)
+
+
+def _logits_entry_bytes(c: _TrainCfg) -> int:
+    if c.fp32:
+        return LOGITS_BYTES_FP32
+    return FSDP_LOGITS_BYTES if c.head_share < 1.0 else LOGITS_BYTES
+
+
 def _logits_formula(m: ModelShape, c: _TrainCfg, tokens: int) -> str:
-    """How the logits term was counted: every token's, or (use_fused_kernels) one
+    """How the logits term was counted: every token's, or the response positions' alone
+    at the measured bytes per entry (FSDP on accelerators), or (use_fused_kernels) one
     chunk's and the fp32 buffer the head's weight gradient is summed in."""
-    if c.logits_chunk is None or c.backend == "megatron":
+    if c.backend == "megatron":
         return f"{tokens} × {m.vocab_size} × {LOGITS_BYTES} B"
-    chunk = min(tokens, c.logits_chunk)
+    head_tokens = _head_tokens(c, tokens)
+    per_entry = _logits_entry_bytes(c)
+    positions = (
+        f"{head_tokens} response positions of the {tokens} tokens"
+        if head_tokens < tokens
+        else f"{tokens}"
+    )
+    measured = MEASURED if per_entry == FSDP_LOGITS_BYTES else ""
+    if c.logits_chunk is None:
+        return f"{positions} × {m.vocab_size} × {per_entry} B{measured}"
+    chunk = min(head_tokens, c.logits_chunk)
     head_params = _fmt_params(m.vocab_size * m.hidden_size)
     head = "" if c.fp32 else f" + head gradient 4 B × {head_params}"
-    per_entry = LOGITS_BYTES_FP32 if c.fp32 else LOGITS_BYTES
     return (
-        f"(use_fused_kernels: {chunk} of the {tokens} tokens at a time)"
-        f" {chunk} × {m.vocab_size} × {per_entry} B{head}"
+        f"(use_fused_kernels: {chunk} of the {positions} at a time)"
+        f" {chunk} × {m.vocab_size} × {per_entry} B{head}{measured}"
     )

@@ -152,8 +152,8 @@ def _fit_train(
             f"training one {seq}-token sample{where} needs {_fmt(state.peak(act.total))} per"
             f" device (weights {_fmt(state.weights)}, grads {_fmt(state.grads)}, Adam"
             f" {_fmt(state.optimizer)}, gathered {_fmt(state.gathered)}, activations"
-            f" {_fmt(act.total)} of which logits {_fmt(act.logits)}{mask}) > budget"
-            f" {_fmt(budget or 0)}"
+            f" {_fmt(act.total)} of which logits {_fmt(act.logits)}{mask}{_step(state)})"
+            f" > budget {_fmt(budget or 0)}"
         )
     if s.micro is not None:
         micro = s.micro
@@ -203,6 +203,12 @@ def _fit_train(
     ), ""
 
 
+def _step(state: _TrainMem) -> str:
+    """The optimizer step's own extra memory, where it is counted (offloaded Adam states
+    brought back, or the measured temporaries of the step)."""
+    return f"; the optimizer step {_fmt(state.step_extra)} more" if state.step_extra else ""
+
+
 def _log_prob_micro(
     m: ModelShape, c: _TrainCfg, state: _TrainMem, s: _Settings, budget: float | None
 ) -> int:
@@ -215,7 +221,8 @@ def _log_prob_micro(
             act = _megatron_forward_bytes(m, c, tokens, seq)
         else:
             local = math.ceil(tokens / c.sp)
-            logits = _logits_bytes(m, local, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False)
+            head = math.ceil(local * c.head_share)  # the positions the head is asked for
+            logits = _logits_bytes(m, head, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False)
             act = logits + local * _layer_activation_bytes_per_token(m)
         held = state.weights + state.optimizer + state.gathered
         held += state.reward_model if state.reward_model_held else 0.0

@@ -10,11 +10,14 @@ from dataclasses import dataclass, replace
 from rlctl.hardware import Accelerator
 from rlctl.models import ModelShape
 from rlctl.planner.model import (
+    ADAM_STEP_BYTES,
     FRAGMENTATION,
+    FSDP_LOGITS_BYTES,
     GIB,
     LOGITS_BYTES,
     LOGITS_BYTES_FP32,
     LONG_SAMPLE_TOKENS,
+    LORA_FROZEN_BYTES,
     RESERVED_GIB,
     UPDATES_PER_STEP,
     InfeasiblePlanError,
@@ -56,8 +59,10 @@ def _activation_terms(
     act_bytes: int = 2,
     logits_bytes: int = LOGITS_BYTES,
     logits_chunk: int | None = None,
+    head_share: float = 1.0,
 ) -> tuple[float, float]:
-    """(activations, of which logits) for ``tokens`` tokens on one device.
+    """(activations, of which logits) for ``tokens`` tokens on one device, of which the
+    ``head_share`` reach the LM head.
 
     With checkpointing: the layer inputs (t·h·L·2) stay for the backward; its peak then
     adds the larger of the logits' buffers (freed once the lm_head's backward has run)
@@ -68,7 +73,10 @@ def _activation_terms(
     """
     layers = m.num_layers if stage_layers is None else stage_layers
     layer = tokens * _layer_activation_bytes_per_token(m, act_bytes)
-    logits = _logits_bytes(m, tokens, logits_bytes, logits_chunk, grads=True, fp32=act_bytes == 4)
+    head_tokens = math.ceil(tokens * head_share)
+    logits = _logits_bytes(
+        m, head_tokens, logits_bytes, logits_chunk, grads=True, fp32=act_bytes == 4
+    )
     if grad_ckpt:
         kept = tokens * m.hidden_size * layers * act_bytes
         total = kept + max(logits, 2 * layer)
@@ -104,6 +112,10 @@ class _TrainCfg:
     sp: int = 1  # FSDP: Ulysses size (each micro-batch's tokens split over SP ranks)
     fp32: bool = False  # CPU: no mixed precision
     logits_chunk: int | None = None  # FSDP with use_fused_kernels: tokens of logits at once
+    # FSDP on accelerators: the share of a sample's tokens the LM head sees (the response
+    # positions: the engine asks the head for those alone), counted at the measured
+    # FSDP_LOGITS_BYTES; 1.0 counts every token at LOGITS_BYTES (Megatron, CPU plans)
+    head_share: float = 1.0
 
     @property
     def model_parallel(self) -> int:
@@ -189,19 +201,27 @@ def _fsdp_state(
 ) -> _TrainMem:
     """FSDP/FSDP2 with fp32 sharded parameters, bf16 compute (docs/planner.md). With a
     LoRA ``adapter`` (its parameter count) the actor's gradients and Adam states are the
-    adapter's alone, and the reference is the actor with it disabled: no second copy."""
+    adapter's alone, and the reference is the actor with it disabled: no second copy.
+    On accelerators the measured terms of ``planner.model`` are counted: the optimizer
+    step's temporaries (ADAM_STEP_BYTES per trained parameter) and LoRA's frozen base
+    (LORA_FROZEN_BYTES per parameter)."""
     n, nc, d = m.num_params, _critic_params(m), c.devices
     actor_trained = adapter or n
     trained = actor_trained + (nc if critic else 0)
     kept = n + adapter + (nc if critic else 0) + (n if reference and not adapter else 0)
     on_device = not c.param_offload
+    measured = not c.fp32  # the GPU proof's corrections: measured with bf16 compute
     weights = 4 * kept / d if on_device else 0.0
+    if adapter and on_device and measured:
+        weights += LORA_FROZEN_BYTES * n / d
     largest_trained = max(actor_trained, nc if critic else 0)
     grads = 4 * largest_trained / d if on_device else 0.0
     adam = 8 * trained / d
     optimizer = adam if on_device and not c.optimizer_offload else 0.0
     # optimizer_offload: each model's states come back for its own step only
     step_extra = 8 * largest_trained / d if on_device and c.optimizer_offload else 0.0
+    if on_device and not c.optimizer_offload and measured:
+        step_extra = ADAM_STEP_BYTES * largest_trained / d  # the step's temporaries
     gather_bytes = 8 if c.fp32 else 4  # root unit + its gradient
     layer_bytes = 20 if c.fp32 else 10
     gathered = gather_bytes * m.root_params + layer_bytes * m.largest_layer_params
@@ -271,9 +291,14 @@ class _Act:
 
 def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _Act:
     """Activations for a micro-batch of ``tokens`` tokens of samples up to ``seq`` long."""
-    act_bytes, logits_bytes = (4, LOGITS_BYTES_FP32) if c.fp32 else (2, LOGITS_BYTES)
     if c.backend == "megatron":
         return _megatron_activations(m, c, tokens, seq)
+    if c.fp32:
+        act_bytes, logits_bytes = 4, LOGITS_BYTES_FP32
+    elif c.head_share < 1.0:
+        act_bytes, logits_bytes = 2, FSDP_LOGITS_BYTES
+    else:
+        act_bytes, logits_bytes = 2, LOGITS_BYTES
     local = math.ceil(tokens / c.sp)  # Ulysses: this rank's share of the micro-batch
     total, logits = _activation_terms(
         m,
@@ -282,6 +307,7 @@ def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _A
         act_bytes=act_bytes,
         logits_bytes=logits_bytes,
         logits_chunk=c.logits_chunk,
+        head_share=c.head_share,
     )
     if c.sp > 1:
         total += _ulysses_exchange_bytes(m, local, act_bytes)
@@ -427,11 +453,12 @@ def _micro_rule(s: _Settings, mini: int, micro: int, devices: int) -> str | None
     per_device = mini * s.n // devices
     if per_device % micro:
         fits = ", ".join(map(str, _divisors_near(per_device, micro)))
+        # The engine takes uneven micro-batches; the planner sizes memory for even ones.
         return (
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu {micro} must divide the"
             f" {per_device} samples each device gets per mini-batch ({mini} prompts ×"
-            f" {s.n} samples / {devices} devices); use {fits}, or set"
-            " actor_rollout_ref.actor.use_dynamic_bsz=true"
+            f" {s.n} samples / {devices} devices) for the plan's even micro-batches; use"
+            f" {fits}, or set actor_rollout_ref.actor.use_dynamic_bsz=true"
         )
     return None
 

@@ -19,6 +19,20 @@ FRAGMENTATION = 0.08  # share of device memory the caching allocator loses to fr
 RESERVED_GIB = 1.0  # CUDA/ROCm/CANN context and collective buffers
 LOGITS_BYTES = 10  # per token per vocabulary entry: bf16 logits 2 + fp32 copy 4 + softmax 4
 LOGITS_BYTES_FP32 = 8  # CPU (fp32 everywhere): logits 4 + softmax temporary 4
+# Measured corrections (docs/planner.md#measured-on-a-gpu): the GPU proof ran the engine's
+# FSDP2 actor on an H100 (benchmarks/results/gpu_proof-2026-11-28-h100.txt) and found the
+# update's peak 1.11-1.39x the formulas above. Three terms closed the gap to within 10 %:
+# - the head's logits in the FSDP update (bf16 compute): 20 B per vocabulary entry (bf16
+#   logits, their fp32 copy, log-softmax, entropy and their gradients; 19.1-21.1 B
+#   measured), of the response positions only (the engine asks the head for those alone;
+#   the formula counted every token at 10 B);
+FSDP_LOGITS_BYTES = 20
+# - torch's AdamW step (foreach, with gradient clipping) makes temporaries of 8 B per
+#   trained parameter beside the weights, gradients and Adam states (8.1-8.7 B measured);
+ADAM_STEP_BYTES = 8
+# - a LoRA update holds 2 B per parameter of the frozen base beyond the formula (a bf16
+#   copy; 2.4-2.9 B measured at one device, counted sharded like the weights).
+LORA_FROZEN_BYTES = 2
 ROLLOUT_OVERHEAD_GIB = 2.0  # vLLM/SGLang: CUDA graphs, sampler, activations of one step
 ROLLOUT_MAX_NUM_SEQS = 256  # sequences a rollout replica decodes at once (vLLM's usual cap)
 MIN_CONCURRENT_SEQS = 16  # fewer full-length sequences in the KV cache is not a usable rollout

@@ -96,7 +96,14 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
             [
                 [
                     _TrainCfg(
-                        s.train_backend, d, po, oo, s.grad_ckpt, sp=sp, logits_chunk=s.logits_chunk
+                        s.train_backend,
+                        d,
+                        po,
+                        oo,
+                        s.grad_ckpt,
+                        sp=sp,
+                        logits_chunk=s.logits_chunk,
+                        head_share=s.response_len / s.seq_len,
                     )
                 ]
                 for sp in _ulysses_sizes(m, layout, s)

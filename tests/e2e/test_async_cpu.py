@@ -1,18 +1,21 @@
 """The rollout on workers of its own (rollout.placement=separate) and generation
-overlapped with training (async_training.mode=one_step_off and fully_async), through the
-real command line on the two CPU cores: one worker trains, the other generates.
+overlapped with training (async_training.mode=one_step_off and fully_async), on the two
+CPU cores: one worker trains, the other generates. The runs go in this process
+(tests/e2e/conftest.py: ``run_engine``), the dead-worker ones as processes of their own.
 
 - Separate and synchronous, a run's numbers are the colocated run's, step for step: the
   actor's weights reach the rollout's own engine over the bridge after every update (a
   push that did not land leaves the rollout sampling with old weights, and step 2
   differs).
-- One step off, the synthetic task is learned with every batch one update stale.
-- A checkpoint taken while the next batch generates resumes without losing or repeating
+- One step off, every batch but the first is sampled one update before the one it
+  trains: its sampler's log-probs are the trainer's exactly at staleness 0 and not at 1.
+  A checkpoint taken while the next batch generates resumes without losing or repeating
   a prompt: the data loader is saved from before that batch drew its prompts.
-- Fully asynchronous, the task is learned with stale samples in the batches; samples in
-  flight at a weight sync continue under the new weights (partial rollouts: tokens of
-  two versions in one sample) or, without, finish first (each sample one version's, at
-  most ⌈staleness_threshold⌉ syncs old); a resume from a checkpoint taken with samples in
+- Fully asynchronous, the task is learned with stale samples in the batches (the
+  learning proof of the asynchronous modes); samples in flight at a weight sync
+  continue under the new weights (partial rollouts: tokens of two versions in one
+  sample) or, without, finish first (each sample one version's, at most
+  ⌈staleness_threshold⌉ syncs old); a resume from a checkpoint taken with samples in
   flight trains every prompt drawn once, or keeps it pending.
 - A dead worker of the rollout's own group, or of the reward model's
   (reward_model.enable_resource_pool), stops the run within a minute, naming its group
@@ -21,9 +24,7 @@ real command line on the two CPU cores: one worker trains, the other generates.
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
+import threading
 
 import pytest
 
@@ -49,28 +50,15 @@ FULLY_ASYNC = [
 ]
 SMALL = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
          "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # fmt: skip
-# long responses in short chunks: generation outlasts a training step, so samples are in
-# flight at each sync
+# long responses in short chunks: a sample takes several advances of the rollouter
 LONG = ["data.max_response_length=64", "async_training.stream_chunk_tokens=8",
         "async_training.staleness_threshold=1"]  # fmt: skip
 COMPARED = ("critic/score/mean", "actor/grad_norm", "actor/entropy", "actor/pg_loss")
 
 
-def run(overrides: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    repo = str(Path(__file__).parents[2])
-    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, "-m", "engine.main", *overrides],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-def common(tiny_model_dir, synthetic_data, base_overrides, run_dir, steps: int) -> list[str]:
+def common(tiny_model_dir, synthetic_data, run_dir, steps: int) -> list[str]:
     train, val = synthetic_data
     return [
-        *base_overrides,
         f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"data.train_files={train}",
         f"data.val_files={val}",
@@ -81,76 +69,56 @@ def common(tiny_model_dir, synthetic_data, base_overrides, run_dir, steps: int) 
     ]
 
 
-def steps_of(read_metrics, run_dir) -> list[dict]:
-    return [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
-
-
 def test_separate_and_synchronous_is_the_colocated_run(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    tiny_model_dir, synthetic_data, tmp_path, run_engine
 ):
-    small = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
-             "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # fmt: skip
     runs = {}
     for name, placement in (("colocated", ["trainer.n_gpus_per_node=1"]), ("separate", SEPARATE)):
-        run_dir = tmp_path / name
-        run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 3), *small,
-             *placement])  # fmt: skip
-        runs[name] = steps_of(read_metrics, run_dir)
+        run = run_engine(*common(tiny_model_dir, synthetic_data, tmp_path / name, 3), *SMALL,
+                         *placement)  # fmt: skip
+        runs[name] = run.steps
     for colocated, separate in zip(runs["colocated"], runs["separate"], strict=True):
         assert [colocated[k] for k in COMPARED] == [separate[k] for k in COMPARED]
     assert "training/staleness" not in runs["separate"][0]
 
 
-def test_one_step_off_learns_the_synthetic_task(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
-):
-    run_dir = tmp_path / "run"
-    run(
-        [
-            *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 24),
-            *ONE_STEP_OFF,
-            "actor_rollout_ref.rollout.n=8",
-            "data.train_batch_size=32",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-        ]
-    )
-    records = steps_of(read_metrics, run_dir)
-    assert [r["step"] for r in records] == list(range(1, 25))
-    scores = [r["critic/score/mean"] for r in records]
-    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
-    assert last > first + 0.04, f"score did not rise: {scores}"
-    # the first batch is on-policy; every later one was sampled one update before
-    assert [r["training/staleness"] for r in records] == [0.0] + [1.0] * 23
-    # π_old is the proximal policy (its own pass), the engine's log-probs the sampler's:
-    # once stale, the ratio between them is no longer 1
-    assert all("timing_s/old_log_prob" in r and "timing_s/wait_prev_gen" in r for r in records)
-    assert records[0]["training/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
-    assert any(abs(r["training/rollout_is_weight_mean"] - 1.0) > 1e-3 for r in records[1:])
-
-
 def test_one_step_off_resumes_without_losing_or_repeating_prompts(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    tiny_model_dir, synthetic_data, tmp_path, run_engine, capsys
 ):
+    """One step off's wiring, step by step, and its resume. The first batch, and the
+    first after the resume, are generated by the weights that train them: the sampler's
+    log-probs are π_old's (its own pass) to float rounding, and the IS weights 1. Every
+    other batch was sampled one update before: off by that update. A batch generated
+    with the weights of the same step (the overlap lost) or of two updates before (a
+    push that did not land) breaks this."""
     run_dir = tmp_path / "run"
-    small = ["actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
-             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.save_freq=2"]  # fmt: skip
 
     def loader_position(step: int) -> int:
         state = json.loads((run_dir / f"global_step_{step}" / "trainer_state.json").read_text())
         return state["loader"]["batches_done"]
 
-    args = [*ONE_STEP_OFF, *small]
-    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 4), *args])
+    args = [*ONE_STEP_OFF, *SMALL, "trainer.save_freq=2"]
+    run_engine(*common(tiny_model_dir, synthetic_data, run_dir, 4), *args)
     # at step 2 the third batch was already generating: the loader is saved before it
     assert loader_position(2) == 2
-    resumed = run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 6), *args])
-    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    capsys.readouterr()
+    resumed = run_engine(*common(tiny_model_dir, synthetic_data, run_dir, 6), *args)
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "at step 4" in out
     assert loader_position(6) == 6  # six steps, six batches: none lost, none twice
-    records = steps_of(read_metrics, run_dir)
+    records = resumed.steps
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     # after the resume the first batch is generated anew with the restored weights
-    assert [r["training/staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    staleness = [r["training/staleness"] for r in records]
+    assert staleness == [0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    # π_old is the proximal policy (its own pass), the engine's log-probs the sampler's;
+    # the next batch generates while this one is scored and trained
+    assert all("timing_s/old_log_prob" in r and "timing_s/wait_prev_gen" in r for r in records)
+    ratios = [r["training/rollout_log_ratio_abs_max"] for r in records]
+    assert [ratio < 1e-3 for ratio in ratios] == [stale == 0 for stale in staleness], ratios
+    for r in records:
+        if r["training/staleness"] == 0:
+            assert r["training/rollout_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
 
 
 def own_reward_model_pool(tmp_path) -> list[str]:
@@ -169,9 +137,11 @@ def own_reward_model_pool(tmp_path) -> list[str]:
     [("one_step_off", "rollout"), ("fully_async", "rollout"), ("rm_pool", "rm")],
 )
 def test_a_dead_worker_of_its_own_group_stops_the_run_with_its_group_and_rank(
-    mode, group, tiny_model_dir, synthetic_data, tmp_path, base_overrides
+    mode, group, tiny_model_dir, synthetic_data, tmp_path, engine_process
 ):
-    """The rollout's own group (one step off, fully async) or the reward model's."""
+    """The rollout's own group (one step off, fully async) or the reward model's. The
+    run is a process of its own: a run that hangs is ended at the deadline, not the
+    test session."""
     import signal
     import time
 
@@ -179,15 +149,8 @@ def test_a_dead_worker_of_its_own_group_stops_the_run_with_its_group_and_rank(
     placement = {"one_step_off": ONE_STEP_OFF, "fully_async": FULLY_ASYNC}.get(mode)
     if placement is None:
         placement = own_reward_model_pool(tmp_path)
-    repo = str(Path(__file__).parents[2])
-    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.main",
-         *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 200),
-         *placement, *SMALL],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": path},
-    )  # fmt: skip
+    proc = engine_process(*common(tiny_model_dir, synthetic_data, run_dir, 200), *placement,
+                          *SMALL, popen=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         metrics = run_dir / "metrics.jsonl"
@@ -208,16 +171,14 @@ def test_a_dead_worker_of_its_own_group_stops_the_run_with_its_group_and_rank(
 
 
 def test_one_step_off_in_bypass_mode_takes_the_samplers_log_probs_as_pi_old(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    tiny_model_dir, synthetic_data, tmp_path, run_engine
 ):
     """verl's bypass mode: no π_old pass of its own; the PPO ratio is to the sampler, so
     it starts at 1 on the on-policy first batch and moves once the batches are stale."""
-    run_dir = tmp_path / "run"
     bypass = [a for a in ONE_STEP_OFF if "rollout_is=" not in a]
-    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 4), *bypass,
-         "algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.n=4",
-         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])  # fmt: skip
-    records = steps_of(read_metrics, run_dir)
+    run = run_engine(*common(tiny_model_dir, synthetic_data, tmp_path / "run", 4), *bypass,
+                     "algorithm.rollout_correction.bypass_mode=true", *SMALL)  # fmt: skip
+    records = run.steps
     assert not any("timing_s/old_log_prob" in r for r in records)
     assert [r["training/staleness"] for r in records] == [0.0, 1.0, 1.0, 1.0]
     assert abs(records[0]["actor/ppo_kl"]) < 1e-3  # the sampler's weights are the update's
@@ -225,21 +186,21 @@ def test_one_step_off_in_bypass_mode_takes_the_samplers_log_probs_as_pi_old(
 
 
 def test_fully_async_learns_the_synthetic_task(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    tiny_model_dir, synthetic_data, tmp_path, run_engine
 ):
-    run_dir = tmp_path / "run"
-    run(
-        [
-            *common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 20),
-            *FULLY_ASYNC,
-            "async_training.staleness_threshold=0.5",
-            "actor_rollout_ref.rollout.n=8",
-            "data.train_batch_size=32",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-        ]
+    """The learning proof of the asynchronous modes: a zero learning rate, a flipped
+    advantage or a rollout that never gets the new weights leaves the score at its
+    random-policy level."""
+    run = run_engine(
+        *common(tiny_model_dir, synthetic_data, tmp_path / "run", 20),
+        *FULLY_ASYNC,
+        "async_training.staleness_threshold=0.5",
+        "actor_rollout_ref.rollout.n=8",
+        "data.train_batch_size=32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
     )
-    records = steps_of(read_metrics, run_dir)
+    records = run.steps
     assert [r["step"] for r in records] == list(range(1, 21))
     scores = [r["critic/score/mean"] for r in records]
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
@@ -251,14 +212,65 @@ def test_fully_async_learns_the_synthetic_task(
     assert all("timing_s/wait_batch" in r and "rollouter/idle_ratio" in r for r in records)
 
 
+class Gated:
+    """The rollout's workers as the rollouter sees them, its advances held while the gate
+    is shut."""
+
+    def __init__(self, workers, gate: threading.Event) -> None:
+        self.workers, self.gate = workers, gate
+
+    def submit_each(self, *args):
+        self.gate.wait()
+        return self.workers.submit_each(*args)
+
+
+@pytest.fixture
+def generation_waits_for_the_trainer(monkeypatch):
+    """The rollouter (a thread of this process's trainer) advances its samples only
+    while the trainer waits, for a batch or for a weight sync, never while it trains:
+    the samples started after a sync are still in flight at the next one however fast
+    the machine generates. Yields the number of groups in flight as each sync began."""
+    from engine.rollouter import Rollouter
+
+    gate = threading.Event()
+    in_flight: list[int] = []
+    init, take, pause, stop = Rollouter.__init__, Rollouter.take, Rollouter.pause, Rollouter.stop
+
+    def gated_init(self, workers, *args, **kwargs):
+        init(self, Gated(workers, gate), *args, **kwargs)
+
+    def gated_take(self, groups):
+        gate.set()
+        try:
+            return take(self, groups)
+        finally:
+            gate.clear()
+
+    def gated_pause(self, drain):
+        with self.lock:
+            in_flight.append(len(self._live))  # started and not finished
+        gate.set()
+        pause(self, drain)
+
+    def opened_stop(self):
+        gate.set()
+        stop(self)
+
+    for name, method in (("__init__", gated_init), ("take", gated_take),
+                         ("pause", gated_pause), ("stop", opened_stop)):  # fmt: skip
+        monkeypatch.setattr(Rollouter, name, method)
+    return in_flight
+
+
 @pytest.mark.parametrize("partial", [True, False])
 def test_samples_in_flight_at_a_sync_continue_or_finish_first(
-    partial, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
-):
-    run_dir = tmp_path / "run"
-    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 5), *FULLY_ASYNC,
-         *SMALL, *LONG, f"async_training.partial_rollout={str(partial).lower()}"])  # fmt: skip
-    records = steps_of(read_metrics, run_dir)
+    partial, tiny_model_dir, synthetic_data, tmp_path, run_engine,
+    generation_waits_for_the_trainer,
+):  # fmt: skip
+    run = run_engine(*common(tiny_model_dir, synthetic_data, tmp_path / "run", 5), *FULLY_ASYNC,
+                     *SMALL, *LONG, f"async_training.partial_rollout={str(partial).lower()}")  # fmt: skip
+    records = run.steps
+    assert max(generation_waits_for_the_trainer) > 0  # some sync found samples in flight
     spans = [r["training/max_partial_span"] for r in records]
     if partial:  # some sample had tokens of two weights versions
         assert max(spans) >= 1, spans
@@ -268,20 +280,22 @@ def test_samples_in_flight_at_a_sync_continue_or_finish_first(
 
 
 def test_fully_async_resumes_without_losing_or_repeating_prompts(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides
+    tiny_model_dir, synthetic_data, tmp_path, run_engine, capsys
 ):
     run_dir, dumps = tmp_path / "run", tmp_path / "generations"
     args = [*FULLY_ASYNC, *SMALL, "async_training.staleness_threshold=1", "trainer.save_freq=2",
             "data.max_response_length=16", f"trainer.rollout_data_dir={dumps}"]  # fmt: skip
-    run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 4), *args])
+    run_engine(*common(tiny_model_dir, synthetic_data, run_dir, 4), *args)
     step2 = json.loads((run_dir / "global_step_2" / "trainer_state.json").read_text())
     assert step2["extra"]["fully_async_pending"], "no prompt was drawn ahead at the checkpoint"
     assert step2["extra"]["weights_version"] == 2  # two updates; a resume counts on from it
     # as if killed after step 4 with no checkpoint since step 2: resume from there
-    resumed = run([*common(tiny_model_dir, synthetic_data, base_overrides, run_dir, 6), *args,
-                   "trainer.resume_mode=resume_path",
-                   f"trainer.resume_from_path={run_dir / 'global_step_2'}"])  # fmt: skip
-    assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
+    capsys.readouterr()
+    run_engine(*common(tiny_model_dir, synthetic_data, run_dir, 6), *args,
+               "trainer.resume_mode=resume_path",
+               f"trainer.resume_from_path={run_dir / 'global_step_2'}")  # fmt: skip
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "at step 2" in out
     trained = []
     for step in range(1, 7):  # steps 3-6 rewritten by the resumed run
         rows = [json.loads(line) for line in (dumps / f"{step}.jsonl").read_text().splitlines()]

@@ -1,16 +1,13 @@
 """Checkpoints in an S3 bucket (a real S3-compatible server, moto, on loopback): saved with
-background uploads, marked complete last, pruned, and resumed from."""
+background uploads, marked complete last, pruned, and resumed from.
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+The runs are processes of their own: the workers upload, and they get the bucket's
+address and keys as a job's workers do, from the environment of the process that starts
+the Ray node (the test sets them; the Ray node of the in-process runs started before)."""
 
 import pytest
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -35,33 +32,26 @@ def s3_server(monkeypatch):
     server.stop()
 
 
-def test_checkpoints_to_a_bucket_and_resume(s3_server, tiny_model_dir, tmp_path):
+def test_checkpoints_to_a_bucket_and_resume(s3_server, tiny_model_dir, tmp_path, engine_process):
     from engine.data.synthetic import write_synthetic_dataset
 
     train, _ = write_synthetic_dataset(tmp_path / "data", n_train=64, n_val=8)
     url = "s3://ckpt/runs/demo"
 
-    def run(steps: int) -> subprocess.CompletedProcess:
-        args = [
-            sys.executable, "-m", "engine.main",
+    def run(steps: int):
+        return engine_process(
             f"actor_rollout_ref.model.path={tiny_model_dir}",
             f"data.train_files={train}",
             f"trainer.default_local_dir={url}",
             "trainer.experiment_name=demo",
-            "trainer.device=cpu", "trainer.n_gpus_per_node=2",
-            "data.max_prompt_length=64", "data.max_response_length=8",
             "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-            "algorithm.adv_estimator=grpo", "reward_model.num_workers=1",
-            "trainer.val_before_train=false",
+            "algorithm.adv_estimator=grpo",
             "trainer.save_freq=2", "trainer.max_actor_ckpt_to_keep=1",
             f"trainer.total_training_steps={steps}",
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        return subprocess.run(
-            args, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
-        )
+            cwd=tmp_path,
+        )  # fmt: skip
 
     first = run(4)
     assert first.returncode == 0, first.stderr[-3000:]

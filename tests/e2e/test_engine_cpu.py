@@ -1,17 +1,18 @@
 """Whole engine runs on CPU: a real Ray cluster, two workers in one FSDP (gloo) group,
-HF rollout, rule rewards, and the algorithms of the loop."""
+HF rollout, rule rewards, and the algorithms of the loop.
+
+The runs go in this process (tests/e2e/conftest.py: ``run_engine``); the algorithm
+variants that place the same roles the same way run one after another on one kept
+worker group, each host building its roles again, and
+``test_a_kept_group_runs_as_a_fresh_one`` shows that leaves nothing behind."""
 
 import importlib.util
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from engine.algo.names import estimator_needs
-from engine.config import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +25,8 @@ def _has_megatron() -> bool:
 
 
 # megatron-core lives beside the venv in .megatron-core (scripts/setup.sh; its numpy<2
-# pin); this case runs with RLCTL_TEST_MEGATRON=all (tests/conftest.py).
-MEGATRON = pytest.param(
-    ["actor_rollout_ref.actor.strategy=megatron"],
-    marks=pytest.mark.skipif(not _has_megatron(), reason="megatron-core is not installed"),
-    id="megatron",
-)
-
+# pin); the Megatron variant is in the suite's smoke subset (tests/conftest.py).
+MEGATRON_MISSING = pytest.mark.skipif(not _has_megatron(), reason="megatron-core is not installed")
 
 # The rollout on a real vLLM engine (its CPU build), its log-probs compared with the
 # training forward's at every step.
@@ -41,20 +37,19 @@ VLLM_ROLLOUT = [
 VLLM = pytest.param(VLLM_ROLLOUT, marks=pytest.mark.vllm, id="vllm")
 
 
-@pytest.mark.parametrize("strategy", [pytest.param([], id="fsdp2"), MEGATRON, VLLM])
+@pytest.mark.parametrize("rollout", [pytest.param([], id="hf"), VLLM])
 def test_grpo_learns_the_synthetic_task(
-    strategy, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    rollout, tiny_model_dir, synthetic_data, tmp_path, run_engine, capsys
 ):
-    """Through the real command line (a subprocess: its Ray workers inherit PYTHONPATH).
-    A zero learning rate or a flipped gradient sign leaves the score at its random-policy
-    level (about 0.01) and fails the margin. With vLLM generating, the same margin, and
-    at every step the engine's log-probs are the training forward's: a weight push that
-    did not land (stale, half-applied) breaks that on the step after it."""
+    """The learning proofs of the synchronous loop, with the Hugging Face rollout and
+    with vLLM. A zero learning rate or a flipped gradient sign leaves the score at its
+    random-policy level (about 0.01) and fails the margin. With vLLM generating, the same
+    margin, and at every step the engine's log-probs are the training forward's: a
+    weight push that did not land (stale, half-applied) breaks that on the step after it.
+    (Megatron's learning: its update is FSDP's, step by step, tests/e2e/test_megatron_cpu.py.)"""
     train, val = synthetic_data
-    run_dir = tmp_path / "run"
-    overrides = [
-        *base_overrides,
-        *strategy,
+    run = run_engine(
+        *rollout,
         f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"data.train_files={train}",
         f"data.val_files={val}",
@@ -65,24 +60,13 @@ def test_grpo_learns_the_synthetic_task(
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
         "trainer.total_training_steps=24",
         "trainer.test_freq=12",
-        f"trainer.default_local_dir={run_dir}",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
         "trainer.logger=[console]",
         "trainer.save_freq=100",  # only the last step: what the export reads
         f"trainer.export_hf_dir={tmp_path / 'hf'}",
-    ]
-    repo = str(Path(__file__).parents[2])
-    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
-    result = subprocess.run(
-        [sys.executable, "-m", "engine.main", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "step 24/24 | score" in result.stdout  # the console line per step
-    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    assert "step 24/24 | score" in capsys.readouterr().out  # the console line per step
+    records = run.steps
     assert [r["step"] for r in records] == list(range(1, 25))
     scores = [r["critic/score/mean"] for r in records]
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
@@ -91,7 +75,7 @@ def test_grpo_learns_the_synthetic_task(
     # the update's own forward, with no pass of its own, unless the engine's log-probs
     # are to be compared with it.
     assert all(abs(r["actor/ppo_kl"]) < 1e-6 for r in records)
-    if VLLM_ROLLOUT[1] in strategy:
+    if rollout:
         assert all("timing_s/old_log_prob" in r for r in records)
         assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
         assert max(r["training/rollout_probs_diff_max"] for r in records) < 1e-4
@@ -107,6 +91,9 @@ def test_grpo_learns_the_synthetic_task(
     assert not exported.model.norm.weight.equal(initial.model.norm.weight)  # it trained
 
 
+# The variants, grouped by the roles they place (a critic and a reference, a reference,
+# the actor alone): each group's runs share one kept worker group (conftest.py's
+# ``reuse_key``); vLLM and Megatron runs start their own.
 ALGORITHMS = {
     "ppo_gae_kl_in_reward": [
         "algorithm.adv_estimator=gae",
@@ -177,31 +164,6 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
     ],
     "remax": ["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2"],
-    # DAPO's dynamic sampling on vLLM, with truncated importance sampling against it.
-    "dapo_vllm_tis": [
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.clip_ratio_high=0.28",
-        "algorithm.filter_groups.enable=true",
-        "algorithm.filter_groups.metric=score",
-        "algorithm.filter_groups.max_num_gen_batches=3",
-        "reward_model.reward_manager=dapo",
-        *VLLM_ROLLOUT,
-        "algorithm.rollout_correction.rollout_is=token",
-    ],
-    # vLLM with tensor parallelism 2 over the two CPU workers (one engine, SPMD).
-    "grpo_vllm_tp2": [
-        "algorithm.adv_estimator=grpo",
-        *VLLM_ROLLOUT,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-    ],
-    # A Megatron actor (TP 2 with sequence parallelism) pushing its HF-named tensors to vLLM.
-    "grpo_megatron_tp2_vllm": [
-        "algorithm.adv_estimator=grpo",
-        *VLLM_ROLLOUT,
-        "actor_rollout_ref.actor.strategy=megatron",
-        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-        "actor_rollout_ref.actor.megatron.sequence_parallel=true",
-    ],
     "reinforce_pp": [
         "algorithm.adv_estimator=reinforce_plus_plus",
         "actor_rollout_ref.rollout.n=2",
@@ -274,13 +236,38 @@ ALGORITHMS = {
         "algorithm.gdpo_reward_keys=[close,leading]",
         "+algorithm.gdpo_reward_weights=[1.0,0.5]",
     ],
+    # DAPO's dynamic sampling on vLLM, with truncated importance sampling against it.
+    "dapo_vllm_tis": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=score",
+        "algorithm.filter_groups.max_num_gen_batches=3",
+        "reward_model.reward_manager=dapo",
+        *VLLM_ROLLOUT,
+        "algorithm.rollout_correction.rollout_is=token",
+    ],
+    # vLLM with tensor parallelism 2 over the two CPU workers (one engine, SPMD).
+    "grpo_vllm_tp2": [
+        "algorithm.adv_estimator=grpo",
+        *VLLM_ROLLOUT,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    ],
+    # A Megatron actor (TP 2 with sequence parallelism) pushing its HF-named tensors to vLLM.
+    "grpo_megatron_tp2_vllm": [
+        "algorithm.adv_estimator=grpo",
+        *VLLM_ROLLOUT,
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.sequence_parallel=true",
+    ],
 }
 
 
 def _algorithm_marks(name: str) -> list:
     marks = [pytest.mark.vllm] if "vllm" in name else []
     if "megatron" in name:
-        marks.append(MEGATRON.marks[0])  # skipped without megatron-core
+        marks.append(MEGATRON_MISSING)
     return marks
 
 
@@ -290,19 +277,24 @@ def _tp_segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if "cpushm" in name}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_algorithm_marks(n)) for n in ALGORITHMS])
-def test_algorithm_runs(
-    name,
-    ray_cluster,
-    tiny_model_dir,
-    synthetic_data,
-    tmp_path,
-    base_overrides,
-    read_metrics,
-    request,
-):
-    from engine.runtime import run_training
+def variant(name: str, tiny_model_dir, train, run_dir) -> list[str]:
+    """The overrides of a two-step run of the variant ``name``."""
+    return [
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"data.train_files={train}",
+        "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=[]",
+        *ALGORITHMS[name],
+    ]
 
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_algorithm_marks(n)) for n in ALGORITHMS])
+def test_algorithm_runs(name, tiny_model_dir, synthetic_data, tmp_path, run_engine, request):
     train, _ = synthetic_data
     tp = any(
         o.startswith("actor_rollout_ref.rollout.tensor_model_parallel_size=") and o[-2:] != "=1"
@@ -311,23 +303,8 @@ def test_algorithm_runs(
     if tp:  # the segments checked below are then this run's alone
         request.getfixturevalue("vllm_tp_alone")
     segments = _tp_segments()
-    cfg = load_config(
-        [
-            *base_overrides,
-            f"actor_rollout_ref.model.path={tiny_model_dir}",
-            f"data.train_files={train}",
-            "actor_rollout_ref.rollout.n=4",
-            "data.train_batch_size=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "trainer.total_training_steps=2",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[]",
-            *ALGORITHMS[name],
-        ]
-    )
-    run_training(cfg)
-    records = read_metrics(tmp_path)
+    run = run_engine(*variant(name, tiny_model_dir, train, tmp_path))
+    cfg, records = run.cfg, run.records
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean"):
@@ -370,3 +347,47 @@ def test_algorithm_runs(
         # vLLM's CPU all-reduce and broadcast segments go with the run (a second TP run
         # on the machine would otherwise fail to create them, and they hold memory).
         assert _tp_segments() <= segments
+
+
+# A run that changes what it can in the processes it runs in, for the run after it: its
+# own reward function, seed, schedule, batching and forward.
+LEAVES_STATE = [
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=200",
+    "actor_rollout_ref.model.use_remove_padding=true",
+    "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
+    "trainer.seed=7",
+]
+LENGTH_REWARD = """\
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return len(solution_str) % 3 / 2
+"""
+MACHINE_METRICS = ("timing_s/", "perf/")  # they measure the machine, not the run
+
+
+def test_a_kept_group_runs_as_a_fresh_one(
+    tiny_model_dir, synthetic_data, tmp_path, run_engine, kept_workers
+):
+    """A variant on workers of its own, then another run on those workers, then the
+    variant again on them: the same numbers, step by step, as the first time. Whatever
+    a run leaves in this process (its reward function, seeds, the scorer's processes) or
+    in the kept workers (models, optimizer and schedule, patched forwards, random state)
+    would show in the second run of the variant. (A run here against the same run as a
+    process of its own: tests/e2e/test_resume.py, the killed run's first steps.)"""
+    train, _ = synthetic_data
+    reward = tmp_path / "reward.py"
+    reward.write_text(LENGTH_REWARD)
+    kept_workers.release()
+    reused = kept_workers.reused
+    fused = "grpo_kl_loss_fused_head"
+    first = run_engine(*variant(fused, tiny_model_dir, train, tmp_path / "first"))
+    run_engine(*variant("grpo_kl_loss", tiny_model_dir, train, tmp_path / "between"),
+               *LEAVES_STATE, f"custom_reward_function.path={reward}")  # fmt: skip
+    again = run_engine(*variant(fused, tiny_model_dir, train, tmp_path / "again"))
+    assert kept_workers.reused == reused + 2  # both later runs on the first run's workers
+
+    def run_metrics(record: dict) -> dict:
+        return {k: v for k, v in record.items() if not k.startswith(MACHINE_METRICS)}
+
+    assert [run_metrics(r) for r in again.records] == [run_metrics(r) for r in first.records]

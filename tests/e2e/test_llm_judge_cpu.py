@@ -11,8 +11,6 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from engine.config import load_config
-
 pytestmark = pytest.mark.slow
 
 JUDGED = "prefs/judged"  # no rule function knows it
@@ -40,20 +38,12 @@ ONE_STEP_OFF = [
     "backend", [pytest.param([], id="hf"), pytest.param(ONE_STEP_OFF, id="hf_one_step_off"), VLLM]
 )
 def test_grpo_scored_by_the_judge_and_the_rule(
-    backend,
-    ray_cluster,
-    tiny_model_dir,
-    synthetic_data,
-    tmp_path,
-    base_overrides,
-    read_metrics,
-    monkeypatch,
+    backend, tiny_model_dir, synthetic_data, tmp_path, run_engine, monkeypatch
 ):
     from transformers import AutoTokenizer
 
     from engine.models.tiny import build_tiny_judge
     from engine.reward.synthetic import compute_score
-    from engine.runtime import run_training
 
     judge_dir = build_tiny_judge(tmp_path / "judge", verdict="Score: 7")
     train, _ = synthetic_data
@@ -65,30 +55,27 @@ def test_grpo_scored_by_the_judge_and_the_rule(
     mixed = tmp_path / "mixed.parquet"
     pq.write_table(type(table).from_pylist(rows), mixed)
     generations = tmp_path / "generations"
-    cfg = load_config(
-        [
-            *base_overrides,
-            *backend,
-            f"actor_rollout_ref.model.path={tiny_model_dir}",
-            f"data.train_files={mixed}",
-            "data.shuffle=false",
-            "actor_rollout_ref.rollout.n=4",
-            "data.train_batch_size=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "trainer.total_training_steps=2",
-            f"trainer.default_local_dir={tmp_path / 'run'}",
-            f"trainer.rollout_data_dir={generations}",
-            "trainer.logger=[]",
-            "reward_model.enable=true",
-            "reward_model.style=generative",
-            f"reward_model.model.path={judge_dir}",
-            f"reward_model.data_sources=[{JUDGED}]",
-            "reward_model.micro_batch_size_per_gpu=3",
-            "reward_model.judge.max_prompt_length=256",
-            "reward_model.judge.max_new_tokens=16",
-        ]
-    )
+    overrides = [
+        *backend,
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"data.train_files={mixed}",
+        "data.shuffle=false",
+        "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"trainer.rollout_data_dir={generations}",
+        "trainer.logger=[]",
+        "reward_model.enable=true",
+        "reward_model.style=generative",
+        f"reward_model.model.path={judge_dir}",
+        f"reward_model.data_sources=[{JUDGED}]",
+        "reward_model.micro_batch_size_per_gpu=3",
+        "reward_model.judge.max_prompt_length=256",
+        "reward_model.judge.max_new_tokens=16",
+    ]
     # the controller loads the judge's tokenizer once: the start's check of its chat
     # template hands it to the scoring (the workers load their own)
     loads = []
@@ -98,9 +85,8 @@ def test_grpo_scored_by_the_judge_and_the_rule(
         "from_pretrained",
         lambda path, *a, **kw: loads.append(str(path)) or load(path, *a, **kw),
     )
-    run_training(cfg)
+    records = run_engine(*overrides).records
     assert loads.count(str(judge_dir)) == 1
-    records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2]
     samples = [
         json.loads(line)

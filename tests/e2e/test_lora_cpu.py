@@ -1,32 +1,14 @@
-"""A GRPO run with a LoRA actor on CPU, through the real command line: it learns, its
-checkpoint is the adapter alone, and it exports merged or as the adapter; bad LoRA
-settings are refused before anything starts."""
-
-import os
-import subprocess
-import sys
-from pathlib import Path
+"""A GRPO run with a LoRA actor on CPU (in this process: tests/e2e/conftest.py): it
+learns, its checkpoint is the adapter alone, and it exports merged or as the adapter;
+vLLM samples with the adapted policy; bad LoRA settings are refused before anything
+starts."""
 
 import pytest
 import torch
 
-REPO = Path(__file__).parents[2]
 
-
-def _engine(*overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "engine.main", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-
-
-def _lora_overrides(base_overrides, model, train, *extra):
+def _lora_overrides(model, train, *extra):
     return [
-        *base_overrides,
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={train}",
         "algorithm.adv_estimator=grpo",
@@ -56,7 +38,7 @@ ALL_AND_HEAD = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head
 
 @pytest.mark.slow
 def test_grpo_with_lora_learns_and_exports(
-    untied_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    untied_model_dir, synthetic_data, tmp_path, run_engine, capsys
 ):
     """A zero learning rate, a gradient that does not reach the adapter, or a rollout that
     does not see it leave the score at its random-policy level (about 0.01)."""
@@ -64,9 +46,8 @@ def test_grpo_with_lora_learns_and_exports(
     train, _val = synthetic_data
     run_dir = tmp_path / "run"
     steps = 12
-    result = _engine(
+    run = run_engine(
         *_lora_overrides(
-            base_overrides,
             tiny_model_dir,
             train,
             "actor_rollout_ref.actor.optim.lr=2e-2",  # LoRA's usual lr: 10× full tuning's
@@ -78,8 +59,7 @@ def test_grpo_with_lora_learns_and_exports(
             f"trainer.export_hf_dir={tmp_path / 'merged'}",
         )
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    records = run.steps
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     scores = [r["critic/score/mean"] for r in records]
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
@@ -107,17 +87,16 @@ def test_grpo_with_lora_learns_and_exports(
     assert merged.model.norm.weight.equal(initial.model.norm.weight)  # not a LoRA target
     assert not (tmp_path / "merged" / "adapter_config.json").exists()
 
-    # The adapter alone: peft loads it beside the base model, and it is the merged model.
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    adapter_dir = tmp_path / "adapter"
-    export = subprocess.run(
-        [sys.executable, "-m", "engine.export", str(run_dir), str(adapter_dir), "--adapter-only"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-    assert export.returncode == 0, export.stderr
+    # The adapter alone (the export's command, here): peft loads it beside the base
+    # model, and it is the merged model.
     from peft import PeftModel
+
+    from engine.export import main as export
+
+    adapter_dir = tmp_path / "adapter"
+    capsys.readouterr()
+    export([str(run_dir), str(adapter_dir), "--adapter-only"])
+    assert f"exported actor (float32) to {adapter_dir}" in capsys.readouterr().out
 
     adapted = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir
@@ -149,14 +128,19 @@ def test_grpo_with_lora_learns_and_exports(
     ids=["targets_match_nothing", "tied_output_layer", "negative_rank", "megatron"],
 )
 def test_bad_lora_settings_are_refused_before_start(
-    extra, expected, tiny_model_dir, synthetic_data, tmp_path, base_overrides
-):
+    extra, expected, tiny_model_dir, synthetic_data, tmp_path, base_overrides, engine_main,
+    kept_workers, capsys,
+):  # fmt: skip
+    """Through the engine's command (in this process): exit code 2 and the fix, before
+    any worker starts."""
     train, _val = synthetic_data
-    overrides = _lora_overrides(base_overrides, tiny_model_dir, train, *extra)
-    result = _engine(*overrides, f"trainer.default_local_dir={tmp_path}", timeout=300)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert expected in result.stderr
-    assert "ray" not in result.stdout.lower()  # refused before the cluster started
+    overrides = _lora_overrides(tiny_model_dir, train, *extra)
+    starts = kept_workers.starts
+    code = engine_main(*base_overrides, *overrides, f"trainer.default_local_dir={tmp_path}")
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert expected in err
+    assert kept_workers.starts == starts  # refused before any worker started
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -173,7 +157,7 @@ def test_bad_lora_settings_are_refused_before_start(
     ids=["merged", "adapter"],
 )
 def test_vllm_generates_with_the_adapted_policy(
-    model, extra, request, synthetic_data, tmp_path, base_overrides, read_metrics
+    model, extra, request, synthetic_data, tmp_path, run_engine
 ):
     """vLLM (its CPU build) generates with W + scaling·B·A after each push, merged or as
     its own LoRA: its sampling log-probs are the LoRA actor's at every step. The base
@@ -181,9 +165,8 @@ def test_vllm_generates_with_the_adapted_policy(
     which the learning rate makes large from step 2 on."""
     train, _val = synthetic_data
     run_dir = tmp_path / "run"
-    result = _engine(
+    run = run_engine(
         *_lora_overrides(
-            base_overrides,
             request.getfixturevalue(model),
             train,
             "actor_rollout_ref.actor.optim.lr=2e-2",
@@ -196,8 +179,7 @@ def test_vllm_generates_with_the_adapted_policy(
             "trainer.save_freq=100",
         )
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    records = run.steps
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
     assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy
@@ -219,7 +201,7 @@ SEPARATE_VLLM_ADAPTER = (
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_separate_vllm_is_pushed_the_adapter_alone(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    tiny_model_dir, synthetic_data, tmp_path, run_engine
 ):
     """vLLM on a worker of its own (placement=separate) serving the adapter: the first
     push carries the base weights and the adapter, each later one the adapter alone, and
@@ -230,9 +212,8 @@ def test_separate_vllm_is_pushed_the_adapter_alone(
 
     train, _val = synthetic_data
     run_dir = tmp_path / "run"
-    result = _engine(
+    run = run_engine(
         *_lora_overrides(
-            base_overrides,
             tiny_model_dir,
             train,
             "actor_rollout_ref.actor.optim.lr=2e-2",
@@ -245,8 +226,7 @@ def test_separate_vllm_is_pushed_the_adapter_alone(
             "trainer.save_freq=100",
         )
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    records = run.steps
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
     assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy
@@ -265,7 +245,7 @@ def test_separate_vllm_is_pushed_the_adapter_alone(
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_fully_async_vllm_samples_with_the_current_adapter(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    tiny_model_dir, synthetic_data, tmp_path, run_engine
 ):
     """The fully asynchronous mode with vLLM serving the adapter: the sample stream
     generates under the adapter of the weights the trainer holds (staleness 0), so its
@@ -274,9 +254,8 @@ def test_fully_async_vllm_samples_with_the_current_adapter(
     across a swap: tests/engine/rollout/test_vllm_engine.py.)"""
     train, _val = synthetic_data
     run_dir = tmp_path / "run"
-    result = _engine(
+    run = run_engine(
         *_lora_overrides(
-            base_overrides,
             tiny_model_dir,
             train,
             "actor_rollout_ref.actor.optim.lr=2e-2",
@@ -293,8 +272,7 @@ def test_fully_async_vllm_samples_with_the_current_adapter(
             "trainer.save_freq=100",
         )
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    records = run.steps
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["training/staleness_max"] == 0 for r in records)
     assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3

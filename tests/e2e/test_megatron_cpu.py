@@ -7,8 +7,8 @@ Needs megatron-core: ``scripts/setup.sh`` installs it with ``--no-deps`` (its nu
 pin) into ``.megatron-core``, which ``scripts/test.sh`` puts on PYTHONPATH; the local Ray
 cluster's workers inherit it. Skipped otherwise. The suite runs the DeepSeek-V3 case;
 ``RLCTL_TEST_MEGATRON=all`` runs all (tests/conftest.py).
-The learning run is the FSDP one's parameter ``megatron``
-(``tests/e2e/test_engine_cpu.py::test_grpo_learns_the_synthetic_task``).
+Megatron's learning is FSDP's: its update is, step by step, and FSDP's learning proof is
+``tests/e2e/test_engine_cpu.py::test_grpo_learns_the_synthetic_task``.
 """
 
 import importlib.util
@@ -17,8 +17,6 @@ import math
 from pathlib import Path
 
 import pytest
-
-from engine.config import load_config
 
 
 def _has_megatron() -> bool:
@@ -42,24 +40,18 @@ MACHINE_METRICS = ("timing_s/", "perf/")
 
 
 @pytest.fixture(scope="module")
-def run(base_overrides, read_metrics):
-    """``run(model, train, run_dir, *extra) -> list[dict]``: an in-process training run
-    (on the module's ``ray_cluster``, no loggers) and its metrics."""
-    from engine.runtime import run_training
+def run(run_engine):
+    """``run(model, train, run_dir, *extra) -> list[dict]``: a run in this process (no
+    loggers) and its metrics."""
 
     def run(model: Path, train: Path, run_dir: Path, *extra: str) -> list[dict]:
-        cfg = load_config(
-            [
-                *base_overrides,
-                "trainer.logger=[]",
-                f"actor_rollout_ref.model.path={model}",
-                f"data.train_files={train}",
-                f"trainer.default_local_dir={run_dir}",
-                *extra,
-            ]
-        )
-        run_training(cfg)
-        return read_metrics(run_dir)
+        return run_engine(
+            "trainer.logger=[]",
+            f"actor_rollout_ref.model.path={model}",
+            f"data.train_files={train}",
+            f"trainer.default_local_dir={run_dir}",
+            *extra,
+        ).records
 
     return run
 
@@ -79,7 +71,7 @@ GRPO_KL = [
 
 
 @pytest.fixture(scope="module")
-def fsdp_grpo(ray_cluster, run, tiny_model_dir, synthetic_data, tmp_path_factory):
+def fsdp_grpo(run, tiny_model_dir, synthetic_data, tmp_path_factory):
     train, _ = synthetic_data
     return run(tiny_model_dir, train, tmp_path_factory.mktemp("fsdp"), *GRPO_KL)
 
@@ -169,7 +161,7 @@ def _assert_same_update(fsdp: list[dict], megatron: list[dict]) -> None:
 
 @pytest.mark.parametrize("model_type,experts", [("qwen3_moe", 4), ("deepseek_v3", 8)])
 def test_megatron_moe_grpo_takes_the_fsdp_update(
-    model_type, experts, ray_cluster, run, synthetic_data, tmp_path
+    model_type, experts, run, synthetic_data, tmp_path
 ):
     """Mixture-of-experts models (Qwen3-MoE: 4 experts, 2 per token; DeepSeek-V3:
     multi-latent attention, 8 experts in 4 groups, 4 per token, a shared expert and a
@@ -229,7 +221,7 @@ PPO_BASE = [
 
 @pytest.mark.parametrize("pp", [1, 2], ids=["dp2", "pp2"])
 def test_megatron_ppo_with_a_megatron_critic_resumes_exactly(
-    pp, ray_cluster, run, tiny_model_dir, synthetic_data, tmp_path
+    pp, run, tiny_model_dir, synthetic_data, tmp_path
 ):
     """PPO with GAE: Megatron actor and critic (with PP 2, each over two stages). A run
     saved at step 2 and resumed to step 3 logs the same step 3 as a run that went

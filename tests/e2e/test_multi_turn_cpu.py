@@ -4,12 +4,11 @@ in the rollout workers, and the step's agent metrics are logged.
 
 The tiny model starts from random weights, so it rarely writes a well-formed tool call:
 this run proves the plumbing, not that a model learns to use a tool (the synthetic tool
-task that shows learning is issue 17's next part)."""
+task that shows learning: tests/e2e/test_tool_task_cpu.py). The runs go in this process
+(tests/e2e/conftest.py), the engine's command too, but for ``--check``."""
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,14 +16,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_multi_turn_run_trains_through_the_agent_loop(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    tiny_model_dir, synthetic_data, tmp_path, run_engine
 ):
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - name: calculator\n")
     train, val = synthetic_data
-    run_dir = tmp_path / "run"
-    overrides = [
-        *base_overrides,
+    run = run_engine(
         f"actor_rollout_ref.model.path={tiny_model_dir}",
         f"data.train_files={train}",
         f"data.val_files={val}",
@@ -37,21 +34,13 @@ def test_a_multi_turn_run_trains_through_the_agent_loop(
         "data.max_prompt_length=384",
         "data.max_response_length=96",
         "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-        f"trainer.default_local_dir={run_dir}",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
         "trainer.logger=[console]",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-    ]
-    repo = str(Path(__file__).parents[2])
-    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, "-m", "engine.main", *overrides],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": path},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
+    )
+    records = run.steps
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
         # every sample went through the agent loop: at least one model turn each, at
@@ -63,10 +52,11 @@ def test_a_multi_turn_run_trains_through_the_agent_loop(
 
 
 def test_bad_tools_stop_the_run_at_start_naming_the_key(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, engine_main, kept_workers, capsys
 ):
-    """The call format is checked with the config (`--check`, `rlctl validate`); the tools
-    file where the job runs, when the engine starts, before any worker."""
+    """The call format is checked with the config (`--check`, `rlctl validate`: the
+    command, torch-free, as a process of its own); the tools file where the job runs,
+    when the engine starts, before any worker (the command, in this process)."""
     key = "actor_rollout_ref.rollout.multi_turn"
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - name: calculater\n")
@@ -80,18 +70,17 @@ def test_bad_tools_stop_the_run_at_start_naming_the_key(
         f"{key}.tool_config_path={tools}",
     ]
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "engine.main", *args], capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
-
-    checked = run("--check", *common, f"{key}.format=harmony")
+    checked = subprocess.run([sys.executable, "-m", "engine.main", "--check", *common,
+                              f"{key}.format=harmony"], capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
     assert checked.returncode == 2
     assert f"{key}.format" in checked.stderr and "hermes" in checked.stderr
-    started = run(*common)
-    assert started.returncode == 2, started.stderr[-2000:]
-    assert f"{key}.tool_config_path" in started.stderr
-    assert "calculater" in started.stderr and "calculator" in started.stderr  # value and fix
-    assert "Started a local Ray instance" not in started.stderr  # before any worker
+    starts = kept_workers.starts
+    assert engine_main(*common) == 2
+    err = capsys.readouterr().err
+    assert f"{key}.tool_config_path" in err
+    assert "calculater" in err and "calculator" in err  # value and fix
+    assert kept_workers.starts == starts  # before any worker
 
 
 TWO_STEPS = """\
@@ -109,8 +98,9 @@ class TwoSteps:
 
 
 def test_an_agent_loop_of_ones_own_drives_every_sample(
-    tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
-):
+    tiny_model_dir, synthetic_data, tmp_path, base_overrides, engine_main, kept_workers, capsys,
+    read_metrics,
+):  # fmt: skip
     """A loop declared in an agent loops file, made the default: each sample takes
     exactly its two short turns in the rollout workers (no tools file at all), and a
     default that names no declared loop is refused at start, before any worker."""
@@ -138,20 +128,12 @@ def test_an_agent_loop_of_ones_own_drives_every_sample(
         f"{key}.enable=true",
         f"{key}.agent_loop_config_path={loops}",
     ]
-    repo = str(Path(__file__).parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (repo, os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "engine.main", *args], capture_output=True,
-                              text=True, timeout=600, env=env)  # fmt: skip
-
-    typo = run(*overrides, f"{key}.default_agent=two_step")
-    assert typo.returncode == 2, typo.stderr[-2000:]
-    assert f"{key}.default_agent" in typo.stderr and "two_steps" in typo.stderr
-    assert "Started a local Ray instance" not in typo.stderr
-    result = run(*overrides, f"{key}.default_agent=two_steps")
-    assert result.returncode == 0, result.stderr[-3000:]
+    starts = kept_workers.starts
+    assert engine_main(*overrides, f"{key}.default_agent=two_step") == 2
+    err = capsys.readouterr().err
+    assert f"{key}.default_agent" in err and "two_steps" in err
+    assert kept_workers.starts == starts  # before any worker
+    assert engine_main(*overrides, f"{key}.default_agent=two_steps") == 0
     (record,) = [r for r in read_metrics(run_dir) if "critic/score/mean" in r]
     assert record["agent/turns_mean"] == 2.0 and record["agent/turns_max"] == 2.0
     assert record["agent/tool_calls_mean"] == 0.0

@@ -1,11 +1,14 @@
 """Long runs: a run killed for real resumes exactly; SIGTERM saves and asks for a requeue;
-a dead worker stops the run promptly with its rank; bad checkpoints are never resumed."""
+a dead worker stops the run promptly with its rank; bad checkpoints are never resumed.
+
+What a process is (a kill, a signal, an exit code) is tested on ``python -m engine.main``
+as a process of its own; the rest runs in this process (tests/e2e/conftest.py), which the
+killed run's first steps, logged by a process of its own, show to give the same numbers."""
 
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +16,6 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).parents[2]
 # Metrics that measure the machine, not the run: they differ between two identical runs.
 MACHINE_METRICS = ("timing_s/", "perf/")
 
@@ -27,16 +29,9 @@ def synthetic_data(tmp_path_factory):
 
 def engine_args(model: Path, train: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "engine.main",
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={train}",
         f"trainer.default_local_dir={run_dir}",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=2",
-        "data.max_prompt_length=64",
-        "data.max_response_length=8",
         "data.train_batch_size=8",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # two optimizer steps per step
@@ -46,20 +41,10 @@ def engine_args(model: Path, train: Path, run_dir: Path, *extra: str) -> list[st
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
         "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
-        "reward_model.num_workers=1",
-        "trainer.val_before_train=false",
         "trainer.save_freq=2",
         "trainer.total_training_steps=6",
         *extra,
     ]
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env())
 
 
 def by_step(run_dir: Path) -> dict[int, dict]:
@@ -97,80 +82,85 @@ ROLLOUTS = [
 
 
 @pytest.mark.parametrize("rollout", ROLLOUTS)
-def test_killed_run_resumes_exactly(rollout, tiny_model_dir, synthetic_data, tmp_path):
+def test_killed_run_resumes_exactly(
+    rollout, tiny_model_dir, synthetic_data, tmp_path, run_engine, engine_process, capsys
+):
+    """The run straight through here; the same run as a process of its own, killed once
+    its step-4 checkpoint is complete, then resumed here. Its steps 1-4 (the process's)
+    are the straight run's (a run in this process is a run of its own), and so are
+    steps 5 and 6 (the resume restored everything)."""
     train, _ = synthetic_data
     straight = tmp_path / "straight"
-    result = run(engine_args(tiny_model_dir, train, straight, *rollout))
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_engine(*engine_args(tiny_model_dir, train, straight, *rollout))
     expected = by_step(straight)
     assert sorted(expected) == [1, 2, 3, 4, 5, 6]
 
-    # The same run, killed (driver, Ray and workers: the whole process group) once the
-    # step-4 checkpoint is complete: what a lost node looks like.
+    # Killed (driver, Ray and workers: the whole process group) once the step-4
+    # checkpoint is complete: what a lost node looks like.
     broken = tmp_path / "broken"
-    proc = subprocess.Popen(
-        engine_args(tiny_model_dir, train, broken, *rollout),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env(),
-        start_new_session=True,
-    )
+    proc = engine_process(*engine_args(tiny_model_dir, train, broken, *rollout), popen=True,
+                          start_new_session=True)  # fmt: skip
     try:
         wait_for(broken / "global_step_4" / "COMPLETE", proc)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    killed = by_step(broken)
+    for step in (1, 2, 3, 4):
+        assert killed[step] == expected[step], f"step {step} differs in a process of its own"
 
-    resumed = run(engine_args(tiny_model_dir, train, broken, *rollout))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    capsys.readouterr()
+    run_engine(*engine_args(tiny_model_dir, train, broken, *rollout))
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "at step 4" in out
     got = by_step(broken)
     for step in (5, 6):
         assert got[step] == expected[step], f"step {step} differs after resume"
 
 
-def test_incomplete_checkpoint_is_never_resumed(tiny_model_dir, synthetic_data, tmp_path):
+def test_incomplete_checkpoint_is_never_resumed(
+    tiny_model_dir, synthetic_data, tmp_path, run_engine, engine_main, base_overrides, capsys
+):
     train, _ = synthetic_data
     run_dir = tmp_path / "run"
-    args = engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=2")
-    assert run(args).returncode == 0
+    run_engine(*engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=2"))
     # A checkpoint cut off mid-write: files, but no marker. Resume must skip it.
     partial = run_dir / "global_step_4"
     (partial / "actor").mkdir(parents=True)
     (partial / "trainer_state.json").write_text('{"step": 4}')
-    result = run(engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=3"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from" in result.stdout and "at step 2" in result.stdout
-    # An explicit path to it is refused with the reason.
-    explicit = run(
-        engine_args(
+    capsys.readouterr()
+    run_engine(*engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=3"))
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "at step 2" in out
+    # An explicit path to it is refused with the reason (the engine's command, here).
+    explicit = engine_main(
+        *base_overrides,
+        *engine_args(
             tiny_model_dir,
             train,
             tmp_path / "other",
             "trainer.resume_mode=resume_path",
             f"trainer.resume_from_path={partial}",
-        )
+        ),
     )
-    assert explicit.returncode == 2
-    assert "not a complete checkpoint" in explicit.stderr
+    assert explicit == 2
+    assert "not a complete checkpoint" in capsys.readouterr().err
 
 
-def test_sigterm_saves_and_exits_for_requeue(tiny_model_dir, synthetic_data, tmp_path):
+def test_sigterm_saves_and_exits_for_requeue(
+    tiny_model_dir, synthetic_data, tmp_path, engine_process
+):
     train, _ = synthetic_data
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        engine_args(
+    proc = engine_process(
+        *engine_args(
             tiny_model_dir,
             train,
             run_dir,
             "trainer.save_freq=100",
             "trainer.total_training_steps=100",
         ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env(),
+        popen=True,
     )
     wait_for(run_dir / "workers.json", proc)
     deadline = time.monotonic() + 300
@@ -187,15 +177,14 @@ def test_sigterm_saves_and_exits_for_requeue(tiny_model_dir, synthetic_data, tmp
     assert saved == [f"global_step_{last_logged}"]  # the step it finished, saved
 
 
-def test_dead_worker_stops_the_run_with_its_rank(tiny_model_dir, synthetic_data, tmp_path):
+def test_dead_worker_stops_the_run_with_its_rank(
+    tiny_model_dir, synthetic_data, tmp_path, engine_process
+):
     train, _ = synthetic_data
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=1000"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env(),
+    proc = engine_process(
+        *engine_args(tiny_model_dir, train, run_dir, "trainer.total_training_steps=1000"),
+        popen=True,
     )
     wait_for(run_dir / "global_step_2" / "COMPLETE", proc)
     workers = json.loads((run_dir / "workers.json").read_text())
@@ -208,9 +197,12 @@ def test_dead_worker_stops_the_run_with_its_rank(tiny_model_dir, synthetic_data,
     assert (run_dir / "global_step_2" / "COMPLETE").exists()  # the last good checkpoint
 
 
-def test_nan_updates_are_skipped_then_stop_the_run(tiny_model_dir, synthetic_data, tmp_path):
+def test_nan_updates_are_skipped_then_stop_the_run(
+    tiny_model_dir, synthetic_data, tmp_path, engine_main, base_overrides, capsys
+):
     """A reward that turns NaN poisons the loss: each such update is skipped (the weights
-    stay finite) and counted, and N in a row stop the run with the likely causes."""
+    stay finite) and counted, and N in a row stop the run with the likely causes (the
+    engine's command, here: exit code 2)."""
     train, _ = synthetic_data
     reward = tmp_path / "nan_reward.py"
     reward.write_text(
@@ -218,18 +210,20 @@ def test_nan_updates_are_skipped_then_stop_the_run(tiny_model_dir, synthetic_dat
         "    return float('nan')\n"
     )
     run_dir = tmp_path / "run"
-    result = run(
-        engine_args(
+    code = engine_main(
+        *base_overrides,
+        *engine_args(
             tiny_model_dir,
             train,
             run_dir,
             f"custom_reward_function.path={reward}",
             "trainer.max_consecutive_skipped_updates=2",
             "trainer.total_training_steps=10",
-        )
+        ),
     )
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "2 actor updates in a row had a NaN/inf loss or gradient norm" in result.stderr
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert "2 actor updates in a row had a NaN/inf loss or gradient norm" in err
     steps = by_step(run_dir)
     assert steps[1]["actor/skipped_updates"] >= 1
     assert not (run_dir / "global_step_2").exists()  # nothing saved from a poisoned run

@@ -12,8 +12,6 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from engine.config import load_config
-
 pytestmark = pytest.mark.slow
 
 SOURCE = "prefs/chat"  # no rule function knows it
@@ -44,10 +42,9 @@ OWN_POOL = [
     ],
 )
 def test_grpo_scored_by_the_reward_model(
-    mode, ray_cluster, tiny_model_dir, synthetic_data, tmp_path, base_overrides, read_metrics
+    mode, tiny_model_dir, synthetic_data, tmp_path, run_engine
 ):
     from engine.models.tiny import build_tiny_reward_model
-    from engine.runtime import run_training
 
     rm_dir = build_tiny_reward_model(tmp_path / "rm", seed=1)
     train, _ = synthetic_data
@@ -58,27 +55,23 @@ def test_grpo_scored_by_the_reward_model(
     prefs = tmp_path / "prefs.parquet"
     pq.write_table(type(table).from_pylist(rows), prefs)
     generations = tmp_path / "generations"
-    cfg = load_config(
-        [
-            *base_overrides,
-            f"actor_rollout_ref.model.path={tiny_model_dir}",
-            f"data.train_files={prefs}",
-            "actor_rollout_ref.rollout.n=4",
-            "data.train_batch_size=4",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-            "trainer.total_training_steps=2",
-            f"trainer.default_local_dir={tmp_path / 'run'}",
-            f"trainer.rollout_data_dir={generations}",
-            "trainer.logger=[]",
-            "reward_model.enable=true",
-            f"reward_model.model.path={rm_dir}",
-            "reward_model.micro_batch_size_per_gpu=3",  # 8 or 16 (own pool: 16) rows a rank
-            *mode,
-        ]
+    run = run_engine(
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"data.train_files={prefs}",
+        "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"trainer.rollout_data_dir={generations}",
+        "trainer.logger=[]",
+        "reward_model.enable=true",
+        f"reward_model.model.path={rm_dir}",
+        "reward_model.micro_batch_size_per_gpu=3",  # 8 or 16 (own pool: 16) rows a rank
+        *mode,
     )
-    run_training(cfg)
-    records = read_metrics(tmp_path / "run")
+    records = run.records
     assert [r["step"] for r in records] == [1, 2]
     scores = [
         json.loads(line)["score"]

@@ -1,11 +1,14 @@
-"""verl's newer spellings of the Ulysses size (``engine.config.aliases``): each sets the
-schema's key, from an override, a YAML file or a base mapping; two spellings of one key
-with different values are refused naming both."""
+"""verl's other spellings of keys (``engine.config.aliases``, the table in
+``engine.config.verl_names``): each sets the schema's key, from an override, a YAML file or
+a base mapping; two spellings of one key with different values are refused naming both;
+verl's names of values (bf16) are read as the schema's."""
 
 import pytest
 
 from engine.config import key_problems, load_config
-from engine.config.aliases import ALIASES
+from engine.config.aliases import ALIASES, PREFIX_ALIASES, schema_key
+from engine.config.fields import selected
+from engine.config.keys import leaf
 from engine.errors import ConfigError
 
 REQUIRED = [
@@ -22,8 +25,11 @@ REQUIRED = [
 ACTOR = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
 
 
-@pytest.mark.parametrize(("alias", "key"), sorted(ALIASES.items()))
-def test_an_alias_sets_the_schema_key(alias, key):
+ULYSSES = sorted((a, k) for a, k in ALIASES.items() if a.endswith("ulysses_sequence_parallel_size"))
+
+
+@pytest.mark.parametrize(("alias", "key"), ULYSSES)
+def test_a_ulysses_alias_sets_the_schema_key(alias, key):
     cfg = load_config([*REQUIRED, f"{alias}=2"])
     role = {"actor_rollout_ref.actor": "actor", "actor_rollout_ref.ref": "reference"}
     role = role.get(key.rsplit(".", 1)[0], "critic")
@@ -88,3 +94,102 @@ def test_a_base_mapping_may_use_the_alias():
     assert (
         key_problems({"actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size": 2}) == []
     )
+
+
+# A value of each alias's target type that differs from its default.
+def _other_value(key: str):
+    found = leaf(key)
+    assert found is not None, key
+    default = found.default
+    if default is None and "int" in found.type_name:
+        return 3
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 2
+    if isinstance(default, float):
+        return default + 0.5
+    if key.endswith("dtype"):
+        return "float32" if default != "float32" else "bfloat16"
+    if key.endswith("lr_scheduler_type"):
+        return "cosine"
+    if key.endswith("default_agent"):
+        return "single_turn"
+    if found.type_name.startswith("dict") or found.type_name == "mapping":
+        return None
+    return "some/path"
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_every_alias_names_a_schema_key_and_sets_it(alias):
+    key = schema_key(alias)
+    assert leaf(key) is not None, f"{alias} -> {key}: not a key of the schema"
+    value = _other_value(key)
+    if value is None:  # a mapping: set one of its entries through the alias
+        entry = next((k for k, v in leaf(key).default.items() if isinstance(v, bool)), "x")
+        cfg = load_config([*REQUIRED, f"+{alias}.{entry}=true"], check=False)
+        assert selected(cfg, key)[entry] is True
+        return
+    written = str(value).lower() if isinstance(value, bool) else value
+    cfg = load_config([*REQUIRED, f"{alias}={written}"], check=False)
+    assert selected(cfg, key) == value
+
+
+def test_prefix_aliases_rename_whole_sections():
+    cfg = load_config(
+        [
+            *REQUIRED,
+            "critic.fsdp.param_offload=true",
+            "critic.model.fsdp_config.optimizer_offload=true",
+            "reward.custom_reward_function.path=/r.py",
+            "sandbox_fusion.max_concurrent=3",
+        ],
+        check=False,
+    )
+    assert cfg.critic.fsdp_config.param_offload and cfg.critic.fsdp_config.optimizer_offload
+    assert cfg.custom_reward_function.path == "/r.py"
+    assert cfg.reward.sandbox_fusion["max_concurrent"] == 3
+    for prefix, target in PREFIX_ALIASES.items():
+        assert schema_key(f"{prefix}x") == f"{target}x"
+    # an alias inside a renamed section: both renamings apply
+    assert schema_key("critic.fsdp.dtype") == "critic.fsdp_config.mixed_precision.param_dtype"
+
+
+def test_verls_newer_reward_section_sets_the_engines_keys():
+    cfg = load_config(
+        [
+            *REQUIRED,
+            "reward.num_workers=2",
+            "reward.reward_manager.name=dapo",
+            "reward.reward_model.enable=true",
+            "reward.reward_model.model_path=/rm",
+            "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+            "+reward.reward_kwargs.overlong_buffer_cfg.len=64",
+            "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+        ],
+        check=False,
+    )
+    rm = cfg.reward_model
+    assert (rm.num_workers, rm.reward_manager, rm.enable, rm.model.path) == (2, "dapo", True, "/rm")
+    assert (rm.overlong_buffer.enable, rm.overlong_buffer.len) == (True, 64)
+    assert rm.overlong_buffer.penalty_factor == 0.5
+
+
+def test_verls_value_names_are_read_as_the_schemas():
+    cfg = load_config(
+        [
+            *REQUIRED,
+            "actor_rollout_ref.model.dtype=bf16",
+            "actor_rollout_ref.rollout.dtype=fp16",
+            "actor_rollout_ref.actor.fsdp_config.dtype=fp32",
+            "actor_rollout_ref.actor.strategy=veomni",
+            "critic.strategy=fsdp_turbo",
+        ]
+    )
+    arr = cfg.actor_rollout_ref
+    assert (arr.model.dtype, arr.rollout.dtype) == ("bfloat16", "float16")
+    assert arr.actor.fsdp_config.mixed_precision.param_dtype == "float32"
+    assert (arr.actor.strategy, cfg.critic.strategy) == ("fsdp2", "fsdp2")
+    # an unknown name is still refused, naming the valid ones
+    with pytest.raises(ConfigError, match="bfloat16"):
+        load_config([*REQUIRED, "actor_rollout_ref.model.dtype=bf8"])

@@ -39,10 +39,6 @@ def test_off_by_default_and_verl_names_load():
             f"{KEY}.fused_kernel_options.impl_backend: unknown fused kernel backend 'triton'",
         ),
         (
-            [f"{KEY}.use_fused_kernels=true", "actor_rollout_ref.actor.strategy=megatron"],
-            "set actor_rollout_ref.actor.strategy to fsdp2, or use_fused_kernels=false",
-        ),
-        (
             [
                 f"{KEY}.use_fused_kernels=true",
                 f"{KEY}.fused_kernel_options.impl_backend=liger",
@@ -56,7 +52,7 @@ def test_off_by_default_and_verl_names_load():
             "critic.model.use_fused_kernels=true: the critic's value head has one output",
         ),
     ],
-    ids=["chunk-0", "unknown-backend", "megatron", "liger-on-cpu", "critic"],
+    ids=["chunk-0", "unknown-backend", "liger-on-cpu", "critic"],
 )
 def test_bad_values_are_refused_with_the_fix(overrides, expected):
     assert expected in one_problem(overrides)
@@ -72,3 +68,16 @@ def test_liger_on_gpus_is_accepted():
         ]
     )
     assert cfg.actor_rollout_ref.model.fused_kernel_options.impl_backend == "liger"
+
+
+def test_megatron_roles_run_with_full_logits_and_a_note():
+    # verl accepts the key with its Megatron engine: so does this one, whose Megatron head
+    # keeps its full logits; the run is told so at start.
+    from engine.config.notes import notes
+
+    cfg = load_config(
+        [*BASE, f"{KEY}.use_fused_kernels=true", "actor_rollout_ref.actor.strategy=megatron"]
+    )
+    (note,) = notes(cfg)
+    assert "under megatron (actor)" in note and "actor_rollout_ref.actor.strategy" in note
+    assert not notes(load_config([*BASE, f"{KEY}.use_fused_kernels=true"]))

@@ -65,7 +65,7 @@ def test_help_for_keys_with_null_and_list_defaults():
     text, unknown = key_help(["critic.ppo_epochs", "trainer.logger"])
     assert not unknown
     assert "type:    int or null\n  default: null" in text
-    assert "type:    list[str]\n  default: [console]" in text
+    assert "type:    list of names, or one name\n  default: [console]" in text
     assert "console, jsonl, tensorboard, wandb or mlflow" in text
 
 

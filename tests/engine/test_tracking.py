@@ -407,3 +407,26 @@ def test_progress_draws_on_a_terminal_unless_disabled(monkeypatch):
         bar.update(3)
         assert not bar.drawn
     assert "scoring" not in terminal.getvalue()
+
+
+def test_validation_samples_go_to_the_loggers_that_show_them(tmp_path):
+    # trainer.log_val_generations: lines beside the metrics, and on the console
+    from engine.generations import pick_samples
+
+    rows = [{"input": f"q{i}", "output": f"a{i}", "score": float(i)} for i in range(10)]
+    picked = pick_samples(rows, 3, seed=1)
+    assert len(picked) == 3 and pick_samples(list(reversed(rows)), 3, seed=1) == picked
+    out = io.StringIO()
+    with Tracker(trainer_cfg("console"), tmp_path, {}, 4, stream=out) as tracker:
+        tracker.log_samples(2, picked)
+        tracker.log_samples(4, picked)
+    lines = read_jsonl(tmp_path / "val_generations.jsonl")
+    assert [line["step"] for line in lines] == [2, 2, 2, 4, 4, 4]
+    assert lines[0] == {"step": 2, **picked[0]}
+    printed = out.getvalue().splitlines()
+    assert printed[0].startswith("val sample, step 2: [0] ")
+    assert f"{picked[0]['input']!r} -> {picked[0]['output']!r}" in printed[0]
+    # a resumed run keeps the samples of the steps it keeps
+    with Tracker(trainer_cfg(), tmp_path, {}, 4, resumed_from_step=2):
+        pass
+    assert [line["step"] for line in read_jsonl(tmp_path / "val_generations.jsonl")] == [2] * 3

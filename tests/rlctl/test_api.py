@@ -103,3 +103,50 @@ def test_megatron_sizes_the_model_cannot_take_are_refused_before_anything_runs(s
         api.validate(str(recipe))
     recipe.write_text(MEGATRON_RECIPE.format(model="Qwen/Qwen2.5-7B", tp=2))
     api.validate(str(recipe))
+
+
+QUANTIZED_RECIPE = """\
+name: quantized
+algorithm: {algorithm}
+model: {model}
+data: {{train: train.parquet}}
+hardware: {{accelerators: "H100:1"}}
+rollout: hf
+{lora}
+"""
+
+
+def test_a_quantized_checkpoint_trained_in_full_is_refused_before_anything_runs(store, tmp_path):
+    """A local checkpoint whose config.json declares a quantization_config is not trained
+    as if it were full precision: validate and launch refuse it, naming the key and the
+    two fixes; an adapter over it (LoRA) is accepted; nothing is recorded."""
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir()
+    config = dict(
+        model_type="qwen2", vocab_size=1024, hidden_size=256, intermediate_size=512,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        quantization_config={"quant_method": "gptq", "bits": 4},
+    )  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    recipe = tmp_path / "q.yaml"
+    recipe.write_text(QUANTIZED_RECIPE.format(algorithm="grpo", model=model, lora=""))
+    for attempt in (api.validate, lambda ref: api.launch(ref, store=store)):
+        with pytest.raises(RlctlError) as err:
+            attempt(str(recipe))
+        message = str(err.value)
+        assert f"actor_rollout_ref.model.path='{model}' is a gptq checkpoint" in message
+        assert "set actor_rollout_ref.model.lora_rank" in message
+        assert "at the full-precision model" in message
+    assert store.list() == []
+    recipe.write_text(
+        QUANTIZED_RECIPE.format(algorithm="grpo", model=model, lora="lora: {rank: 32, alpha: 64}")
+    )
+    api.validate(str(recipe))  # an adapter over the frozen quantized base
+    # PPO's critic trains every weight of the same checkpoint, LoRA or not
+    recipe.write_text(
+        QUANTIZED_RECIPE.format(algorithm="ppo", model=model, lora="lora: {rank: 32, alpha: 64}")
+    )
+    with pytest.raises(RlctlError, match="the critic trains every weight"):
+        api.validate(str(recipe))

@@ -79,6 +79,34 @@ def test_recipes_lists_the_bundled_ones(tmp_path):
         assert name in result.stdout
 
 
+def test_every_name_recipes_lists_is_accepted(tmp_path):
+    listed = [line.split()[0] for line in run_cli(["recipes"], tmp_path).stdout.splitlines()]
+    assert "dapo-qwen32b" in listed
+    for name in listed:
+        result = run_cli(["plan", name, "--json"], tmp_path)
+        assert result.returncode == 0, (name, result.stderr)
+    by_file = run_cli(["plan", "dapo_qwen32b", "--json"], tmp_path)  # the file's own name too
+    assert by_file.returncode == 0, by_file.stderr
+
+
+def test_errors_need_no_click(tmp_path):
+    """typer >= 0.29 no longer installs click: the error boundary must not import it (a
+    laptop install of the launcher alone has none)."""
+    blocked = "import sys; sys.modules['click'] = None\n"
+    for args, code, text in (
+        (["plan", "no_such_recipe"], 2, "error: no recipe at 'no_such_recipe'"),
+        (["list", "--bogus"], 2, "No such option: --bogus"),
+        (["--help"], 0, "Usage: rlctl"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", blocked + "from rlctl.cli import main; main()", *args],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "RLCTL_HOME": str(tmp_path)},
+        )  # fmt: skip
+        assert result.returncode == code, (args, result.stderr)
+        assert text in result.stdout + result.stderr and "Traceback" not in result.stderr
+
+
 def test_list_all_lists_every_job(tmp_path):
     from rlctl.jobs import JobStore
 

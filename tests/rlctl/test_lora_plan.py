@@ -72,8 +72,9 @@ def test_lora_needs_far_fewer_devices_for_32b():
     mem = lora.memory
     # Adam and gradients for 0.27 B adapter parameters over 4 devices, no reference copy.
     assert mem.train_optimizer_gib < 1 and mem.train_grads_gib < 0.5
-    # weights over all devices: 4·(N + A) with LoRA, 4·2N (actor and reference) without
-    assert mem.train_weights_gib * 4 < 0.55 * full.memory.train_weights_gib * 16
+    # weights over all devices: 4·(N + A) with LoRA and the 2 B/param the GPU proof saw
+    # a LoRA update hold beside them, 4·2N (actor and reference) without
+    assert mem.train_weights_gib * 4 < 0.8 * full.memory.train_weights_gib * 16
     reasoning = "\n".join(lora.reasoning)
     assert "LoRA rank 32 on all-linear" in reasoning
     assert "the reference being the actor with its adapter off" in reasoning

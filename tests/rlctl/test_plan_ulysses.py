@@ -52,11 +52,14 @@ def test_a_long_sample_under_fsdp_is_split_over_the_smallest_ulysses_group_that_
     assert plan.train_backend == "fsdp2" and plan.train_sp == 4
     assert not plan.param_offload and not plan.optimizer_offload
     # Qwen2.5-7B: h 3584, 28 layers, q 3584, k + v 1024, MLP 18944, V 152064. A micro-batch
-    # of up to 126976 tokens (dynamic: 32768 × SP, in steps of 1024) is split over 4 ranks:
-    local = 126976 // 4
+    # of up to 69632 tokens (dynamic: at most 32768 × SP, in steps of 1024; 70656 would
+    # pass the budget) is split over 4 ranks:
+    local = 69632 // 4
     assert plan.max_token_len_per_device == local  # per device: the engine multiplies by SP
     kept = local * 3584 * 28 * 2  # checkpointed layer inputs
-    logits = local * 152064 * 10  # the largest term: this rank's tokens only
+    # the largest term: this rank's response positions only (63488 of every 65536 tokens),
+    # at the 20 B per vocabulary entry the GPU proof measured
+    logits = -(-local * 63488 // 65536) * 152064 * 20
     layer = local * 2 * (4 * 3584 + 2 * 3584 + 1024 + 4 * 18944)
     exchange = 2 * local * (2 * 3584 + 1024) * 2  # q, k, v, out as sent and as received
     assert logits > 2 * layer
@@ -80,7 +83,7 @@ def test_a_long_sample_under_fsdp_is_split_over_the_smallest_ulysses_group_that_
     # what the plan sets passes the engine's rules, and the model's heads take SP 4
     cfg = _engine_config(plan)
     assert cfg.ulysses_size("actor") == 4 and cfg.ulysses_size("reference") == 4
-    assert cfg.token_budget("actor") == 126976
+    assert cfg.token_budget("actor") == 69632
     fields = SimpleNamespace(**table_config("Qwen/Qwen2.5-7B"))
     assert ulysses_model_problems(cfg, lambda _model: fields) == []
 

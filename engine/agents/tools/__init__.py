@@ -34,6 +34,7 @@ from engine.agents.tools.specs import (
 )
 from engine.agents.tools.types import (
     BAD_ARGUMENTS,
+    EXECUTED,
     OK,
     OUTCOMES,
     RAISED,
@@ -52,6 +53,7 @@ __all__ = [
     "BAD_ARGUMENTS",
     "BUILTIN_TOOLS",
     "DEFAULT_MAX_CALLS",
+    "EXECUTED",
     "OK",
     "OUTCOMES",
     "RAISED",

@@ -22,6 +22,9 @@ TIMEOUT = "timeout"
 TRUNCATED = "truncated"
 Outcome = Literal["ok", "unknown_tool", "bad_arguments", "raised", "timeout", "truncated"]
 OUTCOMES: tuple[Outcome, ...] = (OK, UNKNOWN_TOOL, BAD_ARGUMENTS, RAISED, TIMEOUT, TRUNCATED)
+# The outcomes of a call whose tool was run (the metrics' tool calls); an unknown tool or
+# arguments its schema refused never reach a tool.
+EXECUTED: tuple[Outcome, ...] = (OK, TRUNCATED, RAISED, TIMEOUT)
 
 
 @dataclass(frozen=True)

@@ -112,3 +112,9 @@ def fill(text: str, **values: object) -> str:
     for key, value in values.items():
         text = text.replace(key, repr(value))
     return text
+
+
+def run_memory(limits: SandboxLimits) -> int:
+    """What a run's cgroup lets it hold in all: the code's memory, its scratch files,
+    and the sandbox's own two processes."""
+    return limits.memory_bytes + limits.scratch_bytes + 2 * sandbox._WATCHER_BYTES

@@ -157,7 +157,7 @@ def test_a_chat_template_that_cannot_continue_a_conversation_is_refused(tokenize
         def apply_chat_template(self, messages, **_):
             return "".join(m["content"] for m in reversed(messages)) + self.eos_token
 
-    with pytest.raises(ConfigError, match="does not render a conversation as the start"):
+    with pytest.raises(ConfigError, match="does not render the messages after an assistant turn"):
         ChatFormat(Shuffled())
 
 
@@ -196,3 +196,133 @@ def test_the_output_and_metrics_of_a_batch_of_trajectories(tokenizer, specs):
     assert m["agent/response_tokens_per_turn"] == model_tokens / 3
     assert (m["agent/tool_errors"], m["agent/tool_timeouts"]) == (0, 0)
     assert as_generation_output(trajectories, logprobs=False).logprobs is None
+
+
+# ---------------------------------------------------------------- issue 30: the loop's edges
+
+
+class Counting:
+    """The calculator, counting what it really ran."""
+
+    def __init__(self, specs):
+        self.runs = 0
+        self.inner = build_tools(specs)["calculator"]
+        self.name, self.schema = self.inner.name, self.inner.schema
+
+    async def call(self, arguments, sample=None):
+        self.runs += 1
+        return await self.inner.call(arguments)
+
+
+def _counting_agent(tokenizer, specs, **limits):
+    tool = Counting(specs)
+    agent = AgentRunner(
+        ChatFormat(tokenizer, tool_schemas(specs)),
+        get_tool_call_parser("hermes"),
+        {"calculator": tool},
+        AgentLimits(**limits),
+    )
+    return agent, tool
+
+
+def test_a_call_in_a_turn_that_fills_the_budget_is_not_run(tokenizer, specs):
+    """A finished turn that exactly fills the budget leaves no room for any result: its
+    call must not run (it ran, and its result was thrown away)."""
+    call = [*tokenizer.encode(CALL, add_special_tokens=False), tokenizer.eos_token_id]
+    agent, tool = _counting_agent(tokenizer, specs, max_response_tokens=len(call))
+    (t,) = agent.run(Script(tokenizer, [[CALL, "x"]]), [[1, 2, 3]], SamplingParams())
+    assert (t.ended, t.response_ids) == (LENGTH, call)
+    assert tool.runs == 0 and t.tool_calls == 0
+
+
+def test_tool_calls_count_exactly_the_calls_that_ran(tokenizer, specs):
+    unknown = '<tool_call>{"name": "calculater", "arguments": {"expression": "1"}}</tool_call>'
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>'
+    agent, tool = _counting_agent(tokenizer, specs)
+    prompt = agent.chat.prompt_ids([{"role": "user", "content": "go"}])
+    (t,) = agent.run(
+        Script(tokenizer, [[CALL + unknown + bad + CALL, "done"]]), [prompt], SamplingParams()
+    )
+    assert tool.runs == 2
+    assert (t.tool_calls, t.tool_errors) == (2, 2)
+
+
+def test_calls_written_with_special_tokens_are_read(tokenizer, specs):
+    """A tokenizer that marks <tool_call> special: the turn's text keeps the tags (it was
+    decoded with the special tokens skipped, and every call was lost without a word)."""
+    from engine.models.tiny import build_tokenizer
+
+    special = build_tokenizer()
+    special.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    assert special.convert_tokens_to_ids("<tool_call>") in special.encode(CALL)
+    agent, tool = _counting_agent(special, specs)
+    prompt = agent.chat.prompt_ids([{"role": "user", "content": "17*23?"}])
+    (t,) = agent.run(Script(special, [[CALL, "391"]]), [prompt], SamplingParams())
+    assert tool.runs == 1 and (t.turns, t.tool_calls, t.ended) == (2, 1, ANSWERED)
+
+
+def test_max_user_turns_bounds_the_environments_turns(tokenizer, specs):
+    agent, tool = _counting_agent(tokenizer, specs, max_turns=4, max_user_turns=1)
+    prompt = agent.chat.prompt_ids([{"role": "user", "content": "go"}])
+    (t,) = agent.run(Script(tokenizer, [[CALL, CALL, "x"]]), [prompt], SamplingParams())
+    # one tool result came back; the second turn's call was not run: no turn to answer it
+    assert (t.turns, t.ended, tool.runs, t.tool_calls) == (2, MAX_TURNS, 1, 1)
+
+
+QWEN3_LIKE = (
+    # A ChatML template that, as Qwen3's published one does, renders the assistant turn
+    # after the last user query differently when it is the last message (with an empty
+    # think block): a conversation is then not a prefix of its continuation.
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and loop.last %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content"
+    " + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_template_that_renders_the_last_assistant_turn_apart_is_accepted(specs):
+    from engine.models.tiny import build_tokenizer
+
+    qwen3 = build_tokenizer()
+    qwen3.chat_template = QWEN3_LIKE
+    agent, tool = _counting_agent(qwen3, specs)
+    prompt = agent.chat.prompt_ids([{"role": "user", "content": "17*23?"}])
+    (t,) = agent.run(Script(qwen3, [[CALL, "391"]]), [prompt], SamplingParams())
+    tool_part = qwen3.encode(
+        "\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )
+    first = [*qwen3.encode(CALL, add_special_tokens=False), qwen3.eos_token_id]
+    assert t.response_ids[len(first) : len(first) + len(tool_part)] == tool_part
+    assert tool.runs == 1 and t.ended == ANSWERED
+
+
+def test_max_user_turns_is_a_config_key_with_its_rule(tmp_path):
+    from engine.config.load import load_config
+
+    key = "actor_rollout_ref.rollout.multi_turn"
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: calculator\n")
+    base = [
+        "data.train_files=x.parquet",
+        "actor_rollout_ref.model.path=m",
+        f"{key}.enable=true",
+        f"{key}.tool_config_path={tools}",
+    ]
+    assert load_config(base).actor_rollout_ref.rollout.multi_turn.max_user_turns is None
+    assert (
+        load_config(
+            [*base, f"{key}.max_user_turns=3"]
+        ).actor_rollout_ref.rollout.multi_turn.max_user_turns
+        == 3
+    )
+    with pytest.raises(ConfigError, match=f"{key}.max_user_turns must be a positive integer"):
+        load_config([*base, f"{key}.max_user_turns=0"])

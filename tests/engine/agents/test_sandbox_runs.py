@@ -98,8 +98,11 @@ def test_the_isolation_is_reported() -> None:
         for part in (
             "network namespace",
             "pid namespace",
-            "read-only file system",
+            "visible (read-only)",
             "private /tmp",
+            "own user namespace",
+            "ipc namespace capped",
+            "private devpts",
             "uid ",
             "no_new_privs",
         ):

@@ -307,16 +307,26 @@ LOGPROBS = "actor_rollout_ref.rollout.calculate_log_probs=true"
         ([f"{RC}.loss_type=reinforce"], "set bypass_mode=true, or loss_type=ppo_clip"),
         ([f"{RC}.loss_type=pg"], "'pg' is not one; valid: ppo_clip, reinforce"),
         (
-            [f"{RC}.bypass_mode=true", f"{RC}.rollout_is=token"],
-            "set rollout_is=null (PPO's clip bounds the ratio), loss_type=reinforce",
-        ),
-        (
             [
                 f"{RC}.bypass_mode=true",
                 f"{RC}.loss_type=reinforce",
                 "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
             ],
             "loss_mode=gspo would be ignored",
+        ),
+    ],
+)
+def test_inconsistent_rollout_correction_is_refused_with_the_key_and_the_fix(overrides, expected):
+    problems = _problems(LOGPROBS, *overrides)
+    assert expected in problems and "algorithm.rollout_correction." in problems
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            [f"{RC}.bypass_mode=true", f"{RC}.rollout_is=token"],
+            "applies no weights under bypass_mode with loss_type=ppo_clip",
         ),
         (
             [
@@ -325,13 +335,19 @@ LOGPROBS = "actor_rollout_ref.rollout.calculate_log_probs=true"
                 f"{RC}.rollout_is=token",
                 f"{RC}.rollout_is_batch_normalize=true",
             ],
-            "no batch to normalise over",
+            "normalises the weights of each micro-batch",
         ),
     ],
 )
-def test_inconsistent_rollout_correction_is_refused_with_the_key_and_the_fix(overrides, expected):
-    problems = _problems(LOGPROBS, *overrides)
-    assert expected in problems and "algorithm.rollout_correction." in problems
+def test_settings_verl_accepts_that_act_otherwise_run_with_a_note(overrides, expected):
+    """verl runs these; the engine does too, and says how they act instead of refusing."""
+    from engine.config import validate
+    from engine.config.notes import notes
+
+    cfg = _cfg(LOGPROBS, *overrides)
+    validate(cfg)
+    assert any(expected in note for note in notes(cfg)), notes(cfg)
+    assert not any(expected in note for note in notes(_cfg(LOGPROBS)))
 
 
 def test_rejection_sampling_needs_the_rollout_log_probs():

@@ -258,3 +258,49 @@ def test_unset_message_fields_of_a_parquet_struct_are_dropped(tmp_path):
     assert ds[0].messages == [{"role": "user", "content": "a"}]
     assert ds[1].messages[0] == {"role": "system", "content": "s"}
     assert ds[1].messages[1] == {"role": "user", "content": "b", "name": "ann"}
+
+
+# ---------------------------------------------------------------------------
+# verl's data keys
+
+
+class ThinkingTokenizer(CharTokenizer):
+    """Renders ``/think`` or ``/no_think`` after the prompt, as Qwen3's template does with
+    its enable_thinking argument."""
+
+    def apply_chat_template(self, chats, *, tokenize, add_generation_prompt, enable_thinking=True):
+        rendered = super().apply_chat_template(
+            chats, tokenize=tokenize, add_generation_prompt=add_generation_prompt
+        )
+        return [text + ("/think" if enable_thinking else "/no_think") for text in rendered]
+
+
+def test_chat_template_arguments_reach_the_template(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [row("x")])
+    assert decode(RLDataset(path, ThinkingTokenizer(), cfg())[0].prompt_ids).endswith("/think")
+    off = cfg(apply_chat_template_kwargs={"enable_thinking": False})
+    assert decode(RLDataset(path, ThinkingTokenizer(), off)[0].prompt_ids).endswith("/no_think")
+
+
+def test_max_samples_keeps_the_first_or_a_seeded_random_choice(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [row(f"p{i}") for i in range(10)])
+    first = RLDataset(path, CharTokenizer(), cfg(shuffle=False), max_samples=3)
+    assert [s.messages[0]["content"] for s in map(first.__getitem__, range(3))] == [
+        "p0",
+        "p1",
+        "p2",
+    ]
+    picked = RLDataset(path, CharTokenizer(), cfg(shuffle=True, seed=5), max_samples=4)
+    again = RLDataset(path, CharTokenizer(), cfg(shuffle=True, seed=5), max_samples=4)
+    contents = [picked[i].messages[0]["content"] for i in range(4)]
+    assert len(picked) == 4 and len(set(contents)) == 4
+    assert contents == [again[i].messages[0]["content"] for i in range(4)]
+    assert len(RLDataset(path, CharTokenizer(), cfg(), max_samples=-1)) == 10
+
+
+def test_rows_with_images_are_refused_not_trained_without_them(tmp_path):
+    plain = write_parquet(tmp_path / "p.parquet", [row("x", images=[])])
+    assert len(RLDataset(plain, CharTokenizer(), cfg())) == 1  # an empty column is fine
+    media = write_jsonl(tmp_path / "m.jsonl", [row("x"), row("y", videos=["clip.mp4"])])
+    with pytest.raises(DataError, match=r"row 1 has videos in column 'videos' \(data.video_key\)"):
+        RLDataset(media, CharTokenizer(), cfg())

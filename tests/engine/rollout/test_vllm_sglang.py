@@ -151,6 +151,59 @@ def test_sglang_engine_args_come_from_the_rollout_config():
     assert kw["skip_tokenizer_init"] is True
 
 
+def test_verls_rollout_keys_reach_vllm():
+    cfg = RolloutConfig(
+        name="vllm",
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        max_num_seqs=64,
+        disable_log_stats=False,
+        scheduling_policy="priority",
+        logprobs_mode="raw_logprobs",
+        cudagraph_capture_sizes=[1, 8],
+        expert_parallel_size=2,
+        engine_kwargs={
+            "vllm": {
+                "kv_cache_dtype": "fp8",
+                "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+                "max_num_seqs": 32,  # the user's engine_kwargs win, as in verl
+            }
+        },
+    )
+    kw = engine_args_for(cfg, "/m", 1, backend="vllm", max_model_len=64)
+    assert kw["enable_chunked_prefill"] is False and kw["enable_prefix_caching"] is False
+    assert (kw["disable_log_stats"], kw["scheduling_policy"]) == (False, "priority")
+    assert kw["logprobs_mode"] == "raw_logprobs" and kw["enable_expert_parallel"] is True
+    assert kw["kv_cache_dtype"] == "fp8" and kw["max_num_seqs"] == 32
+    # the schema's capture sizes and the user's compilation_config merged
+    assert kw["compilation_config"] == {
+        "cudagraph_capture_sizes": [1, 8],
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+    }
+    default = engine_args_for(RolloutConfig(), "/m", 1, backend="vllm", max_model_len=64)
+    assert default["enable_prefix_caching"] and default["enable_chunked_prefill"]
+    assert "compilation_config" not in default and "enable_expert_parallel" not in default
+
+
+def test_verls_rollout_keys_reach_sglang():
+    cfg = RolloutConfig(
+        name="sglang",
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        max_num_seqs=16,
+        engine_kwargs={"sglang": {"attention_backend": "triton"}},
+    )
+    kw = engine_args_for(cfg, "/m", 1, backend="sglang", max_model_len=64)
+    assert kw["chunked_prefill_size"] == -1 and kw["disable_radix_cache"] is True
+    assert kw["max_running_requests"] == 16 and kw["attention_backend"] == "triton"
+
+
+def test_engine_kwargs_cannot_change_what_the_integration_sets():
+    cfg = RolloutConfig(name="vllm", engine_kwargs={"vllm": {"tensor_parallel_size": 4}})
+    with pytest.raises(EngineError, match=r"engine_kwargs\.vllm\.tensor_parallel_size"):
+        engine_args_for(cfg, "/m", 1, backend="vllm", max_model_len=64)
+
+
 @pytest.mark.parametrize("bad", [0.0, 1.5, -0.1])
 def test_memory_fraction_is_checked(bad):
     with pytest.raises(EngineError, match="gpu_memory_utilization"):

@@ -1,9 +1,11 @@
 """The real vLLM engine driven through VLLMRollout, in a process of its own.
 
-Run by test_vllm_engine.py as ``python vllm_checks.py SCENARIO MODEL_DIR OUT.json``: vLLM's
-CPU worker replaces ``torch.set_num_threads`` for the whole process and initialises
-torch.distributed, so it must not share the pytest process. This script only *records*
-(token ids, log-probs, errors); the tests make the comparisons.
+Run by test_vllm_engine.py as ``python vllm_checks.py SCENARIO[,SCENARIO] MODEL_DIR
+OUT.json``: vLLM's CPU worker replaces ``torch.set_num_threads`` for the whole process and
+initialises torch.distributed, so it must not share the pytest process. This script only
+*records* (token ids, log-probs, errors); the tests make the comparisons. Scenarios named
+together run in order in one process, into one record: only where at most one of them
+starts an engine (on the oldest build ``lora`` is refused before its engine starts).
 
 Scenarios:
 - ``main``: greedy and sampled generation against the HF model and its training
@@ -94,7 +96,7 @@ def _rows(output):
     }
 
 
-def main(scenario: str, model_dir: str, out_path: str) -> None:
+def main(scenarios: str, model_dir: str, out_path: str) -> None:
     _single_process_dist()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -102,8 +104,6 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
     from engine.config import RolloutConfig
     from engine.rollout.hf import HFRollout
     from engine.rollout.translate import EngineSettings
-    from engine.rollout.vllm import VLLMRollout
-    from engine.rollout.weights import full_tensors
     from engine.types import GenerationRequest, SamplingParams
 
     torch.manual_seed(0)
@@ -132,41 +132,64 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
         kv_cache_bytes=64 * 2**20,
         bucket_bytes=256 * 1024,  # several buckets for the tiny model
     )
-    if scenario == "lora":
-        _lora_scenario(cfg, settings, model, prompts, greedy, results)
-        _write(out_path, results)
-        return
+    scenario = {
+        "main": _main_scenario,
+        "interrupted": _interrupted_scenario,
+        "lora": _lora_scenario,
+    }
+    for name in scenarios.split(","):
+        scenario[name](cfg, settings, model, hf, prompts, greedy, results)
+    _write(out_path, results)
+
+
+def _push(rollout, source_model) -> None:
+    """What the FSDP actor hands the rollout: HF checkpoint names, the tied lm_head left
+    out (engine.rollout.weights skips it; vLLM must tie it itself)."""
+    import torch
+
+    from engine.rollout.weights import full_tensors
+
+    rollout.sleep()
+    rollout.sync_weights(full_tensors(source_model, dtype=torch.float32))
+    rollout.wake()
+
+
+def _interrupted_scenario(cfg, settings, model, hf, prompts, greedy, results) -> None:
+    import torch
+
+    from engine.rollout.vllm import VLLMRollout
+    from engine.rollout.weights import full_tensors
+    from engine.types import GenerationRequest
+
     rollout = VLLMRollout(cfg, settings)
+    _push(rollout, model)
 
-    def push(source_model):
-        # What the FSDP actor hands the rollout: HF checkpoint names, the tied lm_head
-        # left out (engine.rollout.weights skips it; vLLM must tie it itself).
-        rollout.sleep()
-        rollout.sync_weights(full_tensors(source_model, dtype=torch.float32))
-        rollout.wake()
+    def failing_stream():
+        for i, pair in enumerate(full_tensors(model, dtype=torch.float32)):
+            if i == 12:
+                raise RuntimeError("the actor's all-gather failed")
+            yield pair
 
-    if scenario == "interrupted":
-        push(model)
+    try:
+        rollout.sync_weights(failing_stream())
+    except Exception as error:
+        results["sync_error"] = [type(error).__name__, str(error)]
+    try:
+        rollout.generate(GenerationRequest(prompts, greedy))
+        results["generate_after"] = "generated"
+    except Exception as error:
+        results["generate_after"] = [type(error).__name__, str(error)]
 
-        def failing_stream():
-            for i, pair in enumerate(full_tensors(model, dtype=torch.float32)):
-                if i == 12:
-                    raise RuntimeError("the actor's all-gather failed")
-                yield pair
 
-        try:
-            rollout.sync_weights(failing_stream())
-        except Exception as error:
-            results["sync_error"] = [type(error).__name__, str(error)]
-        try:
-            rollout.generate(GenerationRequest(prompts, greedy))
-            results["generate_after"] = "generated"
-        except Exception as error:
-            results["generate_after"] = [type(error).__name__, str(error)]
-        _write(out_path, results)
-        return
+def _main_scenario(cfg, settings, model, hf, prompts, greedy, results) -> None:
+    import torch
 
-    push(model)
+    from engine.rollout.vllm import VLLMRollout
+    from engine.rollout.weights import full_tensors
+    from engine.types import GenerationRequest, SamplingParams
+
+    rollout = VLLMRollout(cfg, settings)
+    _push(rollout, model)
     results["hf_greedy"] = _rows(hf.generate(GenerationRequest(prompts, greedy)))
     got = rollout.generate(GenerationRequest(prompts, greedy))
     results["vllm_greedy"] = _rows(got)
@@ -211,7 +234,7 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
     results["partial_sample_hf_tail"] = _rows(
         hf.generate(GenerationRequest([prompts[1] + done[99].response_ids[:head]], fresh))
     )
-    push(model)
+    _push(rollout, model)
     results["hf_greedy_updated"] = _rows(hf.generate(GenerationRequest(prompts, greedy)))
     results["vllm_greedy_updated"] = _rows(rollout.generate(GenerationRequest(prompts, greedy)))
 
@@ -221,10 +244,9 @@ def main(scenario: str, model_dir: str, out_path: str) -> None:
         rollout.sync_weights(partial)
     except Exception as error:
         results["partial_sync_error"] = [type(error).__name__, str(error)]
-    _write(out_path, results)
 
 
-def _lora_scenario(cfg, settings, model, prompts, greedy, results) -> None:
+def _lora_scenario(cfg, settings, model, hf, prompts, greedy, results) -> None:
     """A sample streamed under adapter 1 for three tokens, then across a swap to
     adapter 2 (as the fully asynchronous mode's weight sync makes one) to its end; the
     log-probs of its tokens under the base model and under each adapter (peft, the

@@ -281,3 +281,19 @@ def test_sglang_serves_the_adapter_of_any_rank():
                 "actor_rollout_ref.rollout.lora_as_adapter=true",
             ]
         )
+
+
+def test_excluded_modules_get_no_adapter(tiny_model_dir):
+    # verl's model.exclude_modules: a regular expression over the module paths
+    from engine.train.lora import apply_lora, lora_layers
+
+    def adapted(*extra):
+        cfg = _config(tiny_model_dir, *extra)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        return set(lora_layers(apply_lora(model, cfg.actor_rollout_ref.model)))
+
+    every = adapted()
+    kept = adapted("actor_rollout_ref.model.exclude_modules=.*\\.mlp\\..*")
+    assert any(".mlp." in name for name in every)
+    assert kept and not any(".mlp." in name for name in kept)
+    assert kept == {name for name in every if ".mlp." not in name}

@@ -208,7 +208,6 @@ data:
   val_files:
   - /tmp/rlctl/golden/data/val.parquet
   prompt_key: prompt
-  reward_fn_key: data_source
   max_prompt_length: 512
   max_response_length: 512
   train_batch_size: 256
@@ -217,7 +216,9 @@ data:
   filter_overlong_prompts: false
   shuffle: true
   seed: 1
-  dataloader_num_workers: 0
+  train_max_samples: -1
+  val_max_samples: -1
+  apply_chat_template_kwargs: {}
 actor_rollout_ref:
   model:
     path: Qwen/Qwen2.5-0.5B-Instruct
@@ -233,6 +234,7 @@ actor_rollout_ref:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    exclude_modules: null
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 64
@@ -241,7 +243,6 @@ actor_rollout_ref:
     ppo_max_token_len_per_gpu: 16384
     ppo_epochs: 1
     recompute_old_log_prob: false
-    shuffle: false
     grad_clip: 1.0
     clip_ratio: 0.2
     clip_ratio_low: null
@@ -274,12 +275,14 @@ actor_rollout_ref:
       min_lr_ratio: 0.0
       num_cycles: 0.5
       total_training_steps: -1
+      optimizer: AdamW
+      min_lr: 0.0
     ulysses_sequence_parallel_size: 1
     fsdp_config:
       param_offload: false
       optimizer_offload: false
       reshard_after_forward: true
-      fsdp_size: -1
+      offload_policy: false
       mixed_precision:
         param_dtype: bfloat16
         reduce_dtype: float32
@@ -288,8 +291,13 @@ actor_rollout_ref:
       pipeline_model_parallel_size: 1
       context_parallel_size: 1
       expert_model_parallel_size: 1
-      sequence_parallel: false
+      sequence_parallel: true
       use_distributed_optimizer: true
+      expert_tensor_parallel_size: null
+    use_torch_compile: false
+    entropy_from_logits_with_chunking: false
+    entropy_from_logits_chunk_size: 2048
+    entropy_checkpointing: false
   rollout:
     name: vllm
     placement: colocate
@@ -327,10 +335,25 @@ actor_rollout_ref:
       agent_loop_config_path: null
       format: hermes
       max_assistant_turns: 4
+      max_user_turns: null
       max_parallel_calls: 8
       max_tool_response_length: 2000
       tool_timeout_s: 30.0
       default_agent: tool_agent
+      tool_response_truncate_side: right
+    max_model_len: null
+    max_num_seqs: 256
+    enable_chunked_prefill: true
+    enable_prefix_caching: true
+    disable_log_stats: true
+    scheduling_policy: fcfs
+    logprobs_mode: processed_logprobs
+    cudagraph_capture_sizes: null
+    expert_parallel_size: 1
+    engine_kwargs:
+      vllm: {}
+      sglang: {}
+      trtllm: {}
   ref:
     strategy: null
     log_prob_micro_batch_size_per_gpu: 32
@@ -341,17 +364,19 @@ actor_rollout_ref:
       param_offload: false
       optimizer_offload: false
       reshard_after_forward: true
-      fsdp_size: -1
+      offload_policy: false
       mixed_precision:
         param_dtype: bfloat16
         reduce_dtype: float32
     megatron:
-      tensor_model_parallel_size: 1
-      pipeline_model_parallel_size: 1
-      context_parallel_size: 1
-      expert_model_parallel_size: 1
-      sequence_parallel: false
+      tensor_model_parallel_size: null
+      pipeline_model_parallel_size: null
+      context_parallel_size: null
+      expert_model_parallel_size: null
+      sequence_parallel: null
       use_distributed_optimizer: true
+      expert_tensor_parallel_size: null
+    use_torch_compile: false
 critic:
   enable: null
   strategy: fsdp2
@@ -369,6 +394,7 @@ critic:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    exclude_modules: null
   optim:
     lr: 1.0e-05
     betas:
@@ -381,6 +407,8 @@ critic:
     min_lr_ratio: 0.0
     num_cycles: 0.5
     total_training_steps: -1
+    optimizer: AdamW
+    min_lr: 0.0
   ppo_mini_batch_size: null
   ppo_micro_batch_size_per_gpu: 4
   use_dynamic_bsz: null
@@ -394,7 +422,7 @@ critic:
     param_offload: false
     optimizer_offload: false
     reshard_after_forward: true
-    fsdp_size: -1
+    offload_policy: false
     mixed_precision:
       param_dtype: bfloat16
       reduce_dtype: float32
@@ -403,8 +431,9 @@ critic:
     pipeline_model_parallel_size: 1
     context_parallel_size: 1
     expert_model_parallel_size: 1
-    sequence_parallel: false
+    sequence_parallel: true
     use_distributed_optimizer: true
+    expert_tensor_parallel_size: null
 reward_model:
   enable: false
   enable_resource_pool: false
@@ -438,6 +467,10 @@ reward_model:
     enable: false
     len: 0
     penalty_factor: 1.0
+  reward_kwargs:
+    max_resp_len: null
+    overlong_buffer_cfg:
+      log: false
 custom_reward_function:
   path: null
   name: compute_score
@@ -491,6 +524,10 @@ trainer:
   max_consecutive_skipped_updates: 5
   export_hf_dir: null
   seed: 1
+  balance_batch: false
+  log_val_generations: 0
+  validation_data_dir: null
+  val_only: false
 async_training:
   mode: sync
   staleness_threshold: 0.1
@@ -498,6 +535,12 @@ async_training:
   partial_rollout: true
   require_batches: null
   stream_chunk_tokens: 16
+ray_kwargs:
+  ray_init:
+    num_cpus: null
+    runtime_env:
+      py_executable: null
+model_engine: null
 RLCTL_ENGINE_YAML_END
   code=0
   /tmp/rlctl/golden/env/bin/python -m engine.main --config /tmp/rlctl/golden/engine.yaml || code=$?
