@@ -140,25 +140,29 @@ def reuse_key(cfg: Any) -> tuple | None:
             cfg.use_critic, repr(layouts))  # fmt: skip
 
 
-class _Kept:
-    """A kept group as a run holds it: the group's calls; ``start`` joins a new group's
-    processes or rebuilds a kept one's roles for the run's config; the run's ``shutdown``
-    leaves the processes to the next run (``KeptWorkers.release`` ends them)."""
+class _Held:
+    """A group as a run holds it: the group's calls; ``start`` joins a new group's
+    processes or rebuilds a kept one's roles for the run's config (counted: a run refused
+    before it is refused before any model was built); ``shutdown`` ends a group that is
+    not kept and leaves a kept one's processes to the next run (``KeptWorkers.release``
+    ends them)."""
 
-    def __init__(self, group: Any, fresh: bool) -> None:
-        self._group, self._fresh = group, fresh
+    def __init__(self, owner: KeptWorkers, group: Any, fresh: bool, kept: bool) -> None:
+        self._owner, self._group, self._fresh, self._kept = owner, group, fresh, kept
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._group, name)
 
     def start(self, cfg: Any) -> None:
+        self._owner.builds += 1
         if self._fresh:
             self._group.start(cfg)
         else:
             self._group.host_all("reset", cfg)
 
     def shutdown(self, grace_s: float = 10.0) -> None:
-        pass
+        if not self._kept:
+            self._group.shutdown(grace_s)
 
 
 class KeptWorkers:
@@ -172,21 +176,21 @@ class KeptWorkers:
         self._spawn = spawn  # engine.runtime.spawn_workers
         self.key: tuple | None = None
         self.group: Any = None
-        self.starts = 0  # runs that got workers, kept or new (tests count them)
-        self.reused = 0  # ... of which on the kept group
+        self.starts = 0  # runs that got worker processes, kept or new (tests count them)
+        self.reused = 0  # ... of which the kept group's
+        self.builds = 0  # runs whose workers went on to build their roles (models)
 
     def spawn(self, cfg: Any) -> Any:
         self.starts += 1
         key = reuse_key(cfg)
         if key is not None and key == self.key:
             self.reused += 1
-            return _Kept(self.group, fresh=False)
+            return _Held(self, self.group, fresh=False, kept=True)
         self.release()
         workers = self._spawn(cfg)
-        if key is None:
-            return workers
-        self.key, self.group = key, workers
-        return _Kept(workers, fresh=True)
+        if key is not None:
+            self.key, self.group = key, workers
+        return _Held(self, workers, fresh=True, kept=key is not None)
 
     def release(self) -> None:
         if self.group is not None:
