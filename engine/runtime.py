@@ -415,6 +415,7 @@ def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
     # What needs no data fails before anything starts: the agents' files, the reward.
     agent_files = _agent_files(cfg)
     _check_default_agent(cfg, agent_files)
+    _check_local_checkpoints(cfg)
     reward = RewardManager(
         cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
     )
@@ -494,6 +495,22 @@ def mark_worker_milestones(workers: Any, clock: StartupClock) -> None:
     times = workers.host_all("startup_times")
     for milestone in ("workers", "models"):
         clock.mark(milestone, at=max(t[milestone] for t in times))
+
+
+def _check_local_checkpoints(cfg: EngineConfig) -> None:
+    """A quantized checkpoint trained in full, refused before Ray starts where the model
+    is a local folder: its config.json read as JSON, without transformers (imported on
+    the data thread, overlapped with Ray's start). A hub name is checked there, with
+    the other checks that need the model's config (``_check_ulysses_heads``)."""
+    from engine.config.train import quantized_model_problems
+
+    def local_config(model: Any) -> dict:
+        path = Path(model.path) / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    problems = quantized_model_problems(cfg, local_config)
+    if problems:
+        raise ConfigError(problems)
 
 
 def _check_ulysses_heads(cfg: EngineConfig) -> None:

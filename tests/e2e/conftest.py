@@ -79,10 +79,12 @@ def read_metrics():
     return _read_metrics
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def one_thread():
     """``THREADS`` in this process's environment, for the whole-run tests: the Ray node
-    started here inherits it, and so every worker; so does each engine subprocess.
+    started here inherits it, and so every worker; so does each engine subprocess. Per
+    module, so the environment is the session's again outside tests/e2e (GNU nproc reads
+    OMP_NUM_THREADS: the Slurm tests' nodes once got one CPU each from it).
     (Torch's pool here is set at one thread for the runs only, ``_in_process``: a
     fixture's own training, the tool task's warm start, takes both cores.)"""
     with pytest.MonkeyPatch.context() as patch:

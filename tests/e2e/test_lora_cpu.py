@@ -268,6 +268,8 @@ def test_fully_async_vllm_samples_with_the_current_adapter(
             *SEPARATE_VLLM_ADAPTER,
             "async_training.mode=fully_async",
             "async_training.staleness_threshold=0",
+            # decoupled: π_old's own pass, to compare the sampler's log-probs with
+            "algorithm.rollout_correction.bypass_mode=false",
             "trainer.total_training_steps=3",
             f"trainer.default_local_dir={run_dir}",
             "trainer.logger=[console]",
