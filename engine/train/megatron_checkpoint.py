@@ -130,7 +130,11 @@ class MegatronCheckpoint(EngineState):
         )
 
     def _dist_optim_file(self) -> str:
-        return f"dist_optimizer_tp{self.layout.tp_rank}.pt"
+        """Megatron's sharded optimizer state, written by each rank that is data-parallel
+        rank 0 of the dense or of the expert optimizer (its share of each) and read back
+        by the same rank: named by the global rank, so that pipeline stages, EP ranks and
+        expert slices never overwrite each other's (the name by TP rank alone did)."""
+        return f"dist_optimizer_rank{self.layout.rank}.pt"
 
 
 def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:

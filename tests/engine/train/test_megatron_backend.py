@@ -185,6 +185,25 @@ def test_expert_tensor_parallel_sizes_against_the_world():
     assert sizes(8, tp=1, ep=1, etp=2, sp=False) == []  # nothing to split at TP 1
 
 
+def test_distributed_optimizer_files_do_not_collide():
+    """Megatron's distributed optimizer writes its state on every rank that is data-parallel
+    rank 0 of the dense or the expert optimizer: at EP 2 on 2 ranks both are (each the
+    only expert-DP rank of its experts), and so are both stages at PP 2; each rank's file
+    has a name of its own (by TP rank, both were dist_optimizer_tp0.pt)."""
+    from types import SimpleNamespace
+
+    from engine.train.megatron_checkpoint import MegatronCheckpoint
+    from engine.train.megatron_state import RankLayout
+
+    def name(rank, **kw):
+        layout = RankLayout(world_size=2, rank=rank, tp=1, tp_rank=0, **kw)
+        return MegatronCheckpoint._dist_optim_file(SimpleNamespace(layout=layout))
+
+    ep2 = [name(r, dp=2, dp_rank=r, ep=2, ep_rank=r) for r in (0, 1)]
+    pp2 = [name(r, dp=1, dp_rank=0, pp=2, pp_rank=r) for r in (0, 1)]
+    assert len(set(ep2)) == 2 and len(set(pp2)) == 2
+
+
 def test_parallel_sizes_against_the_model():
     cfg = _config(num_attention_heads=6, num_key_value_heads=3, head_dim=8, vocab_size=255)
     problems = MegatronParallel(tensor_model_parallel_size=2).model_problems(cfg)
