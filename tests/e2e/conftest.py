@@ -265,16 +265,17 @@ def engine_main(kept_workers):
 
 
 @pytest.fixture(scope="session")
-def engine_process(one_thread):
+def engine_process():
     """``engine_process(*overrides, popen=False, timeout=600, **kwargs)``: ``python -m
     engine.main`` with ``BASE`` and ``overrides`` as a process of its own (its own Ray
     cluster, workers and imports): finished (``subprocess.run``, its output captured as
     text), or running with ``popen=True`` (stdout and stderr together in its stdout).
-    ``kwargs`` go to ``subprocess``; ``env`` adds to this process's environment."""
+    ``kwargs`` go to ``subprocess``; ``env`` adds to this process's environment, with
+    ``THREADS`` (its processes on one thread, as an in-process run's)."""
 
     def start(*overrides: str, popen: bool = False, timeout: float = 600, **kwargs: Any):
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": path, **kwargs.pop("env", {})}
+        env = {**os.environ, **THREADS, "PYTHONPATH": path, **kwargs.pop("env", {})}
         args = [sys.executable, "-m", "engine.main", *BASE, *overrides]
         if popen:
             return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
