@@ -29,6 +29,7 @@ from engine.config import EngineConfig, load, to_yaml, verl_yaml
 from engine.config.given import start_note
 from engine.config.notes import notes
 from engine.errors import EngineError, user_errors
+from engine.startup import StartupClock, process_start_time
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    started = process_start_time() if argv is None else None  # a command, not a call
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with user_errors():
         if args.help is not None:
@@ -115,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.check:
             print(summary(cfg))
             return
-        run(cfg)
+        run(cfg, StartupClock(started))
 
 
 def explain(keys: Sequence[str]) -> None:
@@ -151,12 +153,12 @@ def summary(cfg: EngineConfig) -> str:
     )
 
 
-def run(cfg: EngineConfig) -> None:
+def run(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
     # Imported here: the trainer pulls in torch and ray, which --check and
     # --print-config (and rlctl on a laptop) never need.
     from engine.runtime import run_training
 
-    run_training(cfg)
+    run_training(cfg, clock)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""Start a run: Ray, the worker group, data, rewards, trackers; then the loop."""
+"""Start a run: Ray, the worker group, data, rewards, trackers; then the loop.
+
+The driver reads its data (tokenizer, datasets: torch and transformers imported for them)
+on a thread while Ray starts (``run_training``): the two take seconds each and neither
+needs the other. Every check that needs no data runs before either starts. Torch is
+imported on that thread, not here, so that Ray's start waits for nothing heavy.
+"""
 
 from __future__ import annotations
 
@@ -10,26 +16,34 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from engine.checkpoint import CheckpointManager, is_remote, read_trainer_state
 from engine.config import EngineConfig
 from engine.config.verl_sections import ray_init_args
-from engine.controller.dispatch import ModelParallelLayout
-from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
-from engine.device import DEVICES
 from engine.errors import ConfigError, EngineError
+from engine.startup import StartupClock, gc_paused
+
+if TYPE_CHECKING:
+    from engine.controller.dispatch import ModelParallelLayout
+    from engine.data.dataset import PromptDataset
+    from engine.data.loader import PromptLoader
 
 # Settings every worker process starts with: these constants and nothing read from the
 # environment. Ray writes a job's runtime_env into its logs (runtime_env_agent.log) and
 # its GCS, so a value copied from here (HF_TOKEN, a recipe's secrets) would land on disk.
 # The workers inherit the rest of their environment, secrets included, from the Ray node
 # that starts them: here the driver's own (ray.init starts the node), on Slurm and
-# SkyPilot the job script's, which starts `ray start` on every node.
+# SkyPilot the job script's, which starts `ray start` on every node. A cluster joined by
+# address gets these through the job's runtime_env; a cluster started here through the
+# driver's own environment, which its node inherits: with a runtime_env, Ray starts each
+# worker through a setup process of its own (setup_worker.py) after asking its runtime-env
+# agent (an actor took 1.2 s to start here instead of 0.4 s).
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 # The names (never the values) of the secrets the job was given, set by rlctl's job
 # scripts: on a cluster joined by address, every node is checked to have them.
@@ -40,9 +54,8 @@ def init_ray(cfg: EngineConfig) -> None:
     """Join the cluster named by RAY_ADDRESS (Slurm, SkyPilot), or start one here."""
     if ray.is_initialized():
         return
-    runtime_env = {"env_vars": dict(WORKER_ENV)}
     if os.environ.get("RAY_ADDRESS"):
-        own = {"address": os.environ["RAY_ADDRESS"], "runtime_env": runtime_env}
+        own = {"address": os.environ["RAY_ADDRESS"], "runtime_env": {"env_vars": dict(WORKER_ENV)}}
         ray.init(**ray_init_args(cfg, own, joining=True), log_to_driver=True)
         check_node_secrets(secret_names())
         return
@@ -56,10 +69,10 @@ def init_ray(cfg: EngineConfig) -> None:
     )
     own_rm = cfg.rm_world_size if cfg.reward_model.enable_resource_pool else 0
     needed = (cfg.world_size + own_rollout + own_rm) * cfg.trainer.cpus_per_worker
+    os.environ.update(WORKER_ENV)  # the node started next, and so every worker, inherits it
     own = {
         "num_cpus": max(needed, os.cpu_count() or 1),
         "include_dashboard": False,
-        "runtime_env": runtime_env,
         # Unix socket paths are limited to 107 bytes: keep Ray's session dir short.
         "_temp_dir": tempfile.mkdtemp(prefix="ray", dir="/tmp"),
     }
@@ -122,6 +135,8 @@ def role_layouts(cfg: EngineConfig) -> dict[str, ModelParallelLayout]:
     """How each role's ranks share rows, for the roles whose ranks do (the worker names
     the reference "ref"): Megatron roles split their model over ranks; an FSDP role's
     Ulysses group splits each sequence, as Megatron's context parallelism does."""
+    from engine.controller.dispatch import ModelParallelLayout
+
     names = {"reference": "ref"}
     layouts = {
         names.get(role, role): ModelParallelLayout(
@@ -138,9 +153,23 @@ def role_layouts(cfg: EngineConfig) -> dict[str, ModelParallelLayout]:
 
 
 def start_workers(cfg: EngineConfig) -> Any:
+    """The workers ``spawn_workers`` makes, in their process groups with their roles."""
+    workers = spawn_workers(cfg)
+    try:
+        workers.start()
+    except BaseException:
+        workers.shutdown()
+        raise
+    return workers
+
+
+def spawn_workers(cfg: EngineConfig) -> Any:
     """One worker group for every role (colocated), or beside the training group the
     rollout's own (``rollout.placement=separate``) and the reward model's own
-    (``reward_model.enable_resource_pool``), engine.controller.groups."""
+    (``reward_model.enable_resource_pool``), engine.controller.groups: their processes
+    started, to be started as groups (``start``)."""
+    from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
+    from engine.device import DEVICES
     from engine.workers.host import WorkerHost
 
     device_name = cfg.trainer.device
@@ -253,6 +282,26 @@ def _naming(key: str) -> Iterator[None]:
         raise ConfigError([f"{key}: {p}" for p in exc.problems]) from None
 
 
+def _check_default_agent(cfg: EngineConfig, files: AgentFiles) -> None:
+    """``multi_turn.default_agent`` names a built-in loop or one the loops file declares:
+    with the files, before anything starts."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.enable and mt.default_agent not in _agent_loops(files):
+        raise ConfigError(
+            [
+                f"actor_rollout_ref.rollout.multi_turn.default_agent: unknown agent loop"
+                f" {mt.default_agent!r}; use one of {', '.join(_agent_loops(files))} (the"
+                " built-ins and those the agent loops file declares)"
+            ]
+        )
+
+
+def _agent_loops(files: AgentFiles) -> tuple[str, ...]:
+    from engine.config import AGENT_LOOPS
+
+    return (*AGENT_LOOPS, *files.loops)
+
+
 def _check_agent_rows(cfg: EngineConfig, files: AgentFiles, datasets: list[Any]) -> None:
     """Each row's agent loop, per-sample tool keywords and interaction, before any
     worker starts."""
@@ -260,51 +309,57 @@ def _check_agent_rows(cfg: EngineConfig, files: AgentFiles, datasets: list[Any])
     if not mt.enable:
         return
     from engine.agents.rows import agent_row_problems
-    from engine.config import AGENT_LOOPS
 
-    loops = (*AGENT_LOOPS, *files.loops)
-    problems = []
-    if mt.default_agent not in loops:
-        problems.append(
-            f"actor_rollout_ref.rollout.multi_turn.default_agent: unknown agent loop"
-            f" {mt.default_agent!r}; use one of {', '.join(loops)} (the built-ins and those"
-            " the agent loops file declares)"
-        )
-    problems += [
+    problems = [
         p
         for dataset in datasets
         for p in agent_row_problems(
-            dataset.agent_rows(), files.tools, loops, mt.default_agent, files.interactions
+            dataset.agent_rows(),
+            files.tools,
+            _agent_loops(files),
+            mt.default_agent,
+            files.interactions,
         )
     ]
     if problems:
         raise ConfigError(problems)
 
 
-def run_training(cfg: EngineConfig) -> None:
-    from transformers import AutoTokenizer
+@dataclass
+class DriverData:
+    """What the driver reads before the workers start: the tokenizer, the datasets and
+    their loader, the number of training steps they make, the judge's tokenizer."""
 
-    from engine.data.custom import build_dataset
-    from engine.data.loader import PromptLoader
-    from engine.reward.manager import RewardManager
-    from engine.scoring import Scorer
-    from engine.tracking import Tracker
-    from engine.trainer import Trainer
+    tokenizer: Any
+    train: PromptDataset
+    loader: PromptLoader
+    val: PromptDataset | None
+    total_steps: int
+    judge_tokenizer: Any
 
-    # Which code runs (a job launched by rlctl runs its shipped wheel, rlctl/jobenv.py)
-    here = Path(__file__).resolve().parent
-    print(f"engine: running {here} with {sys.executable}", flush=True)
+
+def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> DriverData:
+    """The driver's slow part, run while Ray and the workers start: its heavy imports,
+    the tokenizer, the datasets (``RLDataset``, or ``data.custom_cls``'s class of your
+    own, built alike), and the checks that need them or transformers (each row's agent
+    loop, the LoRA targets, the models' configs, the judge's chat template). Raises as
+    they would."""
+    with gc_paused():
+        from transformers import AutoTokenizer
+
+        import engine.trainer  # noqa: F401  (torch and the loop's modules, imported here)
+        from engine.data.custom import build_dataset
+        from engine.data.loader import PromptLoader
+    clock.mark("imports")
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
-    agent_files = _agent_files(cfg)
-    # RLDataset, or data.custom_cls's class of your own, built alike
     train = build_dataset(
         cfg.data,
         cfg.data.train_file_list,
         tokenizer,
-        agent_files.schemas,
+        files.schemas,
         max_samples=cfg.data.train_max_samples,
     )
     loader = PromptLoader(
@@ -315,74 +370,88 @@ def run_training(cfg: EngineConfig) -> None:
             cfg.data,
             cfg.data.val_file_list,
             tokenizer,
-            agent_files.schemas,
+            files.schemas,
             max_samples=cfg.data.val_max_samples,
         )
         if cfg.data.val_file_list
         else None
     )
-    _check_agent_rows(cfg, agent_files, [train] + ([val] if val else []))
+    _check_agent_rows(cfg, files, [train] + ([val] if val else []))
     total = cfg.trainer.total_training_steps or len(loader) * cfg.trainer.total_epochs
     if total < 1:
         raise EngineError("no training steps: the dataset is smaller than data.train_batch_size")
-    cfg = with_total_steps(cfg, total)
+    judge_tokenizer = None  # loaded once: its chat template checked now, then used
+    rm = cfg.reward_model
+    if rm.enable and rm.style == "generative":
+        from engine.reward.judge import load_judge_tokenizer
 
-    reward = RewardManager(
-        cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
-    )
-    # An unknown data source fails now, not after the cluster and models are up (those
-    # the reward model scores need no rule).
-    sources = train.data_sources() | (val.data_sources() if val else set())
+        judge_tokenizer = load_judge_tokenizer(rm)
+    if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
+        from engine.train.lora import check_targets
+
+        check_targets(model)
+    _check_model_configs(cfg)
+    clock.mark("data")
+    return DriverData(tokenizer, train, loader, val, total, judge_tokenizer)
+
+
+def check_data_sources(cfg: EngineConfig, reward: Any, data: DriverData) -> None:
+    """Every data source has a scorer (those the reward model scores need none)."""
+    sources = data.train.data_sources() | (data.val.data_sources() if data.val else set())
     rm = cfg.reward_model
     if rm.enable and rm.data_sources is not None:
         reward.check_data_sources(sources - set(rm.data_sources))
     elif not rm.enable:
         reward.check_data_sources(sources)
-    judge_tokenizer = None  # loaded once: its chat template checked now, then used
-    if rm.enable and rm.style == "generative":
-        from engine.reward.judge import load_judge_tokenizer
 
-        judge_tokenizer = load_judge_tokenizer(rm)
-    _check_model_configs(cfg)
-    if model.lora_adapter_path:  # LoRA's settings read from the saved adapter, once
-        from engine.train.lora_saved import resolve
 
-        cfg = resolve(cfg)
-        model = cfg.actor_rollout_ref.model
-    if model.lora_rank > 0:  # target_modules that match nothing: now, not in each worker
-        from engine.train.lora import check_targets
+def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
+    """``clock``: when the process started (``engine.main``); else now."""
+    from engine.reward.manager import RewardManager
+    from engine.train.lora_saved import resolve as with_saved_adapter
 
-        check_targets(model)
-
-    init_ray(cfg)
-    cfg = dataclasses.replace(
-        cfg, trainer=dataclasses.replace(cfg.trainer, device=resolve_cluster_device(cfg))
+    clock = clock or StartupClock()
+    # Which code runs (a job launched by rlctl runs its shipped wheel, rlctl/jobenv.py)
+    here = Path(__file__).resolve().parent
+    print(f"engine: running {here} with {sys.executable}", flush=True)
+    # What needs no data fails before anything starts: the agents' files, the saved
+    # LoRA adapter (its rank, alpha and targets become the config's, for every check
+    # after it and every role), a local quantized checkpoint, the reward.
+    agent_files = _agent_files(cfg)
+    _check_default_agent(cfg, agent_files)
+    cfg = with_saved_adapter(cfg)
+    _check_local_checkpoints(cfg)
+    reward = RewardManager(
+        cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
     )
+    # The data is read (and checked) on a thread while Ray starts and then the workers'
+    # processes do; then the rule rewards' processes start there. The workers build
+    # their roles (models) only once the data has passed its checks.
+    starting = ThreadPoolExecutor(1, thread_name_prefix="engine-data")
+    workers = None
     try:
-        workers = start_workers(cfg)
-    except BaseException:
-        reward.close()
-        raise
-    checkpoints = CheckpointManager(cfg.trainer)
-    resume_from = checkpoints.resume_point()
-    resumed_step = read_trainer_state(resume_from).step if resume_from else 0
-    write_worker_table(workers, run_dir(cfg))
-    try:
-        with Tracker(
-            cfg.trainer, run_dir(cfg), dataclasses.asdict(cfg), total, resumed_step
-        ) as tracker:
-            scorer = Scorer(cfg, reward, tokenizer, workers, judge_tokenizer)
-            trainer = Trainer(
-                cfg, workers, scorer, tokenizer, loader, val, tracker, checkpoints, resume_from
-            )
-            previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
-            try:
-                trainer.fit()
-            finally:
-                signal.signal(signal.SIGTERM, previous)
+        reading = starting.submit(read_data, cfg, agent_files, clock)
+        warming = starting.submit(reward.start) if not cfg.reward_model.enable else None
+        init_ray(cfg)
+        clock.mark("ray")
+        cfg = dataclasses.replace(
+            cfg, trainer=dataclasses.replace(cfg.trainer, device=resolve_cluster_device(cfg))
+        )
+        workers = spawn_workers(cfg)
+        data = reading.result()
+        check_data_sources(cfg, reward, data)
+        cfg = with_total_steps(cfg, data.total_steps)
+        workers.start(cfg)
+        starting.shutdown()
+        if warming is not None:
+            warming.result()  # its error, if it had one
+        mark_worker_milestones(workers, clock)
+        train(cfg, workers, reward, data, clock)
     finally:
+        starting.shutdown(cancel_futures=True)  # first: the thread may start the rewards
         reward.close()
-        workers.shutdown()
+        if workers is not None:
+            workers.shutdown()
     if cfg.trainer.export_hf_dir:
         from engine.export import export_checkpoint
 
@@ -390,12 +459,76 @@ def run_training(cfg: EngineConfig) -> None:
         print(f"exported the final policy to {out}", flush=True)
 
 
+def train(
+    cfg: EngineConfig, workers: Any, reward: Any, data: DriverData, clock: StartupClock
+) -> None:
+    """The loop, on workers that are up, with its trackers and checkpoints."""
+    from engine.scoring import Scorer
+    from engine.tracking import Tracker
+    from engine.trainer import Trainer
+
+    checkpoints = CheckpointManager(cfg.trainer)
+    resume_from = checkpoints.resume_point()
+    resumed_step = read_trainer_state(resume_from).step if resume_from else 0
+    write_worker_table(workers, run_dir(cfg))
+    total = data.total_steps
+    with Tracker(
+        cfg.trainer, run_dir(cfg), dataclasses.asdict(cfg), total, resumed_step
+    ) as tracker:
+        scorer = Scorer(cfg, reward, data.tokenizer, workers, data.judge_tokenizer)
+        trainer = Trainer(
+            cfg,
+            workers,
+            scorer,
+            data.tokenizer,
+            data.loader,
+            data.val,
+            tracker,
+            checkpoints,
+            resume_from,
+            startup=clock,
+        )
+        previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
+        try:
+            trainer.fit()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def mark_worker_milestones(workers: Any, clock: StartupClock) -> None:
+    """When the last worker process came up, and when the last rank had its models."""
+    times = workers.host_all("startup_times")
+    for milestone in ("workers", "models"):
+        clock.mark(milestone, at=max(t[milestone] for t in times))
+
+
+def _config_file(model: Any) -> Path:
+    """A local model folder's config.json (no such file: the path is a hub name)."""
+    return Path(model.path) / "config.json"
+
+
+def _check_local_checkpoints(cfg: EngineConfig) -> None:
+    """A quantized checkpoint trained in full, refused before Ray starts where the model
+    is a local folder: its config.json read as JSON, without transformers (imported on
+    the data thread, overlapped with Ray's start). A hub name is checked there, with
+    the other checks that need the model's config (``_check_model_configs``)."""
+    from engine.config.train import quantized_model_problems
+
+    def local_config(model: Any) -> dict:
+        path = _config_file(model)
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    problems = quantized_model_problems(cfg, local_config)
+    if problems:
+        raise ConfigError(problems)
+
+
 def _check_model_configs(cfg: EngineConfig) -> None:
     """From the models' configs, now, not once the workers have loaded them: fields of
-    ``override_config`` the config lacks, Ulysses sizes the heads cannot take, and
-    quantized checkpoints trained in full (each read with its overrides)."""
-    from transformers import AutoConfig
-
+    ``override_config`` the config lacks, Ulysses sizes the heads cannot take (each
+    config read with its overrides), and a quantized checkpoint trained in full where
+    the model is a hub name (a local folder's was refused before Ray started,
+    ``_check_local_checkpoints``; an override cannot add a quantization_config)."""
     from engine.config.train import (
         quantized_model_problems,
         selected_model,
@@ -410,15 +543,20 @@ def _check_model_configs(cfg: EngineConfig) -> None:
         try:
             hf = load_hf_config(model, key)
         except ConfigError as exc:
+            from transformers import AutoConfig
+
             problems.extend(exc.problems)
             hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         return hf.get_text_config()
+
+    def hub_config_of(model: Any) -> Any:
+        return {} if _config_file(model).is_file() else hf_config_of(model)
 
     hf_config_of(cfg.actor_rollout_ref.model)
     if cfg.use_critic:
         hf_config_of(selected_model(cfg, "critic"))
     problems += ulysses_model_problems(cfg, hf_config_of)
-    problems += quantized_model_problems(cfg, hf_config_of)
+    problems += quantized_model_problems(cfg, hub_config_of)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
 

@@ -43,6 +43,7 @@ from engine.metrics import (
 from engine.overlap import Generating, make_overlap
 from engine.rollout.bridge import Pushed
 from engine.scoring import Scorer, reward_components
+from engine.startup import StartupClock
 from engine.tracking import Tracker, progress
 from engine.types import (
     ActorBatch,
@@ -79,6 +80,7 @@ class Trainer:
         tracker: Tracker,
         checkpoints: CheckpointManager,
         resume_from: str | None = None,
+        startup: StartupClock | None = None,
     ) -> None:
         self.cfg = cfg
         self.workers = workers
@@ -105,6 +107,8 @@ class Trainer:
         self.pushed_version: int | None = None
         self.pushed = Pushed()  # what the pushes since the last step's metrics carried
         self.overlap = make_overlap(self, cfg.async_training.mode)
+        # the start-up's milestones, logged with this process's first step
+        self.startup = startup or StartupClock()
 
     # -- the loop -----------------------------------------------------------
 
@@ -127,9 +131,12 @@ class Trainer:
             and (self.cfg.trainer.val_before_train)
         ):
             self.tracker.log(self.step, self.validate())
+            self.startup.mark("validation")
         while self.step < self.total_steps:
             self.step += 1
+            self.startup.mark("first_step")  # the first counts
             metrics = self.train_step()
+            metrics |= self.startup.first_step_done()  # once: the start-up's milestones
             problem = self.update_problem(metrics)
             if problem:
                 self.tracker.log(self.step, metrics)  # the failing step is on record

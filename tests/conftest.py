@@ -21,12 +21,14 @@ os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 # The Megatron tests (those skipped without megatron-core) run as a smoke subset unless
 # RLCTL_TEST_MEGATRON=all: the whole matrix of layouts takes about 12 minutes on 2 cores,
 # the subset under 2. The subset covers TP × PP with SP, expert parallelism with a
-# shared expert, DeepSeek's multi-latent attention, every model family built and matched
-# against Hugging Face, one whole engine run, and a Megatron actor feeding the vLLM rollout.
+# shared expert, expert tensor parallelism apart from TP, DeepSeek's multi-latent
+# attention, every model family built and matched against Hugging Face, one whole engine
+# run, and a Megatron actor feeding the vLLM rollout.
 MEGATRON_SMOKE = (
     "tests/engine/train/test_megatron_backend.py::test_actor_engine_matches_hf[ws4-tp2-pp2-sp]",
     "tests/engine/train/test_megatron_backend.py::test_moe_actor_engine_matches_hf[qwen2-tp2-ep2-sp]",
     "tests/engine/train/test_megatron_backend.py::test_moe_actor_engine_matches_hf[deepseek-tp2-ep2-sp]",
+    "tests/engine/train/test_megatron_backend.py::test_moe_actor_engine_matches_hf[qwen3-etp2]",
     "tests/engine/train/test_megatron_backend.py::test_every_family_matches_hf",
     "tests/e2e/test_megatron_cpu.py::test_megatron_moe_grpo_takes_the_fsdp_update[deepseek_v3-8]",
     "tests/e2e/test_engine_cpu.py::test_algorithm_runs[grpo_megatron_tp2_vllm]",

@@ -129,7 +129,8 @@ section, as in verl:
 | `<role>.megatron.tensor_model_parallel_size` | 1 | ≥ 1; t consecutive ranks form one tensor-parallel group and share their rows (data parallel over the device count / t) |
 | `<role>.megatron.pipeline_model_parallel_size` | 1 | ≥ 1; must divide `num_hidden_layers` (equal stages); p stages run a 1F1B schedule, the ranks of one model replica (t × p of them) share their rows |
 | `<role>.megatron.context_parallel_size` | 1 | ≥ 1; c ranks split every sequence (zigzag, keys and values gathered for attention) and share their rows; for long sequences |
-| `<role>.megatron.expert_model_parallel_size` | 1 | ≥ 1; > 1 for Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 only: must divide `num_experts`, TP × EP × PP must divide the world, and with TP > 1 `sequence_parallel` must be true ([backends](backends.md#mixture-of-experts)) |
+| `<role>.megatron.expert_model_parallel_size` | 1 | ≥ 1; > 1 for Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 only: must divide `num_experts`, ETP × EP × PP must divide the world, and with TP > 1 `sequence_parallel` must be true ([backends](backends.md#mixture-of-experts)) |
+| `<role>.megatron.expert_tensor_parallel_size` | null (TP) | ≥ 1; the ranks that split each routed expert, on the experts' own grid (ETP × EP × expert DP per stage, apart from the dense TP × CP × DP): must divide `moe_intermediate_size`, ETP × EP × PP must divide the world, and apart from TP with TP > 1 `sequence_parallel` must be true; the reference's follows the actor's |
 | `<role>.megatron.sequence_parallel` | true | with TP > 1, activations outside attention and the MLP are split by sequence over the TP ranks (verl's default; needed for expert parallelism with TP > 1); ignored at TP 1 |
 | `<role>.megatron.use_distributed_optimizer` | true | Megatron's `DistributedOptimizer` on GPUs; ignored on CPU, where a torch AdamW fallback runs |
 
@@ -138,7 +139,7 @@ section, as in verl:
 reference's parallel sizes (null: the actor's, as in verl). Further rules: the
 device count must be a multiple of tensor × pipeline × context parallel sizes; the
 Megatron roles run in the same worker processes, which hold one Megatron parallel state,
-so their tensor, pipeline and context sizes must be equal; `trainer.device=npu` is refused (the
+so their tensor, pipeline, context, expert and expert-tensor sizes must be equal; `trainer.device=npu` is refused (the
 Megatron engine runs on NVIDIA/AMD GPUs; use `fsdp2` on Ascend). Rules that need the
 model's shape (tensor-parallel size dividing heads, KV heads, `intermediate_size` and the
 vocabulary; no sliding-window attention or unsupported RoPE scaling) are checked when the

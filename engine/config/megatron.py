@@ -49,13 +49,14 @@ class MegatronConfig:
         True,
         "Megatron's DistributedOptimizer (sharded state) on GPUs; the CPU path uses torch's AdamW.",
     )
-    # verl's other Megatron keys (docs/verl-compat.md).
     expert_tensor_parallel_size: int | None = setting(
         None,
-        "verl's tensor-parallel size of the experts. Here experts split like the other layers:"
-        " null or tensor_model_parallel_size; another value is refused (expert tensor"
-        " parallelism apart from TP is not in this engine).",
+        "Ranks that split each routed expert of a mixture-of-experts model (expert tensor"
+        " parallel); null: tensor_model_parallel_size. The experts get a grid of their own,"
+        " ETP × EP × expert data parallel in each pipeline stage (ETP 1 with TP 2 keeps"
+        " experts whole); ETP × EP × PP must divide the world.",
     )
+    # verl's other Megatron keys (docs/verl-compat.md).
     virtual_pipeline_model_parallel_size: int | None = inert(
         None,
         "verl's interleaved pipeline stages (a schedule: speed only); changes nothing here"
@@ -153,6 +154,9 @@ class RefMegatronConfig(MegatronConfig):
     expert_model_parallel_size: int | None = setting(  # type: ignore[assignment]
         None, "Expert-parallel size; null: the actor's."
     )
+    expert_tensor_parallel_size: int | None = setting(
+        None, "Expert-tensor-parallel size; null: the actor's (whose null is its TP size)."
+    )
     sequence_parallel: bool | None = setting(  # type: ignore[assignment]
         None, "Sequence parallelism with TP > 1; null: the actor's."
     )
@@ -169,6 +173,7 @@ _FOLLOWED = (
     "pipeline_model_parallel_size",
     "context_parallel_size",
     "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
     "sequence_parallel",
 )
 
@@ -179,7 +184,7 @@ def megatron_rules(cfg: EngineConfig) -> list[str]:
     if not roles:
         return []
     # Pure python (no torch): importable wherever this module is.
-    from engine.train.megatron_parallel import MegatronParallel
+    from engine.train.megatron_parallel import CONFIG_KEYS, MegatronParallel
 
     p = []
     if cfg.trainer.device == "npu":
@@ -187,32 +192,26 @@ def megatron_rules(cfg: EngineConfig) -> list[str]:
             "trainer.device=npu: the Megatron engine runs on NVIDIA/AMD GPUs (cuda) only; on"
             f" Ascend set {' and '.join(_strategy_key(role) for role in roles)} to fsdp2"
         )
-    ref_own = cfg.actor_rollout_ref.ref.megatron
-    for role, (key, section) in roles.items():
-        if _own_etp(section) and not _experts_fit(section, cfg.world_size):
-            etp, tp = section.expert_tensor_parallel_size, section.tensor_model_parallel_size
-            p.append(
-                f"{key}.expert_tensor_parallel_size={etp} with tensor_model_parallel_size={tp}:"
-                " this engine splits the experts by the tensor-parallel size (expert tensor"
-                " parallelism of its own is not in it yet); leave it null, or size TP, EP and"
-                " the devices for experts split like the rest"
-            )
-        found = MegatronParallel.of(section).problems(cfg.world_size, key)
-        if role == "reference":  # a size it follows is reported at the actor's key
-            inherited = [f"{key}.{n} must be" for n in _FOLLOWED if getattr(ref_own, n) is None]
-            found = [q for q in found if not q.startswith(tuple(inherited))]
-        p += found
-    # Every role runs in the same worker processes, which hold one Megatron parallel state.
+    found = {
+        role: MegatronParallel.of(section).problems(cfg.world_size, key)
+        for role, (key, section) in roles.items()
+    }
+    for role, (key, _) in roles.items():
+        if role == "reference":  # what it follows from the actor is said at the actor's key
+            actor = set(found.get("actor", ()))
+            own = CONFIG_KEYS["actor"]
+            found[role] = [q for q in found[role] if q.replace(key, own) not in actor]
+        p += found[role]
+    # Every role runs in the same worker processes, which hold one Megatron parallel state
+    # (an expert-tensor-parallel size of null is the TP size there).
     names = (
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
         "context_parallel_size",
         "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
     )
-    sizes = {
-        role: tuple(getattr(section, name) for name in names)
-        for role, (_key, section) in roles.items()
-    }
+    sizes = {role: MegatronParallel.of(section).grid for role, (_key, section) in roles.items()}
     if len(set(sizes.values())) > 1:
         listed = "; ".join(
             f"{roles[role][0]}: "
@@ -224,37 +223,6 @@ def megatron_rules(cfg: EngineConfig) -> list[str]:
             f" their sizes differ ({listed}); give them the same sizes"
         )
     return p
-
-
-def _own_etp(section: MegatronConfig) -> bool:
-    etp = section.expert_tensor_parallel_size
-    return (
-        etp is not None
-        and etp != section.tensor_model_parallel_size
-        and section.expert_model_parallel_size > 1
-    )
-
-
-def _experts_fit(section: MegatronConfig, world: int) -> bool:
-    experts = (
-        section.tensor_model_parallel_size
-        * section.expert_model_parallel_size
-        * section.pipeline_model_parallel_size
-    )
-    return world % experts == 0
-
-
-def expert_tensor_notes(cfg: EngineConfig) -> list[str]:
-    """verl's expert_tensor_parallel_size apart from TP, where the experts also fit split
-    by TP: the run goes on with them split so (the same computation, another memory
-    layout); said at start (``engine.config.notes``)."""
-    return [
-        f"{key}.expert_tensor_parallel_size={section.expert_tensor_parallel_size} runs as"
-        f" the tensor-parallel size {section.tensor_model_parallel_size} here (experts split"
-        " like the other layers: the same computation, another memory layout)"
-        for key, section in cfg.megatron_roles().values()
-        if _own_etp(section) and _experts_fit(section, cfg.world_size)
-    ]
 
 
 def _strategy_key(role: str) -> str:

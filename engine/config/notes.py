@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from engine.config.algorithm import group_notes, rollout_correction_notes
 from engine.config.async_training import off_policy_notes
-from engine.config.megatron import expert_tensor_notes
 from engine.config.train import fused_kernel_notes, logit_option_notes
 
 if TYPE_CHECKING:
@@ -23,7 +22,6 @@ NOTES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     off_policy_notes,
     fused_kernel_notes,
     logit_option_notes,
-    expert_tensor_notes,
 )
 
 

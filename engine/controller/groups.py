@@ -37,6 +37,11 @@ class SeparateGroups:
         """The training group, then the others in the order given."""
         return [self.train, *self.own.values()]
 
+    def start(self, *args: Any) -> None:
+        """Each group joins its own process group and builds its roles, in order."""
+        for group in self.groups:
+            group.start(*args)
+
     def group_of(self, role: str) -> WorkerGroup:
         return self.own.get(role, self.train)
 

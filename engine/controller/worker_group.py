@@ -4,7 +4,9 @@ A ``ResourcePool`` reserves devices with one Ray placement group per node (one
 bundle per device). A ``WorkerGroup`` starts one ``WorkerHost`` actor per bundle;
 the hosts form one torch.distributed process group and hold the roles placed on
 that pool (actor, rollout, reference, critic): colocation is a placement
-decision, each role stays its own class.
+decision, each role stays its own class. Made, a group's processes start (and import
+what they need); ``start`` then joins them in their process group and builds their
+roles, so that a driver can do other work meanwhile.
 
 The controller calls a role's method through the group in one of two ways:
 
@@ -153,9 +155,13 @@ class WorkerGroup:
                     **host_kwargs,
                 )
             )
-        # Rank 0 picks the rendezvous address; then every rank joins at once.
-        master_addr, master_port = ray.get(self.workers[0].rendezvous_address.remote())
-        self.get([w.init_distributed.remote(master_addr, master_port) for w in self.workers])
+
+    def start(self, *args: Any) -> None:
+        """Rank 0 picks the rendezvous address; then every rank joins at once and builds
+        its roles (``args`` go to each host's ``init_distributed``)."""
+        first = self.get([self.workers[0].rendezvous_address.remote()])
+        master_addr, master_port = first[0]
+        self.get([w.init_distributed.remote(master_addr, master_port, *args) for w in self.workers])
 
     def get(self, refs: list[Any], first_rank: int = 0) -> list[Any]:
         """Results of one call per rank, in rank order.

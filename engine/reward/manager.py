@@ -115,6 +115,13 @@ class RewardManager:
                 result.score += penalty
                 result.extras["overlong_penalty"] = penalty
 
+    def start(self) -> None:
+        """Start the worker processes now instead of at the first batch: the engine does
+        while its Ray workers start, so that its first scoring need not wait for a fork
+        server and its imports. Scores are the same either way."""
+        while len(self._workers) < self.reward_cfg.num_workers:
+            self._workers.append(self._start_worker())
+
     def close(self) -> None:
         for worker in self._workers:
             worker.stop()
@@ -146,8 +153,7 @@ class RewardManager:
 
     def _score_in_workers(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         n = len(requests)
-        while len(self._workers) < self.reward_cfg.num_workers:
-            self._workers.append(self._start_worker())
+        self.start()
         chunk_size = min(
             _MAX_CHUNK, max(1, math.ceil(n / (len(self._workers) * _CHUNKS_PER_WORKER)))
         )

@@ -24,6 +24,7 @@ from engine.errors import EngineError
 from engine.train.megatron_convert import is_expert, merge_from_tp
 from engine.train.megatron_model import _is_tp_split, _to_hf_pairs
 from engine.train.megatron_ops import _atomic_save
+from engine.train.megatron_parallel import MegatronParallel
 from engine.train.megatron_state import EngineState
 
 CHECKPOINT_FORMAT = 1
@@ -39,6 +40,13 @@ _LAYOUT_DEFAULTS = {
     "ep_rank": 0,
     "edp_rank": 0,
 }
+
+
+def _full_layout(saved: dict[str, Any]) -> dict[str, Any]:
+    """A rank's saved layout with the fields an older checkpoint leaves out; one written
+    before expert tensor parallelism split the experts like the rest (ETP = TP)."""
+    etp = {"etp": saved["tp"], "etp_rank": saved["tp_rank"]}
+    return {**_LAYOUT_DEFAULTS, **etp, **saved}
 
 
 class MegatronCheckpoint(EngineState):
@@ -91,7 +99,7 @@ class MegatronCheckpoint(EngineState):
         if not (path / "meta.json").exists():
             raise EngineError(f"{path} is not a complete Megatron checkpoint (no meta.json)")
         state = torch.load(path / f"rank_{self.layout.rank}.pt", weights_only=False)
-        saved, now = {**_LAYOUT_DEFAULTS, **state["layout"]}, asdict(self.layout)
+        saved, now = _full_layout(state["layout"]), asdict(self.layout)
         if saved != now:
             raise EngineError(
                 f"checkpoint {path} was written with layout {saved}; this run is {now}. Resume"
@@ -122,36 +130,44 @@ class MegatronCheckpoint(EngineState):
         )
 
     def _dist_optim_file(self) -> str:
-        return f"dist_optimizer_tp{self.layout.tp_rank}.pt"
+        """Megatron's sharded optimizer state, written by each rank that is data-parallel
+        rank 0 of the dense or of the expert optimizer (its share of each) and read back
+        by the same rank: named by the global rank, so that pipeline stages, EP ranks and
+        expert slices never overwrite each other's (the name by TP rank alone did)."""
+        return f"dist_optimizer_rank{self.layout.rank}.pt"
 
 
 def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     """A Hugging Face state dict from a Megatron checkpoint directory, on one process and
-    without Megatron: one replica's TP slices merged (data-parallel rank 0's; with expert
-    parallelism, routed experts from expert-data-parallel rank 0 of each EP rank), its
-    pipeline stages joined (their files name layers and experts globally), copies of tied
-    embeddings left out, renamed."""
+    without Megatron: one replica's TP slices merged (data-parallel rank 0's; with the
+    routed experts on their own grid, each EP rank's experts from its expert-data-parallel
+    rank 0, their ETP slices merged), its pipeline stages joined (their files name layers
+    and experts globally), copies of tied embeddings left out, renamed."""
     from transformers import AutoConfig
 
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
     role = meta["role"]
-    layouts = [{**_LAYOUT_DEFAULTS, **r} for r in meta["ranks"]]
-    expert_parallel = any(r["ep"] > 1 for r in layouts)
-    # TP groups holding one copy of each tensor: (which tensors, pipeline stage, EP rank).
+    layouts = [_full_layout(r) for r in meta["ranks"]]
+    first = layouts[0]
+    apart = MegatronParallel(
+        first["tp"], first["pp"], first["cp"], first["ep"], expert_tensor_parallel_size=first["etp"]
+    ).experts_apart
+    # Groups holding one copy of each tensor, ordered by slice: (routed experts, pipeline
+    # stage, EP rank) -> ranks.
     groups: dict[tuple[bool, int, int], list[dict]] = {}
     for r in layouts:
         if r["dp_rank"] == 0 and r["cp_rank"] == 0:
             groups.setdefault((False, r["pp_rank"], 0), []).append(r)
-        if expert_parallel and r["edp_rank"] == 0:
+        if apart and r["edp_rank"] == 0:
             groups.setdefault((True, r["pp_rank"], r["ep_rank"]), []).append(r)
     merged: dict[str, torch.Tensor] = {}
     for (experts, _, _), group in sorted(groups.items()):
-        group.sort(key=lambda r: r["tp_rank"])
+        group.sort(key=lambda r: r["etp_rank" if experts else "tp_rank"])
         files = [torch.load(path / f"rank_{r['rank']}.pt", weights_only=False) for r in group]
         shared = set(files[0].get("shared", ()))
         for name in files[0]["model"]:
-            if name not in shared and (expert_parallel and is_expert(name)) == experts:
+            if name not in shared and (apart and is_expert(name)) == experts:
                 slices = [f["model"][name] for f in files]
                 merged[name] = (
                     merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]

@@ -49,10 +49,12 @@ the ``tp`` rank slices and back. Column-parallel weights split along dim 0 (the
 grouped qkv layout makes each rank's slice whole query groups; ``linear_fc1`` is split
 as gate and up separately, so each rank holds ``[gate_r; up_r]``), row-parallel weights
 (``linear_proj``, ``linear_fc2``) along dim 1, the vocabulary along dim 0; norms are
-replicated. Experts, routed and shared, split as the dense MLP (Megatron's default
-expert tensor parallelism: the TP size); expert parallelism then gives each rank E/EP of
-the routed experts, whole in number and TP-sliced. MLA's up projections split by heads
-(dim 0); its down projections are whole on every rank.
+replicated. Experts, routed and shared, split as the dense MLP: the shared experts over
+the TP ranks, each routed expert over its expert-tensor-parallel (ETP) ranks, the TP
+size unless set; expert parallelism then gives each rank E/EP of the routed experts,
+whole in number and ETP-sliced (``megatron_model._split_size`` says which count a weight
+splits by). MLA's up projections split by heads (dim 0); its down projections are whole
+on every rank.
 """
 
 from __future__ import annotations

@@ -88,11 +88,14 @@ class MegatronForward(EngineState):
         return out, held
 
     def _expert_group_shape(self, b: int, s: int) -> tuple[int, int]:
-        """The (rows, columns) every rank whose tokens meet in the experts runs: with
-        expert parallelism, Megatron's all-gather token exchange needs the same number
-        of tokens from each of them, and they hold different data-parallel rows (their
-        micro-batch counts already agree: ``forward.token_budget_micro_batches``)."""
-        if self.layout.ep == 1 or self.model.config.moe_token_dispatcher_type != "allgather":
+        """The (rows, columns) every rank whose tokens meet in the experts runs: Megatron's
+        all-gather token exchange needs the same number of tokens from each of its ETP × EP
+        ranks, and unless they are all of one TP group they hold different data-parallel
+        rows (their micro-batch counts already agree: ``forward.token_budget_micro_batches``)."""
+        meeting = self.layout.etp * self.layout.ep
+        # Both grids number ranks TP- (ETP-) first: ETP × EP dividing TP puts them in one.
+        within_tp = self.layout.tp % meeting == 0
+        if within_tp or self.model.config.moe_token_dispatcher_type != "allgather":
             return b, s
         shape = torch.tensor([b, s], device=self.device.torch_device())
         dist.all_reduce(shape, op=dist.ReduceOp.MAX, group=self.tp_ep_group)

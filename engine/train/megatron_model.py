@@ -144,12 +144,27 @@ def _build_gpt(
             f"Megatron places pipeline stage {stage.index}'s layers from {first_layer}; the"
             f" engine expects {stage.layer_offset} (megatron_parallel.pipeline_stage_layers)"
         )
+    if parallel.experts_apart:
+        _reduce_experts_over_their_grid(model)
     if role == "critic" and stage.last:
         model.output_layer = ValueHead(
             hf_config.hidden_size, dtype, torch.device("cpu"), config.sequence_parallel
         )
     # Modules Megatron does not place itself (torch norms, the value head) come along.
     return model.to(device.torch_device())
+
+
+def _reduce_experts_over_their_grid(model: nn.Module) -> None:
+    """Mark the routed experts' weights as Megatron-core's DDP and optimizer know expert
+    weights (``allreduce`` False: gradients reduced over the expert-data-parallel group,
+    norms over ETP × EP × PP, the first weights broadcast over it). Megatron marks them so
+    only under expert parallelism; with ETP ≠ TP at EP 1 too, the ranks holding one slice
+    are that group and not the dense data-parallel one (TP 2, ETP 1: a gradient would miss
+    the other TP rank's half of the sequence; TP 1, ETP 2: DDP's first broadcast would
+    copy one slice over the other; both seen in ``test_moe_actor_engine_matches_hf``)."""
+    for name, param in model.named_parameters():
+        if is_expert(name):
+            param.allreduce = False
 
 
 def _layer_spec(hf_config: Any, qk_layernorm: bool, moe: bool) -> Any:
@@ -262,7 +277,15 @@ def _load_hf_weights(
 
     tp = ps.get_tensor_model_parallel_world_size()
     tp_rank = ps.get_tensor_model_parallel_rank()
+    etp = ps.get_expert_tensor_parallel_world_size()
+    etp_rank = ps.get_expert_tensor_parallel_rank()
     experts = _local_experts(hf_config)
+
+    def share(name: str, tensor: torch.Tensor) -> torch.Tensor:  # this rank's slice
+        slices = _split_size(name, role, tp, etp)
+        if slices == 1:
+            return tensor
+        return split_for_tp(name, tensor, slices)[etp_rank if is_expert(name) else tp_rank]
 
     def held(name: str) -> bool:  # this stage's, and this expert-parallel rank's experts
         return stage.holds(name) and (not is_expert(name) or expert_index(name) in experts)
@@ -288,9 +311,7 @@ def _load_hf_weights(
     elif tied and stage.count > 1:  # the last stage's copy of the embeddings
         full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
     mine = {
-        shift_expert(shift_layer(name, -stage.layer_offset), -experts.start): (
-            split_for_tp(name, t, tp)[tp_rank] if _is_tp_split(name, role) else t
-        )
+        shift_expert(shift_layer(name, -stage.layer_offset), -experts.start): share(name, t)
         for name, t in full.items()
         if held(name)
     }
@@ -341,12 +362,21 @@ def _wrap_ddp(model: nn.Module, parallel: MegatronParallel, device: DeviceSpec) 
     return ddp
 
 
-def _full_shape(name: str, shape: torch.Size, tp: int, role: str) -> tuple[int, ...]:
-    """The shape of the full tensor of a TP slice of ``shape``."""
+def _full_shape(name: str, shape: torch.Size, slices: int) -> tuple[int, ...]:
+    """The shape of the full tensor of one of ``slices`` slices of ``shape``."""
     full = list(shape)
-    if tp > 1 and _is_tp_split(name, role):
-        full[tp_split_dim(name)] *= tp
+    if slices > 1:
+        full[tp_split_dim(name)] *= slices
     return tuple(full)
+
+
+def _split_size(name: str, role: str, tp: int, etp: int) -> int:
+    """How many ranks hold slices of ``name``: ETP for a routed expert's weights (Megatron's
+    expert tensor parallelism; the shared experts split like the dense MLP), TP for the
+    other split weights, 1 for a replicated one."""
+    if not _is_tp_split(name, role):
+        return 1
+    return etp if is_expert(name) else tp
 
 
 def _is_tp_split(name: str, role: str) -> bool:

@@ -18,6 +18,7 @@ from engine.train.megatron_config import (
     is_mla,
     moe_layers,
     num_experts,
+    shared_expert_size,
 )
 
 CONFIG_KEY = "actor_rollout_ref.actor.megatron"
@@ -53,6 +54,7 @@ class MegatronParallel:
     expert_model_parallel_size: int = 1
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True
+    expert_tensor_parallel_size: int | None = None  # None: the TP size (Megatron's default)
 
     @classmethod
     def of(cls, cfg: Any) -> MegatronParallel:
@@ -62,6 +64,32 @@ class MegatronParallel:
     @property
     def tp(self) -> int:
         return self.tensor_model_parallel_size
+
+    @property
+    def etp(self) -> int:
+        """The ranks that split each routed expert (Megatron's expert tensor parallelism)."""
+        etp = self.expert_tensor_parallel_size
+        return self.tensor_model_parallel_size if etp is None else etp
+
+    @property
+    def experts_apart(self) -> bool:
+        """Whether the routed experts live on a grid of their own (Megatron's "parallel
+        folding"): ETP × EP × expert-DP per pipeline stage beside the dense TP × CP × DP.
+        Their gradients are then reduced over the expert-data-parallel group, not the
+        dense one; with EP 1 and ETP = TP the two are the same ranks."""
+        return self.expert_model_parallel_size > 1 or self.etp != self.tp
+
+    @property
+    def grid(self) -> tuple[int, int, int, int, int]:
+        """(TP, PP, CP, EP, ETP): the groups Megatron's parallel state holds, one per
+        process, so the roles a process hosts must agree on them."""
+        return (
+            self.tensor_model_parallel_size,
+            self.pipeline_model_parallel_size,
+            self.context_parallel_size,
+            self.expert_model_parallel_size,
+            self.etp,
+        )
 
     @property
     def sequence_parallel_in_effect(self) -> bool:
@@ -88,26 +116,37 @@ class MegatronParallel:
             "pipeline_model_parallel_size",
             "context_parallel_size",
             "expert_model_parallel_size",
+            "expert_tensor_parallel_size",
         ):
             value = getattr(self, name)
-            if value < 1:
+            if value is not None and value < 1:
                 p.append(f"{key}.{name} must be >= 1, got {value}")
         if p:
             return p
-        ep, tp = self.expert_model_parallel_size, self.tensor_model_parallel_size
-        if ep > 1 and tp > 1 and not self.sequence_parallel:
-            p.append(
-                f"{key}.expert_model_parallel_size {ep} with tensor_model_parallel_size {tp}"
-                f" needs {key}.sequence_parallel=true (Megatron-core's rule: the experts'"
-                " token exchange spans TP × EP and takes each rank's slice of the sequence)"
+        ep, tp, etp = self.expert_model_parallel_size, self.tp, self.etp
+        if self.experts_apart and tp > 1 and not self.sequence_parallel:
+            what = (
+                f"expert_model_parallel_size {ep}"
+                if ep > 1
+                else f"expert_tensor_parallel_size {etp}"
             )
-        expert_world = tp * ep * self.pipeline_model_parallel_size
-        if ep > 1 and world_size % expert_world:
             p.append(
-                f"the world size {world_size} must be a multiple of {key}.tensor_model_parallel"
+                f"{key}.{what} with tensor_model_parallel_size {tp}"
+                f" needs {key}.sequence_parallel=true (Megatron-core's rule: the experts'"
+                " token exchange spans ETP × EP ranks and takes each rank's slice of the"
+                " sequence)"
+            )
+        expert_world = etp * ep * self.pipeline_model_parallel_size
+        if self.experts_apart and world_size % expert_world:
+            null = self.expert_tensor_parallel_size is None
+            p.append(
+                f"the world size {world_size} must be a multiple of {key}.expert_tensor_parallel"
                 f"_size × expert_model_parallel_size × pipeline_model_parallel_size ="
-                f" {expert_world} (experts are TP-sliced like the dense MLP, and each stage's"
-                " TP groups are grouped EP at a time to hold all the experts between them)"
+                f" {etp} × {ep} × {self.pipeline_model_parallel_size} = {expert_world}"
+                + (" (expert_tensor_parallel_size null: the tensor-parallel size)" if null else "")
+                + ": the routed experts form a grid of their own, each stage's ranks grouped"
+                " ETP × EP at a time to hold every expert once; change these sizes or the"
+                " number of devices"
             )
         if world_size % self.model_parallel_size:
             p.append(
@@ -137,15 +176,31 @@ class MegatronParallel:
                 " projections are whole on every rank and their rotary keys are gathered"
                 " over the sequence"
             )
-        for what in ("moe_intermediate_size", "shared_expert_intermediate_size"):
-            if any(moe_layers(hf_config)) and getattr(hf_config, what, 0):
-                split.append((what, getattr(hf_config, what), "experts are split by columns"))
+        moe = any(moe_layers(hf_config))
+        if moe and (shared := shared_expert_size(hf_config)):
+            split.append(("shared experts' width", shared, "they are split like the dense MLP"))
         for what, value, why in split:
             if value % tp:
                 p.append(
                     f"{key}.tensor_model_parallel_size {tp} must divide the model's {what}"
                     f" {value} ({why}); pick a divisor of {value}"
                 )
+        width, etp = getattr(hf_config, "moe_intermediate_size", 0), self.etp
+        if moe and width % etp:
+            null = self.expert_tensor_parallel_size is None
+            size = "expert_tensor_parallel_size" + (" (null: the TP size)" if null else "")
+            p.append(
+                f"{key}.{size} {etp} must divide the model's moe_intermediate_size {width} (each"
+                f" routed expert is split by columns over ETP ranks); pick a divisor of {width}"
+            )
+        # (said once: with experts apart ``problems`` says so, with MLA the rule above)
+        said = self.experts_apart or is_mla(hf_config)
+        if moe and tp > 1 and not self.sequence_parallel and not said:
+            p.append(
+                f"{key}.tensor_model_parallel_size {tp} with a mixture-of-experts model"
+                f" ({hf_config.model_type}) needs {key}.sequence_parallel=true: Megatron-core's"
+                " MoE layer refuses to train under tensor parallelism without it"
+            )
         layers, pp = hf_config.num_hidden_layers, self.pipeline_model_parallel_size
         if pipeline_stage_layers(layers, pp) is None:
             fits = [n for n in range(1, layers + 1) if pipeline_stage_layers(layers, n)]

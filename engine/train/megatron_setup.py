@@ -82,16 +82,12 @@ def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: i
             ps.get_pipeline_model_parallel_world_size(),
             ps.get_context_parallel_world_size(),
             ps.get_expert_model_parallel_world_size(),
+            ps.get_expert_tensor_parallel_world_size(),
         )
-        want = (
-            parallel.tensor_model_parallel_size,
-            parallel.pipeline_model_parallel_size,
-            parallel.context_parallel_size,
-            parallel.expert_model_parallel_size,
-        )
+        want = parallel.grid
         if have != want:
             raise EngineError(
-                "Megatron roles in one process must share parallel sizes: (tp, pp, cp, ep)"
+                "Megatron roles in one process must share parallel sizes: (tp, pp, cp, ep, etp)"
                 f" {want}"
                 f" requested, {have} already in use; give every colocated role's megatron"
                 " section the same sizes"
@@ -102,6 +98,9 @@ def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: i
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size,
         expert_model_parallel_size=parallel.expert_model_parallel_size,
+        # The experts' grid (ETP × EP × expert-DP per stage) is laid out apart from the
+        # dense one; TP ranks stay consecutive in both.
+        expert_tensor_parallel_size=parallel.etp,
     )
     _without_transformer_engine()
     if device.type == "cpu":

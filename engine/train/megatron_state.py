@@ -37,6 +37,10 @@ class RankLayout:
     ep: int = 1
     ep_rank: int = 0
     edp_rank: int = 0  # expert data parallel: ranks holding the same experts
+    # expert tensor parallel: the ranks that split each routed expert (Megatron: the TP
+    # size unless set); a checkpoint written before it had etp = tp
+    etp: int = 1
+    etp_rank: int = 0
 
     @classmethod
     def current(cls) -> RankLayout:
@@ -57,6 +61,8 @@ class RankLayout:
             ep=ps.get_expert_model_parallel_world_size(),
             ep_rank=ps.get_expert_model_parallel_rank(),
             edp_rank=ps.get_expert_data_parallel_rank(),
+            etp=ps.get_expert_tensor_parallel_world_size(),
+            etp_rank=ps.get_expert_tensor_parallel_rank(),
         )
 
 
@@ -93,9 +99,10 @@ class EngineState:
         self.layout = RankLayout.current()
         self.cp_group = ps.get_context_parallel_group()
         self.ep_group = ps.get_expert_model_parallel_group()
-        # The ranks whose tokens meet in the experts (Megatron's TP × EP group).
+        self.etp_group = ps.get_expert_tensor_parallel_group()  # slices of one routed expert
+        # The ranks whose tokens meet in the experts (Megatron's ETP × EP group).
         self.tp_ep_group = ps.get_expert_tensor_and_model_parallel_group()
-        # Each routed expert's TP slice once: what the gradient norm sums over for them.
+        # Each routed expert's ETP slice once: what the gradient norm sums over for them.
         self.expert_norm_group = ps.get_expert_tensor_model_pipeline_parallel_group()
         self.experts = _local_experts(hf_config)  # global numbers of this rank's experts
         self.stage = stage

@@ -168,8 +168,8 @@ class MegatronUpdate(EngineState):
             p.grad = p.main_grad  # the DDP buffer's view, reduced over DP
         # Replicated parameters (norms, the value head) count once over the TP group; the
         # last stage's copy of tied embeddings (``shared``) is the first stage's. Routed
-        # experts under expert parallelism (``allreduce`` False: not replicated over DP)
-        # are summed over the ranks holding them, Megatron's TP × EP × PP.
+        # experts on their own grid (``allreduce`` False: not replicated over DP) are
+        # summed over the ranks holding one slice each, Megatron's ETP × EP × PP.
         squares = torch.zeros((), dtype=torch.float64)
         expert_squares = torch.zeros((), dtype=torch.float64)
         for p in params:
@@ -178,7 +178,7 @@ class MegatronUpdate(EngineState):
             elif param_is_not_tensor_parallel_duplicate(p) and not getattr(p, "shared", False):
                 squares += p.grad.double().pow(2).sum()
         dist.all_reduce(squares, group=self.model_parallel_group)
-        if self.layout.ep > 1:
+        if self.parallel.experts_apart:
             dist.all_reduce(expert_squares, group=self.expert_norm_group)
         grad_norm = float((squares + expert_squares).sqrt())
         if math.isfinite(grad_norm):

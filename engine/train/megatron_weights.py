@@ -1,7 +1,8 @@
 """Full weights out of ``MegatronEngine`` (``engine.train.megatron``), every rank taking
-part: its TP slices gathered, its routed experts gathered over expert parallelism, each
-pipeline stage's tensors broadcast to the others; renamed to Hugging Face's names one
-tensor at a time, for the rollout's weight sync and for exports."""
+part: its TP slices gathered (a routed expert's over its ETP group), its routed experts
+gathered over expert parallelism, each pipeline stage's tensors broadcast to the others;
+renamed to Hugging Face's names one tensor at a time, for the rollout's weight sync and
+for exports."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.train.megatron_convert import is_expert, merge_from_tp, shift_expert
-from engine.train.megatron_model import _full_shape, _is_tp_split, _to_hf_pairs, _weights
+from engine.train.megatron_model import _full_shape, _split_size, _to_hf_pairs, _weights
 from engine.train.megatron_pipeline import shift_layer
 from engine.train.megatron_state import EngineState
 
@@ -30,12 +31,17 @@ class MegatronWeights(EngineState):
                 global_name = shift_layer(name, self.stage.layer_offset)
                 yield shift_expert(global_name, self.experts.start), param
 
+    def _split_size(self, name: str) -> int:
+        return _split_size(name, self.role, self.layout.tp, self.layout.etp)
+
     def _gathered(self, name: str, param: torch.Tensor) -> torch.Tensor:
-        """The full tensor of this rank's slice (the TP group takes part)."""
+        """The full tensor of this rank's slice (the TP group takes part; for a routed
+        expert, its ETP group)."""
         tensor = param.detach()
-        if self.layout.tp > 1 and _is_tp_split(name, self.role):
-            slices = [torch.empty_like(tensor) for _ in range(self.layout.tp)]
-            dist.all_gather(slices, tensor.contiguous(), group=self.tp_group)
+        if (count := self._split_size(name)) > 1:
+            group = self.etp_group if is_expert(name) else self.tp_group
+            slices = [torch.empty_like(tensor) for _ in range(count)]
+            dist.all_gather(slices, tensor.contiguous(), group=group)
             tensor = merge_from_tp(name, slices)
         return tensor
 
@@ -69,11 +75,10 @@ class MegatronWeights(EngineState):
                 yield from zip(peers, self._full_tensors_of(name, param), strict=True)
             return
         device = self.device.torch_device()
-        tp = self.layout.tp
         for stage in range(self.stage.count):
             src = dist.get_global_rank(self.pp_group, stage)
             mine = list(self._stage_parameters()) if stage == self.stage.index else []
-            shapes = ((n, _full_shape(n, p.shape, tp, self.role), p.dtype) for n, p in mine)
+            shapes = ((n, _full_shape(n, p.shape, self._split_size(n)), p.dtype) for n, p in mine)
             specs = [[(peer, s, d) for n, s, d in shapes for peer in self._expert_peers(n)]]
             dist.broadcast_object_list(specs, src=src, group=self.pp_group)
             tensors = (t for n, p in mine for t in self._full_tensors_of(n, p))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.device import DeviceSpec, local_rank_from_env, resolve_device, set_device
+from engine.startup import gc_paused
 
 # The role classes, in the order they are built on a host.
 ROLE_ORDER = ("actor", "rollout", "ref", "critic", "rm")
@@ -73,8 +75,15 @@ class WorkerHost:
         )
         torch.set_num_threads(max(1, cpus_per_worker))
         self.role_names = [r for r in ROLE_ORDER if r in roles]
+        with gc_paused():  # what building the roles imports, now: the process is new
+            from transformers import AutoTokenizer  # noqa: F401
+
+            for name in self.role_names:
+                _role_class(name)
         self.roles: dict[str, Any] = {}
         self._uploader: Any = None  # engine.storage.BackgroundUploader, made on first use
+        # when this process was up, and when its roles were built (engine.startup)
+        self._startup_times = {"workers": time.time()}
 
     def rendezvous_address(self) -> tuple[str, int]:
         ip = _node_ip()
@@ -82,7 +91,13 @@ class WorkerHost:
             s.bind(("", 0))
             return ip, s.getsockname()[1]
 
-    def init_distributed(self, master_addr: str, master_port: int) -> None:
+    def init_distributed(
+        self, master_addr: str, master_port: int, cfg: EngineConfig | None = None
+    ) -> None:
+        """Join the process group, then build the roles; ``cfg``: the run's config when
+        it is known only now (the host was made while the driver read the data, which
+        sets the schedule's length), else the one the host was made with."""
+        self.cfg = cfg or self.cfg
         os.environ.update(
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
@@ -114,6 +129,12 @@ class WorkerHost:
                 cfg=self.cfg, device=self.device, tokenizer=tokenizer, colocated=self.roles
             )
         torch.manual_seed(self.cfg.trainer.seed * 100_003 + self.rank)
+        self._startup_times["models"] = time.time()
+
+    def startup_times(self) -> dict[str, float]:
+        """``time.time()`` when this host was made ("workers") and when its roles were
+        built ("models")."""
+        return dict(self._startup_times)
 
     def reset(self, cfg: EngineConfig) -> None:
         """Another run in this process and process group: the roles closed, then built

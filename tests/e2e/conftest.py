@@ -79,10 +79,12 @@ def read_metrics():
     return _read_metrics
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def one_thread():
     """``THREADS`` in this process's environment, for the whole-run tests: the Ray node
-    started here inherits it, and so every worker; so does each engine subprocess.
+    started here inherits it, and so every worker; so does each engine subprocess. Per
+    module, so the environment is the session's again outside tests/e2e (GNU nproc reads
+    OMP_NUM_THREADS: the Slurm tests' nodes once got one CPU each from it).
     (Torch's pool here is set at one thread for the runs only, ``_in_process``: a
     fixture's own training, the tool task's warm start, takes both cores.)"""
     with pytest.MonkeyPatch.context() as patch:
@@ -133,25 +135,36 @@ def reuse_key(cfg: Any) -> tuple | None:
     ):
         return None
     t = cfg.trainer
-    # the pool, the roles placed on it (start_workers: from these flags), how the roles
+    # the pool, the roles placed on it (spawn_workers: from these flags), how the roles
     # split rows (the group's dispatch)
     layouts = sorted(role_layouts(cfg).items())
     return (t.nnodes, t.n_gpus_per_node, t.cpus_per_worker, t.device, cfg.use_reference,
             cfg.use_critic, repr(layouts))  # fmt: skip
 
 
-class _Kept:
-    """A kept group as a run holds it: the group's calls; the run's ``shutdown`` leaves
-    the processes to the next run (``KeptWorkers.release`` ends them)."""
+class _Held:
+    """A group as a run holds it: the group's calls; ``start`` joins a new group's
+    processes or rebuilds a kept one's roles for the run's config (counted: a run refused
+    before it is refused before any model was built); ``shutdown`` ends a group that is
+    not kept and leaves a kept one's processes to the next run (``KeptWorkers.release``
+    ends them)."""
 
-    def __init__(self, group: Any) -> None:
-        self._group = group
+    def __init__(self, owner: KeptWorkers, group: Any, fresh: bool, kept: bool) -> None:
+        self._owner, self._group, self._fresh, self._kept = owner, group, fresh, kept
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._group, name)
 
+    def start(self, cfg: Any) -> None:
+        self._owner.builds += 1
+        if self._fresh:
+            self._group.start(cfg)
+        else:
+            self._group.host_all("reset", cfg)
+
     def shutdown(self, grace_s: float = 10.0) -> None:
-        pass
+        if not self._kept:
+            self._group.shutdown(grace_s)
 
 
 class KeptWorkers:
@@ -161,26 +174,25 @@ class KeptWorkers:
     builds its roles again from the new config. A run of another key ends it first, and
     so does a run that fails (a rank may be left waiting in a collective)."""
 
-    def __init__(self, start: Callable[[Any], Any]) -> None:
-        self._start = start  # engine.runtime.start_workers
+    def __init__(self, spawn: Callable[[Any], Any]) -> None:
+        self._spawn = spawn  # engine.runtime.spawn_workers
         self.key: tuple | None = None
         self.group: Any = None
-        self.starts = 0  # runs that got workers, kept or new (tests count them)
-        self.reused = 0  # ... of which on the kept group
+        self.starts = 0  # runs that got worker processes, kept or new (tests count them)
+        self.reused = 0  # ... of which the kept group's
+        self.builds = 0  # runs whose workers went on to build their roles (models)
 
-    def start(self, cfg: Any) -> Any:
+    def spawn(self, cfg: Any) -> Any:
         self.starts += 1
         key = reuse_key(cfg)
         if key is not None and key == self.key:
-            self.group.host_all("reset", cfg)
             self.reused += 1
-            return _Kept(self.group)
+            return _Held(self, self.group, fresh=False, kept=True)
         self.release()
-        workers = self._start(cfg)
-        if key is None:
-            return workers
-        self.key, self.group = key, workers
-        return _Kept(workers)
+        workers = self._spawn(cfg)
+        if key is not None:
+            self.key, self.group = key, workers
+        return _Held(self, workers, fresh=True, kept=key is not None)
 
     def release(self) -> None:
         if self.group is not None:
@@ -193,7 +205,7 @@ def kept_workers(ray_cluster):
     """The module's ``KeptWorkers``; its group ends with the module."""
     from engine import runtime
 
-    kept = KeptWorkers(runtime.start_workers)
+    kept = KeptWorkers(runtime.spawn_workers)
     yield kept
     kept.release()
 
@@ -207,7 +219,7 @@ def _in_process(kept: KeptWorkers, call: Callable[[], Any]) -> Any:
 
     threads, starts = torch.get_num_threads(), kept.starts
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runtime, "start_workers", kept.start)
+        patch.setattr(runtime, "spawn_workers", kept.spawn)
         torch.set_num_threads(1)
         try:
             return call()
@@ -253,16 +265,17 @@ def engine_main(kept_workers):
 
 
 @pytest.fixture(scope="session")
-def engine_process(one_thread):
+def engine_process():
     """``engine_process(*overrides, popen=False, timeout=600, **kwargs)``: ``python -m
     engine.main`` with ``BASE`` and ``overrides`` as a process of its own (its own Ray
     cluster, workers and imports): finished (``subprocess.run``, its output captured as
     text), or running with ``popen=True`` (stdout and stderr together in its stdout).
-    ``kwargs`` go to ``subprocess``; ``env`` adds to this process's environment."""
+    ``kwargs`` go to ``subprocess``; ``env`` adds to this process's environment, with
+    ``THREADS`` (its processes on one thread, as an in-process run's)."""
 
     def start(*overrides: str, popen: bool = False, timeout: float = 600, **kwargs: Any):
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": path, **kwargs.pop("env", {})}
+        env = {**os.environ, **THREADS, "PYTHONPATH": path, **kwargs.pop("env", {})}
         args = [sys.executable, "-m", "engine.main", *BASE, *overrides]
         if popen:
             return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

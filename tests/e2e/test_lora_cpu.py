@@ -132,15 +132,17 @@ def test_bad_lora_settings_are_refused_before_start(
     kept_workers, capsys,
 ):  # fmt: skip
     """Through the engine's command (in this process): exit code 2 and the fix, before
-    any worker starts."""
+    any worker builds a model."""
     train, _val = synthetic_data
     overrides = _lora_overrides(tiny_model_dir, train, *extra)
-    starts = kept_workers.starts
+    builds = kept_workers.builds
     code = engine_main(*base_overrides, *overrides, f"trainer.default_local_dir={tmp_path}")
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert expected in err
-    assert kept_workers.starts == starts  # refused before any worker started
+    # the targets are checked against the model on the driver while the workers' processes
+    # start (engine.runtime.read_data): refused before any of them built a model
+    assert kept_workers.builds == builds
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -266,6 +268,8 @@ def test_fully_async_vllm_samples_with_the_current_adapter(
             *SEPARATE_VLLM_ADAPTER,
             "async_training.mode=fully_async",
             "async_training.staleness_threshold=0",
+            # decoupled: π_old's own pass, to compare the sampler's log-probs with
+            "algorithm.rollout_correction.bypass_mode=false",
             "trainer.total_training_steps=3",
             f"trainer.default_local_dir={run_dir}",
             "trainer.logger=[console]",

@@ -159,17 +159,23 @@ def _assert_same_update(fsdp: list[dict], megatron: list[dict]) -> None:
     assert "timing_s/old_log_prob" in megatron[0] and "timing_s/ref" in megatron[0]
 
 
-@pytest.mark.parametrize("model_type,experts", [("qwen3_moe", 4), ("deepseek_v3", 8)])
+@pytest.mark.parametrize(
+    "model_type,experts,tp",
+    [("qwen3_moe", 4, 1), ("deepseek_v3", 8, 1), ("qwen3_moe", 4, 2)],
+    ids=["qwen3_moe-4", "deepseek_v3-8", "qwen3_moe-4-tp2-etp1"],
+)
 def test_megatron_moe_grpo_takes_the_fsdp_update(
-    model_type, experts, run, synthetic_data, tmp_path
+    model_type, experts, tp, run, synthetic_data, tmp_path
 ):
     """Mixture-of-experts models (Qwen3-MoE: 4 experts, 2 per token; DeepSeek-V3:
     multi-latent attention, 8 experts in 4 groups, 4 per token, a shared expert and a
     routing bias), FSDP2 then Megatron with expert parallelism 2: each worker holds half
     the experts and the tokens of both data-parallel ranks meet in them (padded to one
-    shape per micro-batch). The same update as FSDP's, step by step; step 2 samples from
-    the rollout's HF model after the experts (and the routing bias, a buffer) were synced
-    into it by their checkpoint names; the export merges both ranks' experts."""
+    shape per micro-batch); with TP 2 and expert tensor parallelism 1 (verl's MoE
+    scripts' layout) both workers hold the same rows, split by sequence, and whole
+    experts. The same update as FSDP's, step by step; step 2 samples from the rollout's
+    HF model after the experts (and the routing bias, a buffer) were synced into it by
+    their checkpoint names; the export merges both ranks' experts."""
     from transformers import AutoModelForCausalLM
 
     from engine.models.tiny import build_tiny_model
@@ -180,19 +186,28 @@ def test_megatron_moe_grpo_takes_the_fsdp_update(
     )
     train, _ = synthetic_data
     fsdp = run(model, train, tmp_path / "fsdp", *GRPO_KL)
+    sizes = ["expert_model_parallel_size=2"]
+    if tp > 1:
+        sizes += [
+            f"tensor_model_parallel_size={tp}",
+            "sequence_parallel=true",
+            "expert_tensor_parallel_size=1",
+        ]
     megatron = run(
         model,
         train,
         tmp_path / "megatron",
         *GRPO_KL,
         *MEGATRON,
-        *[f"actor_rollout_ref.{r}.megatron.expert_model_parallel_size=2" for r in ("actor", "ref")],
+        *[f"actor_rollout_ref.actor.megatron.{size}" for size in sizes],
         "trainer.save_freq=2",
         f"trainer.export_hf_dir={tmp_path / 'hf'}",
     )
     _assert_same_update(fsdp, megatron)
     layouts = json.loads((tmp_path / "megatron/global_step_2/actor/meta.json").read_text())
-    assert [(r["dp_rank"], r["ep_rank"]) for r in layouts["ranks"]] == [(0, 0), (1, 1)]
+    keys = ("dp_rank", "tp_rank", "ep_rank", "etp_rank")
+    expected = [(0, 0, 0, 0), (1, 0, 1, 0)] if tp == 1 else [(0, 0, 0, 0), (0, 1, 1, 0)]
+    assert [tuple(r[k] for k in keys) for r in layouts["ranks"]] == expected
 
     def checkpoint(path):
         m = AutoModelForCausalLM.from_pretrained(path)

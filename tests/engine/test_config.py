@@ -521,11 +521,11 @@ def test_megatron_rules_report_every_problem_with_its_key():
     assert found[1] == (
         "actor_rollout_ref.actor.megatron.context_parallel_size must be >= 1, got 0"
     )
-    # Expert parallelism with pipeline stages: TP × EP × PP = 4 devices, the world is 2.
+    # Expert parallelism with pipeline stages: ETP × EP × PP = 4 devices, the world is 2.
     assert found[2].startswith(
         "the world size 2 must be a multiple of actor_rollout_ref.ref.megatron"
-        ".tensor_model_parallel_size × expert_model_parallel_size × pipeline_model_parallel"
-        "_size = 4"
+        ".expert_tensor_parallel_size × expert_model_parallel_size × pipeline_model_parallel"
+        "_size = 1 × 2 × 2 = 4"
     )
     # Pipeline stages and experts are allowed, but colocated roles must agree on them.
     assert "share their worker processes" in found[3]
@@ -540,7 +540,7 @@ def test_megatron_critic_is_checked_only_when_there_is_one():
     assert list(load_config(ppo).megatron_roles()) == ["critic"]
     p = one_problem([*ppo, experts])
     assert p.startswith("the world size 2 must be a multiple of critic.megatron.")
-    assert "expert_model_parallel_size × pipeline_model_parallel_size = 4" in p
+    assert "expert_model_parallel_size × pipeline_model_parallel_size = 1 × 4 × 1 = 4" in p
     # The critic shares the actor's processes: its sizes must fit the world and the actor's.
     world, shared = problems(
         [

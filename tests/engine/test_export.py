@@ -410,6 +410,7 @@ def test_trained_run_exports_what_the_actor_computes(tiny_model_dir, original, t
         env=_env(),
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    _check_startup_milestones(run_dir, result.stdout)
     final = run_dir / "global_step_2"
     assert (final / MARKER).is_file()
 
@@ -457,6 +458,23 @@ def test_trained_run_exports_what_the_actor_computes(tiny_model_dir, original, t
             original, tokens, torch.device("cpu"), temperature=temperature
         )
     assert (initial_logp[mask] - actor_logp[mask]).abs().max() > 1e-3
+
+
+def _check_startup_milestones(run_dir: Path, stdout: str) -> None:
+    """The same run: the start-up's milestones (engine.startup) are in the first step's
+    record only, in seconds from the process's start, in the order they happen."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first, second = (
+        {k.removeprefix("timing_s/startup/"): v for k, v in r.items() if "startup/" in k}
+        for r in records
+    )
+    assert second == {}
+    milestones = "imports data ray workers models first_step first_step_end"
+    assert set(first) == set(milestones.split())  # no validation before this run
+    assert 0 < first["imports"] <= first["data"] <= first["models"]
+    assert first["ray"] <= first["workers"] <= first["models"] <= first["first_step"]
+    assert first["first_step_end"] - first["first_step"] >= records[0]["timing_s/step"]
+    assert "start-up, seconds from the start: " in stdout
 
 
 # ----------------------------------------------------------------------------- the ranks

@@ -373,21 +373,43 @@ def test_engine_kwargs_and_the_context_length_are_checked_up_front():
 
 
 def test_verls_expert_tensor_parallel_size():
+    """verl's MoE scripts' expert tensor parallelism (ETP 1 with TP 2): the experts' grid
+    is laid out apart from the dense one, on as few devices as ETP × EP × PP; the
+    reference follows the actor's size unless it sets its own, and every colocated role
+    must agree on it."""
     from engine.config.notes import notes
 
+    actor = "actor_rollout_ref.actor.megatron"
     moe = [
         *REQUIRED,
         "data.train_batch_size=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.strategy=megatron",
-        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4",
-        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+        "actor_rollout_ref.actor.use_kl_loss=true",  # a Megatron reference too
+        f"{actor}.tensor_model_parallel_size=2",
+        f"{actor}.expert_model_parallel_size=4",
+        f"{actor}.expert_tensor_parallel_size=1",
     ]
-    # the experts fit split by TP on 8 devices: it runs, with a note
-    (note,) = notes(load_config([*moe, "trainer.n_gpus_per_node=8"]))
-    assert "expert_tensor_parallel_size=1 runs as the tensor-parallel size 2" in note
-    # on 4 they do not: refused, naming the feature the engine lacks
+    for devices in (4, 8):  # 4: dense TP 2 × DP 2, experts EP 4 × ETP 1
+        cfg = load_config([*moe, f"trainer.n_gpus_per_node={devices}"])
+        assert notes(cfg) == []
+        roles = cfg.megatron_roles()
+        assert [roles[r][1].expert_tensor_parallel_size for r in ("actor", "reference")] == [1, 1]
+    # 2 devices hold TP 2 but not EP 4: refused at the actor's key, with the sizes
     with pytest.raises(ConfigError) as info:
-        load_config([*moe, "trainer.n_gpus_per_node=4"])
-    assert "expert tensor parallelism of its own is not in it yet" in info.value.problems[0]
+        load_config([*moe, "trainer.n_gpus_per_node=2"])
+    (p,) = info.value.problems
+    assert p.startswith(f"the world size 2 must be a multiple of {actor}.expert_tensor_parallel")
+    assert "= 1 × 4 × 1 = 4" in p
+    # a reference with its own ETP would need a second parallel state in the same process
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [
+                *moe,
+                "trainer.n_gpus_per_node=8",
+                "actor_rollout_ref.ref.megatron.expert_tensor_parallel_size=2",
+            ]
+        )
+    (p,) = info.value.problems
+    assert "share their worker processes" in p
+    assert "expert_tensor_parallel_size=1; actor_rollout_ref.ref.megatron" in p

@@ -66,11 +66,16 @@ def test_no_environment_value_goes_into_rays_runtime_env(monkeypatch, address):
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(runtime, "check_node_secrets", lambda names: seen.update(names=names))
     monkeypatch.setenv(runtime.SECRET_NAMES_ENV, ",".join(CANARY))
+    for name in runtime.WORKER_ENV:
+        monkeypatch.delenv(name, raising=False)  # restored after the test
     runtime.init_ray(EngineConfig())
-    assert seen["runtime_env"] == {"env_vars": runtime.WORKER_ENV}
     assert not any(v in repr(seen) for v in CANARY.values())
-    if address:  # a joined cluster: the nodes are checked for the names
-        assert seen["names"] == list(CANARY)
+    if address:  # a joined cluster: the constants through the job's runtime_env
+        assert seen["runtime_env"] == {"env_vars": runtime.WORKER_ENV}
+        assert seen["names"] == list(CANARY)  # and the nodes are checked for the names
+    else:  # a cluster started here: its node inherits them from this process
+        assert "runtime_env" not in seen
+        assert {n: os.environ[n] for n in runtime.WORKER_ENV} == runtime.WORKER_ENV
 
 
 @pytest.mark.slow
@@ -81,11 +86,13 @@ def test_a_local_ray_cluster_gets_the_secrets_and_writes_none(monkeypatch):
 
     from engine.config import load_config
     from engine.errors import EngineError
-    from engine.runtime import check_node_secrets, init_ray
+    from engine.runtime import WORKER_ENV, check_node_secrets, init_ray
 
     for name, value in CANARY.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for name in WORKER_ENV:
+        monkeypatch.delenv(name, raising=False)  # init_ray sets them; restored after
     ray.shutdown()
     started = time.time()
     cfg = load_config(
@@ -103,6 +110,12 @@ def test_a_local_ray_cluster_gets_the_secrets_and_writes_none(monkeypatch):
 
         expected = {n: hashlib.sha256(v.encode()).hexdigest() for n, v in CANARY.items()}
         assert ray.get(sees.remote()) == expected
+
+        @ray.remote(num_cpus=0)
+        def settings() -> dict[str, str | None]:
+            return {n: os.environ.get(n) for n in WORKER_ENV}
+
+        assert ray.get(settings.remote()) == WORKER_ENV  # from the node, no runtime_env
         check_node_secrets(list(CANARY))  # every node has them
         with pytest.raises(EngineError, match="lacks the secrets RLCTL_NOT_SET"):
             check_node_secrets(["RLCTL_NOT_SET"])

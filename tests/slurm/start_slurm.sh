@@ -57,7 +57,7 @@ fi
 
 # 3. configuration
 host=$(hostname -s)
-cpus=$(nproc)
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc reads them
 mem=$(($(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) * 8 / 10 / count))
 new=$(mktemp)
 cat >"$new" <<CONF

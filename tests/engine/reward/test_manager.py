@@ -49,6 +49,19 @@ def test_builtin_scorers_in_parallel_keep_order():
         assert manager.score([]) == []
 
 
+def test_workers_started_ahead_score_as_those_started_by_the_first_batch():
+    cfg = RewardModelConfig(num_workers=2, timeout_s=10.0)
+    requests = [req(f"#### {i}", str(i % 4), "openai/gsm8k") for i in range(40)]
+    with RewardManager(cfg, CustomRewardFunctionConfig(), 16) as lazy:
+        expected = lazy.score(requests)
+    with RewardManager(cfg, CustomRewardFunctionConfig(), 16) as ahead:
+        ahead.start()
+        started = [w.process.pid for w in ahead._workers]
+        assert len(started) == 2
+        assert ahead.score(requests) == expected
+        assert [w.process.pid for w in ahead._workers] == started  # no more were started
+
+
 def test_hanging_function_times_out_and_later_batches_work(custom_cfg):
     cfg = RewardModelConfig(num_workers=2, timeout_s=1.0)
     with RewardManager(cfg, custom_cfg, 16) as manager:

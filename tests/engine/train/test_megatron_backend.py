@@ -121,8 +121,8 @@ def test_parallel_sizes_against_the_world():
     (p,) = pipelined.problems(world_size=6)
     assert "world size 6" in p and "= 4" in p
 
-    # Expert parallelism: experts are TP-sliced too, so TP × EP × PP must divide the
-    # world; with TP > 1, Megatron needs sequence parallelism for it.
+    # Expert parallelism: the experts' grid is ETP × EP × PP (ETP null: TP), which must
+    # divide the world; with TP > 1, Megatron needs sequence parallelism for it.
     assert MegatronParallel(expert_model_parallel_size=2).problems(world_size=4) == []
     (p,) = MegatronParallel(expert_model_parallel_size=4).problems(world_size=6)
     assert "world size 6" in p and "expert_model_parallel_size" in p and "= 4" in p
@@ -134,7 +134,7 @@ def test_parallel_sizes_against_the_world():
     ep_sp = MegatronParallel(2, expert_model_parallel_size=2, sequence_parallel=True)
     assert ep_sp.problems(world_size=8) == []
     (p,) = ep_sp.problems(world_size=6)
-    assert "pipeline_model_parallel_size = 4" in p
+    assert "pipeline_model_parallel_size = 2 × 2 × 1 = 4 (expert_tensor_parallel_size null" in p
     # Context parallelism counts in the model-parallel size: TP 2 × CP 2 needs 4 devices.
     cp = MegatronParallel(tensor_model_parallel_size=2, context_parallel_size=2)
     assert cp.problems(world_size=8) == [] and cp.data_parallel_size(8) == 2
@@ -147,6 +147,61 @@ def test_parallel_sizes_against_the_world():
 
     with pytest.raises(ConfigError, match="world size 3"):
         MegatronParallel(tensor_model_parallel_size=2).validate(world_size=3)
+
+
+def test_expert_tensor_parallel_sizes_against_the_world():
+    """The experts' grid apart from the dense one (verl's TP 2, EP 8, ETP 1 on 8 devices):
+    ETP × EP × PP divides the world, TP × CP × PP too, each on its own."""
+
+    def sizes(world, tp=2, ep=8, etp=1, pp=1, cp=1, sp=True):
+        parallel = MegatronParallel(tp, pp, cp, ep, sp, expert_tensor_parallel_size=etp)
+        return parallel.problems(world)
+
+    assert MegatronParallel(2, expert_tensor_parallel_size=None).etp == 2
+    assert MegatronParallel(2, expert_tensor_parallel_size=1).etp == 1
+    assert sizes(8) == []  # dense TP 2 × DP 4; experts ETP 1 × EP 8
+    assert sizes(64, pp=4, ep=16) == []  # 64 devices: 4 stages of EP 16
+    assert sizes(4, tp=4, ep=2, etp=2) == []  # experts TP-sliced in half, on half the ranks
+    assert sizes(2, tp=1, ep=1, etp=2) == []  # ETP beyond TP: experts sliced over DP ranks
+    (p,) = sizes(4, tp=2, ep=8)  # TP 2 fits 4 devices; 8 experts' ranks do not
+    assert p == (
+        "the world size 4 must be a multiple of actor_rollout_ref.actor.megatron.expert_tensor"
+        "_parallel_size × expert_model_parallel_size × pipeline_model_parallel_size ="
+        " 1 × 8 × 1 = 8: the routed experts form a grid of their own, each stage's ranks"
+        " grouped ETP × EP at a time to hold every expert once; change these sizes or the"
+        " number of devices"
+    )
+    (p,) = sizes(6, tp=2, ep=1, etp=4)
+    assert "= 4 × 1 × 1 = 4" in p
+    (p,) = sizes(8, etp=0)
+    assert p == "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size must be >= 1, got 0"
+    # ETP apart from TP exchanges tokens over ETP × EP ranks: sequence parallel with TP > 1.
+    (p,) = sizes(8, ep=1, sp=False)
+    assert p.startswith(
+        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size 1 with"
+        " tensor_model_parallel_size 2 needs actor_rollout_ref.actor.megatron"
+        ".sequence_parallel=true"
+    )
+    assert sizes(8, tp=1, ep=1, etp=2, sp=False) == []  # nothing to split at TP 1
+
+
+def test_distributed_optimizer_files_do_not_collide():
+    """Megatron's distributed optimizer writes its state on every rank that is data-parallel
+    rank 0 of the dense or the expert optimizer: at EP 2 on 2 ranks both are (each the
+    only expert-DP rank of its experts), and so are both stages at PP 2; each rank's file
+    has a name of its own (by TP rank, both were dist_optimizer_tp0.pt)."""
+    from types import SimpleNamespace
+
+    from engine.train.megatron_checkpoint import MegatronCheckpoint
+    from engine.train.megatron_state import RankLayout
+
+    def name(rank, **kw):
+        layout = RankLayout(world_size=2, rank=rank, tp=1, tp_rank=0, **kw)
+        return MegatronCheckpoint._dist_optim_file(SimpleNamespace(layout=layout))
+
+    ep2 = [name(r, dp=2, dp_rank=r, ep=2, ep_rank=r) for r in (0, 1)]
+    pp2 = [name(r, dp=1, dp_rank=0, pp=2, pp_rank=r) for r in (0, 1)]
+    assert len(set(ep2)) == 2 and len(set(pp2)) == 2
 
 
 def test_parallel_sizes_against_the_model():
@@ -172,8 +227,26 @@ def test_parallel_sizes_against_the_model():
     (p,) = MegatronParallel(expert_model_parallel_size=4).model_problems(moe)
     assert "must divide the model's num_experts 6" in p
     odd = _config("qwen3_moe", num_experts=6, moe_intermediate_size=31)
-    (p,) = MegatronParallel(2, expert_model_parallel_size=2).model_problems(odd)
-    assert "tensor_model_parallel_size 2 must divide the model's moe_intermediate_size 31" in p
+    (p,) = MegatronParallel(2, expert_model_parallel_size=2, sequence_parallel=True).model_problems(
+        odd
+    )
+    assert p == (
+        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size (null: the TP size) 2"
+        " must divide the model's moe_intermediate_size 31 (each routed expert is split by"
+        " columns over ETP ranks); pick a divisor of 31"
+    )
+    # Whole experts (ETP 1) under TP 2; the shared expert is split like the dense MLP.
+    whole = MegatronParallel(
+        2, expert_model_parallel_size=2, sequence_parallel=True, expert_tensor_parallel_size=1
+    )
+    assert whole.model_problems(odd) == []
+    shared = _config("qwen2_moe", moe_intermediate_size=31, shared_expert_intermediate_size=47)
+    (p,) = whole.model_problems(shared)
+    assert "tensor_model_parallel_size 2 must divide the model's shared experts' width 47" in p
+    # Megatron-core's MoE layer trains under TP only with the sequence split.
+    (p,) = MegatronParallel(2).model_problems(moe)
+    assert p.startswith("actor_rollout_ref.actor.megatron.tensor_model_parallel_size 2 with a")
+    assert "needs actor_rollout_ref.actor.megatron.sequence_parallel=true" in p
     # Pipeline stages: 7 layers go 2, 2, 2, 1 over 4 stages; 28 layers cannot form 8.
     assert (
         MegatronParallel(pipeline_model_parallel_size=4).model_problems(
@@ -195,6 +268,7 @@ def test_parallel_of_a_config_section():
         pipeline_model_parallel_size = 1
         context_parallel_size = 1
         expert_model_parallel_size = 1
+        expert_tensor_parallel_size = None
         sequence_parallel = False
         use_distributed_optimizer = False
 
@@ -403,7 +477,9 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False, cp=1, ep=1):
+def _actor_run(
+    rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False, cp=1, ep=1, etp=None
+):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -421,6 +497,7 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
             context_parallel_size=cp,
             expert_model_parallel_size=ep,
             sequence_parallel=sp,
+            expert_tensor_parallel_size=etp,
         )
         optim = OptimConfig(**OPTIM)
         cpu = DEVICES["cpu"]
@@ -441,6 +518,7 @@ def _actor_run(rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp
         answers = engine.stage.last and engine.layout.tp_rank == 0 and engine.layout.cp_rank == 0
         result = {
             "dp": engine.dp_size,
+            "layout": engine.layout,
             "stage_layers": engine.stage.layers,
             "sequence_parallel": engine.model.config.sequence_parallel,
             "output": answers and engine.dp_rank == 0,
@@ -659,16 +737,20 @@ def _tiny_moe(path, model_type: str, **kw):
 @needs_megatron
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model_type,world_size,tp,pp,ep",
+    "model_type,world_size,tp,pp,ep,etp",
     [
-        ("qwen3_moe", 1, 1, 1, 1),
-        ("qwen3_moe", 2, 1, 1, 2),
-        ("qwen2_moe", 2, 1, 1, 2),
-        ("qwen2_moe", 4, 2, 1, 2),
-        ("qwen3_moe", 4, 1, 2, 2),
-        ("deepseek_v3", 1, 1, 1, 1),
-        ("deepseek_v3", 4, 2, 1, 2),
-        ("deepseek_v3", 2, 1, 2, 1),
+        ("qwen3_moe", 1, 1, 1, 1, None),
+        ("qwen3_moe", 2, 1, 1, 2, None),
+        ("qwen2_moe", 2, 1, 1, 2, None),
+        ("qwen2_moe", 4, 2, 1, 2, None),
+        ("qwen3_moe", 4, 1, 2, 2, None),
+        ("deepseek_v3", 1, 1, 1, 1, None),
+        ("deepseek_v3", 4, 2, 1, 2, None),
+        ("deepseek_v3", 2, 1, 2, 1, None),
+        ("qwen2_moe", 4, 2, 1, 2, 1),
+        ("qwen3_moe", 2, 2, 1, 1, 1),
+        ("qwen3_moe", 2, 1, 1, 1, 2),
+        ("qwen3_moe", 4, 1, 2, 1, 2),
     ],
     ids=[
         "qwen3-ws1",
@@ -679,17 +761,26 @@ def _tiny_moe(path, model_type: str, **kw):
         "deepseek-ws1",  # MLA with YaRN; sigmoid routing, groups, bias, shared experts
         "deepseek-tp2-ep2-sp",  # the low-rank projections' outputs gathered over TP
         "deepseek-pp2",  # 3 layers, 2 + 1; the dense first layer on stage 0
+        # expert tensor parallelism apart from TP (the experts' own grid):
+        "qwen2-tp2-ep2-etp1",  # verl's pattern: whole experts, TP-split shared expert, DP 2
+        "qwen3-tp2-etp1",  # EP 1: experts whole on both TP ranks, reduced over the two
+        "qwen3-etp2",  # TP 1, ETP 2: each expert sliced over the two data-parallel ranks
+        "qwen3-pp2-etp2",  # the same over two stages (slices broadcast stage to stage)
     ],
 )
-def test_moe_actor_engine_matches_hf(tmp_path, model_type, world_size, tp, pp, ep):
+def test_moe_actor_engine_matches_hf(tmp_path, model_type, world_size, tp, pp, ep, etp):
     """Mixture-of-experts models: the actor's logits, log-probs, 3 AdamW steps, gradient
     norms, export, resume and offline merge against Hugging Face's model (the same
-    checks as the dense layouts); experts spread over expert-parallel ranks."""
+    checks as the dense layouts); experts spread over expert-parallel ranks, and sliced
+    over their expert-tensor-parallel ranks."""
     model_dir = _tiny_moe(tmp_path / "model", model_type)
     out = str(tmp_path / "result")
     sp = tp > 1
-    _spawn(_actor_run, world_size, tp, pp, model_dir, str(tmp_path / "ckpt"), out, sp, 1, ep)
+    ckpt = str(tmp_path / "ckpt")
+    _spawn(_actor_run, world_size, tp, pp, model_dir, ckpt, out, sp, 1, ep, etp)
     _check_actor(out, world_size)
+    layouts = [torch.load(f"{out}.{r}", weights_only=False)["layout"] for r in range(world_size)]
+    assert {r.etp for r in layouts} == {tp if etp is None else etp}
 
 
 def _critic_run(rank, world_size, port, tp, pp, sp, cp, model_dir, out_path, ep=1):
@@ -934,7 +1025,7 @@ def test_qwen3_and_llama3_rope_at_tp2(tmp_path):
         assert r[f"{name}_norms"] == pytest.approx(r[f"{name}_ref_norms"], rel=1e-5), name
     assert r["reference_logp_err"] < 1e-5 and not r["reference_trainable"]
     assert (
-        "(tp, pp, cp, ep) (1, 1, 1, 1) requested, (2, 1, 1, 1) already in use"
+        "(tp, pp, cp, ep, etp) (1, 1, 1, 1, 1) requested, (2, 1, 1, 1, 2) already in use"
         in r["colocated_error"]
     )
 
