@@ -164,14 +164,32 @@ def test_verls_keys_load_and_name_needs_path():
     assert "data.custom_cls.name='X' needs data.custom_cls.path" in str(err.value)
 
 
-def test_a_run_builds_its_data_with_the_class(tmp_path, tiny_model_dir):
-    """``run_training`` builds both datasets through it, before Ray or any worker."""
-    from engine.runtime import run_training
+def test_a_run_builds_its_data_with_the_class(tmp_path, tiny_model_dir, monkeypatch):
+    """``run_training`` builds the datasets through it on the data thread, as it reads
+    RLDataset's (engine.runtime.read_data, while Ray starts): its error stops the run
+    before any worker builds its roles. Ray and the workers are stand-ins here."""
+    from engine import runtime
+    from engine.reward.manager import RewardManager
 
+    seen: dict = {}
+
+    class Workers:
+        def start(self, cfg):
+            seen["started"] = True
+
+        def shutdown(self):
+            seen["shut_down"] = True
+
+    monkeypatch.setattr(runtime, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(runtime, "spawn_workers", lambda cfg: Workers())
+    monkeypatch.setattr(RewardManager, "start", lambda self: None)
     body = """
+        import threading
+
         class Refuses:
             def __init__(self, files, tokenizer, cfg, tools=(), max_samples=-1):
-                raise ValueError(f"built for {files} with max_samples={max_samples}")
+                raise ValueError(f"built for {files} with max_samples={max_samples}"
+                                 f" on {threading.current_thread().name}")
             __len__ = __getitem__ = agent_rows = data_sources = lambda self, *a: None
     """
     cfg = load_config(
@@ -181,7 +199,12 @@ def test_a_run_builds_its_data_with_the_class(tmp_path, tiny_model_dir):
             "data.train_max_samples=7",
             f"data.custom_cls.path={_write(tmp_path, body)}",
             "data.custom_cls.name=Refuses",
+            "trainer.device=cpu",
         ]
     )
-    with pytest.raises(ValueError, match=r"built for \['train.parquet'\] with max_samples=7"):
-        run_training(cfg)
+    with pytest.raises(
+        ValueError, match=r"built for \['train.parquet'\] with max_samples=7"
+    ) as err:
+        runtime.run_training(cfg)
+    assert "on engine-data" in str(err.value)  # the data thread, not the main one
+    assert seen == {"shut_down": True}  # spawned, never started

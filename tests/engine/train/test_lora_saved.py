@@ -261,3 +261,6 @@ def test_a_run_reads_the_adapter_before_ray_starts(tiny_model_dir, adapter_dir, 
                   "data.train_batch_size=2", f"{KEY}.lora_rank=8", check=False)  # fmt: skip
     with pytest.raises(ConfigError, match=f"{KEY}.lora_rank=8 but {KEY}.lora_adapter_path="):
         run_training(cfg)
+    import ray
+
+    assert not ray.is_initialized()  # on the driver, before the data thread and Ray
