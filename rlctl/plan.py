@@ -227,8 +227,9 @@ def _infeasible(
             " model, or actor_rollout_ref.rollout.name=vllm (multi-turn with TP)"
         )
     hints.append(
-        f"shorten the sequences (now {s.prompt_len} + {s.response_len} tokens), or use an"
-        " accelerator with more memory"
+        f"shorten the sequences (now data.max_prompt_length {s.prompt_len} +"
+        f" data.max_response_length {s.response_len} tokens), or use an accelerator with"
+        " more memory"
     )
     return InfeasiblePlanError(message, hint="; or ".join(hints))
 

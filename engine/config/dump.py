@@ -5,7 +5,9 @@ verl's layout (``--cfg job``: every key also under verl's own spelling of it).""
 from __future__ import annotations
 
 import copy
+import enum
 import functools
+import typing
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -60,9 +62,41 @@ def verl_yaml(cfg: EngineConfig) -> str:
 
 
 def _container(cfg: EngineConfig) -> dict[str, Any]:
-    from omegaconf import OmegaConf
+    """The config as plain data, as OmegaConf's ``to_container(structured(cfg),
+    enum_to_str=True)`` gives it, walked directly: OmegaConf builds a node per key first,
+    which made this most of a job's render (0.16 s of 0.26)."""
+    return _plain_data(cfg, None)  # type: ignore[return-value]
 
-    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)  # type: ignore[return-value]
+
+def _plain_data(value: Any, hint: Any) -> Any:
+    if is_dataclass(value):
+        hints = _hints(type(value))
+        return {
+            f.name: _plain_data(getattr(value, f.name), hints[f.name])
+            for f in fields(value)
+            if f.metadata.get("omegaconf_ignore") is not True
+        }
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, dict):
+        return {k: _plain_data(v, None) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_data(v, None) for v in value]
+    # A float key given a whole number holds it as a float in OmegaConf (1 -> 1.0).
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """Each field's type, ``float | None`` read as ``float`` (the only one that changes
+    a value here)."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        out[name] = args[0] if len(args) == 1 and typing.get_args(hint) else hint
+    return out
 
 
 def _drop_inert_defaults(node: dict[str, Any], default: Any) -> None:

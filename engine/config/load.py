@@ -93,7 +93,7 @@ def load(
         if not layer.preset:
             given += flatten(renamed)
         try:
-            cfg = OmegaConf.merge(cfg, renamed)
+            cfg.merge_with(renamed)  # in place: cfg is this load's own copy
         except OmegaConfBaseException as exc:
             raise ConfigError([_omegaconf_problem(exc, layer.source)]) from None
 
@@ -199,10 +199,15 @@ def key_problems(dotted: Mapping[str, Any]) -> list[str]:
         renamed = dotted_to_schema(list(dotted.items()), "base config")
     except ConfigError as exc:
         return list(exc.problems)
+    # All keys in one merge first (one copy of the schema: a valid mapping, the common
+    # case, costs that alone); only when it fails, each key alone, to name every bad one.
+    together = _merge_all(renamed, nested)
     problems = []
     for key, value in renamed:
         try:
-            merged = OmegaConf.merge(_schema(), nested(key, value))
+            merged = (
+                together if together is not None else OmegaConf.merge(_schema(), nested(key, value))
+            )
             if isinstance(value, str) and "${" in value:  # an interpolation: resolved here
                 OmegaConf.select(merged, key, throw_on_resolution_failure=True)
         except OmegaConfBaseException as exc:
@@ -211,6 +216,21 @@ def key_problems(dotted: Mapping[str, Any]) -> list[str]:
         if key in _PATH_KEYS and (problem := _paths_problem(key, value)):
             problems.append(f"base config: {problem}")
     return problems
+
+
+def _merge_all(renamed: list[tuple[str, Any]], nested: Any) -> Any:
+    """The schema with every key merged, or None if any key fails (or two overlap, when
+    a later one would hide an earlier one's value)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    keys = [key for key, _ in renamed]
+    if len(set(keys)) < len(keys) or any(b.startswith(a + ".") for a in keys for b in keys):
+        return None
+    try:
+        return OmegaConf.merge(_schema(), *(nested(key, value) for key, value in renamed))
+    except OmegaConfBaseException:
+        return None
 
 
 # Keys the schema types as Any (one item or a list of them): checked here instead.

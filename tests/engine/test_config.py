@@ -134,6 +134,23 @@ def test_printed_yaml_round_trips(tmp_path):
     assert load_config(config_file=path) == cfg
 
 
+def test_printed_yaml_is_omegaconfs_own_layout():
+    """to_yaml walks the dataclasses itself (OmegaConf's structured copy was most of a
+    render's time): the same YAML as OmegaConf's, a config changed after loading included
+    (a whole number in a float key, a tuple)."""
+    from omegaconf import OmegaConf
+
+    from engine.config.dump import dump
+
+    cfg = load_config([*GRPO, "actor_rollout_ref.rollout.name=vllm"])
+    cfg.actor_rollout_ref.actor.optim.lr = 1
+    cfg.data.train_files = ("a.parquet", "b.parquet")
+    cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"] = {"x": (1, 2)}
+    theirs = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    assert to_yaml(cfg) == dump(theirs)
+    assert "lr: 1.0\n" in to_yaml(cfg)
+
+
 @pytest.mark.parametrize(
     "text", ["0\x85", "a\u2028b", "x\u2029", "日本語 run", "1", "true", " pad ", "a\nb", "a: b"]
 )
@@ -682,3 +699,29 @@ def test_a_separate_rollout_pool_must_hold_its_tp_and_split_the_batch_evenly():
     assert "32 samples do not split evenly over the rollout's 3 devices" in text
     ok = [*separate[:2], "actor_rollout_ref.rollout.separate_n_gpus_per_node=2", *separate[3:]]
     assert load_config([*REQUIRED, *ok]).actor_rollout_ref.rollout.placement == "separate"
+
+
+def test_key_problems_names_every_bad_key_among_good_ones():
+    from engine.config import key_problems
+
+    problems = key_problems(
+        {
+            "data.train_batch_size": 8,
+            "trainer.total_epochs": "x",
+            "data.train_batch_sise": 3,
+            "data.max_prompt_length": "${data.nope}",
+            "trainer.logger": 5,
+        }
+    )
+    assert len(problems) == 4, problems
+    text = "\n".join(problems)
+    for key in ("trainer.total_epochs", "data.train_batch_sise", "data.nope", "trainer.logger"):
+        assert key in text
+    assert "data.train_batch_size:" not in text
+    # all good: nothing, an interpolation to another given key included; one bad
+    # interpolation alone is still resolved and refused
+    assert key_problems({"data.train_batch_size": 8, "data.max_prompt_length": 16}) == []
+    assert key_problems({"data.max_prompt_length": "${data.train_batch_size}"}) == []
+    assert key_problems({"data.max_prompt_length": "${data.nope}"}) == [
+        "base config: data.max_prompt_length: Interpolation key 'data.nope' not found"
+    ]

@@ -401,7 +401,10 @@ def test_one_sample_too_long_for_any_layout():
     with pytest.raises(InfeasiblePlanError) as info:
         make_plan(PlanRequest("Qwen/Qwen2.5-32B", "L40S", None, max_response_length=200000))
     assert "training one 201024-token sample at SP 8 needs" in str(info.value)
-    assert "shorten the sequences" in info.value.hint
+    assert (
+        "shorten the sequences (now data.max_prompt_length 1024 + data.max_response_length 200000"
+        in info.value.hint
+    )  # the keys to change
 
 
 def test_rollout_tp_must_divide_the_heads():
