@@ -31,7 +31,7 @@ from engine.startup import StartupClock, gc_paused
 
 if TYPE_CHECKING:
     from engine.controller.dispatch import ModelParallelLayout
-    from engine.data.dataset import RLDataset
+    from engine.data.dataset import PromptDataset
     from engine.data.loader import PromptLoader
 
 # Settings every worker process starts with: these constants and nothing read from the
@@ -331,33 +331,34 @@ class DriverData:
     their loader, the number of training steps they make, the judge's tokenizer."""
 
     tokenizer: Any
-    train: RLDataset
+    train: PromptDataset
     loader: PromptLoader
-    val: RLDataset | None
+    val: PromptDataset | None
     total_steps: int
     judge_tokenizer: Any
 
 
 def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> DriverData:
     """The driver's slow part, run while Ray and the workers start: its heavy imports,
-    the tokenizer, the datasets, and the checks that need them or transformers (each
-    row's agent loop, the LoRA targets, the Ulysses heads, the judge's chat template).
-    Raises as they would."""
+    the tokenizer, the datasets (``RLDataset``, or ``data.custom_cls``'s class of your
+    own, built alike), and the checks that need them or transformers (each row's agent
+    loop, the LoRA targets, the models' configs, the judge's chat template). Raises as
+    they would."""
     with gc_paused():
         from transformers import AutoTokenizer
 
         import engine.trainer  # noqa: F401  (torch and the loop's modules, imported here)
-        from engine.data.dataset import RLDataset
+        from engine.data.custom import build_dataset
         from engine.data.loader import PromptLoader
     clock.mark("imports")
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
-    train = RLDataset(
+    train = build_dataset(
+        cfg.data,
         cfg.data.train_file_list,
         tokenizer,
-        cfg.data,
         files.schemas,
         max_samples=cfg.data.train_max_samples,
     )
@@ -365,10 +366,10 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
     )
     val = (
-        RLDataset(
+        build_dataset(
+            cfg.data,
             cfg.data.val_file_list,
             tokenizer,
-            cfg.data,
             files.schemas,
             max_samples=cfg.data.val_max_samples,
         )
@@ -389,7 +390,7 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
         from engine.train.lora import check_targets
 
         check_targets(model)
-    _check_ulysses_heads(cfg)
+    _check_model_configs(cfg)
     clock.mark("data")
     return DriverData(tokenizer, train, loader, val, total, judge_tokenizer)
 
@@ -407,14 +408,18 @@ def check_data_sources(cfg: EngineConfig, reward: Any, data: DriverData) -> None
 def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
     """``clock``: when the process started (``engine.main``); else now."""
     from engine.reward.manager import RewardManager
+    from engine.train.lora_saved import resolve as with_saved_adapter
 
     clock = clock or StartupClock()
     # Which code runs (a job launched by rlctl runs its shipped wheel, rlctl/jobenv.py)
     here = Path(__file__).resolve().parent
     print(f"engine: running {here} with {sys.executable}", flush=True)
-    # What needs no data fails before anything starts: the agents' files, the reward.
+    # What needs no data fails before anything starts: the agents' files, the saved
+    # LoRA adapter (its rank, alpha and targets become the config's, for every check
+    # after it and every role), a local quantized checkpoint, the reward.
     agent_files = _agent_files(cfg)
     _check_default_agent(cfg, agent_files)
+    cfg = with_saved_adapter(cfg)
     _check_local_checkpoints(cfg)
     reward = RewardManager(
         cfg.reward_model, cfg.custom_reward_function, cfg.data.max_response_length
@@ -497,15 +502,20 @@ def mark_worker_milestones(workers: Any, clock: StartupClock) -> None:
         clock.mark(milestone, at=max(t[milestone] for t in times))
 
 
+def _config_file(model: Any) -> Path:
+    """A local model folder's config.json (no such file: the path is a hub name)."""
+    return Path(model.path) / "config.json"
+
+
 def _check_local_checkpoints(cfg: EngineConfig) -> None:
     """A quantized checkpoint trained in full, refused before Ray starts where the model
     is a local folder: its config.json read as JSON, without transformers (imported on
     the data thread, overlapped with Ray's start). A hub name is checked there, with
-    the other checks that need the model's config (``_check_ulysses_heads``)."""
+    the other checks that need the model's config (``_check_model_configs``)."""
     from engine.config.train import quantized_model_problems
 
     def local_config(model: Any) -> dict:
-        path = Path(model.path) / "config.json"
+        path = _config_file(model)
         return json.loads(path.read_text()) if path.is_file() else {}
 
     problems = quantized_model_problems(cfg, local_config)
@@ -513,21 +523,42 @@ def _check_local_checkpoints(cfg: EngineConfig) -> None:
         raise ConfigError(problems)
 
 
-def _check_ulysses_heads(cfg: EngineConfig) -> None:
-    """Ulysses sizes the models' heads cannot take, and quantized checkpoints trained in
-    full: now, from their configs, not once the workers have loaded them."""
-    from engine.config.train import quantized_model_problems, ulysses_model_problems
+def _check_model_configs(cfg: EngineConfig) -> None:
+    """From the models' configs, now, not once the workers have loaded them: fields of
+    ``override_config`` the config lacks, Ulysses sizes the heads cannot take (each
+    config read with its overrides), and a quantized checkpoint trained in full where
+    the model is a hub name (a local folder's was refused before Ray started,
+    ``_check_local_checkpoints``; an override cannot add a quantization_config)."""
+    from engine.config.train import (
+        quantized_model_problems,
+        selected_model,
+        ulysses_model_problems,
+    )
+    from engine.models.hf_config import load_hf_config
+
+    problems: list[str] = []
 
     def hf_config_of(model: Any) -> Any:
-        from transformers import AutoConfig
+        key = "actor_rollout_ref.model" if model is cfg.actor_rollout_ref.model else "critic.model"
+        try:
+            hf = load_hf_config(model, key)
+        except ConfigError as exc:
+            from transformers import AutoConfig
 
-        hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+            problems.extend(exc.problems)
+            hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         return hf.get_text_config()
 
-    problems = ulysses_model_problems(cfg, hf_config_of)
-    problems += quantized_model_problems(cfg, hf_config_of)
+    def hub_config_of(model: Any) -> Any:
+        return {} if _config_file(model).is_file() else hf_config_of(model)
+
+    hf_config_of(cfg.actor_rollout_ref.model)
+    if cfg.use_critic:
+        hf_config_of(selected_model(cfg, "critic"))
+    problems += ulysses_model_problems(cfg, hf_config_of)
+    problems += quantized_model_problems(cfg, hub_config_of)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list(dict.fromkeys(problems)))
 
 
 def run_dir(cfg: EngineConfig) -> Path:

@@ -30,7 +30,7 @@ from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_stat
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
 from engine.controller.dispatch import concat, take
 from engine.controller.worker_group import WorkerGroup
-from engine.data.dataset import PromptSample, RLDataset
+from engine.data.dataset import PromptDataset, PromptSample
 from engine.data.loader import PromptLoader
 from engine.errors import EngineError
 from engine.generations import generation_rows, pick_samples, write_generations
@@ -76,7 +76,7 @@ class Trainer:
         scorer: Scorer,
         tokenizer: Any,
         train_loader: PromptLoader,
-        val_dataset: RLDataset | None,
+        val_dataset: PromptDataset | None,
         tracker: Tracker,
         checkpoints: CheckpointManager,
         resume_from: str | None = None,

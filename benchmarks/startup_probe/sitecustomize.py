@@ -25,8 +25,13 @@ HOOKS: dict[str, list[tuple[str, str, str]]] = {
     "transformers.models.auto.tokenization_auto": [
         ("AutoTokenizer.from_pretrained", "start", "imports")
     ],
-    # the last check of the data (before and after: the last call of the data's reading)
-    "engine.runtime": [("_check_ulysses_heads", "end", "data"), ("init_ray", "end", "ray")],
+    # the last check of the data (before and after: the last call of the data's reading),
+    # named _check_model_configs since model.override_config is read; a revision has one
+    "engine.runtime": [
+        ("_check_ulysses_heads", "end", "data"),
+        ("_check_model_configs", "end", "data"),
+        ("init_ray", "end", "ray"),
+    ],
     "engine.workers.host": [
         ("WorkerHost.__init__", "end", "workers"),
         ("WorkerHost._build_roles", "end", "models"),

@@ -390,23 +390,27 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
     model = arr.model
     key = "actor_rollout_ref.model"
     p = []
-    for other in ("critic",):  # the reward model's own model config has no LoRA keys
-        rank = getattr(cfg, other).model.lora_rank
-        if rank != 0:
-            p.append(
-                f"{other}.model.lora_rank={rank}: LoRA is for the actor only"
-                " (actor_rollout_ref.model.lora_rank); set it to 0"
-            )
+    critic = cfg.critic.model  # the reward model's own model config has no LoRA keys
+    if critic.lora_rank != 0:
+        p.append(
+            f"critic.model.lora_rank={critic.lora_rank}: LoRA is for the actor only"
+            " (actor_rollout_ref.model.lora_rank); set it to 0"
+        )
+    if critic.lora_adapter_path:
+        p.append(
+            f"critic.model.lora_adapter_path={critic.lora_adapter_path!r}: LoRA is for the"
+            " actor only (actor_rollout_ref.model.lora_adapter_path); leave it null"
+        )
     if model.lora_rank < 0:
         p.append(
             f"{key}.lora_rank must be >= 0, got {model.lora_rank}: 0 trains every weight,"
             " a positive rank (8, 16, 32, 64) trains a LoRA adapter"
         )
-    if model.lora_rank <= 0:
+    if not model.uses_lora:
         if arr.rollout.lora_as_adapter:
             p.append(
                 "actor_rollout_ref.rollout.lora_as_adapter=true needs a LoRA actor: set"
-                f" {key}.lora_rank > 0, or lora_as_adapter=false"
+                f" {key}.lora_rank > 0 (or lora_adapter_path), or lora_as_adapter=false"
             )
         return p
     if not model.lora_alpha > 0:
@@ -443,8 +447,14 @@ def lora_problems(cfg: EngineConfig) -> list[str]:
         ("actor_rollout_ref.ref.strategy", arr.ref.strategy),
     ):
         if strategy == "megatron":
+            given = (
+                f"lora_adapter_path={model.lora_adapter_path!r}"
+                if model.lora_adapter_path
+                else f"lora_rank={model.lora_rank}"
+            )
+            off = "no lora_adapter_path" if model.lora_adapter_path else "lora_rank=0"
             p.append(
-                f"{role_key}=megatron with {key}.lora_rank={model.lora_rank}: LoRA runs under"
-                " FSDP2 only; set it to fsdp2, or lora_rank=0 to train every weight"
+                f"{role_key}=megatron with {key}.{given}: LoRA runs under FSDP2 only; set it"
+                f" to fsdp2, or {off} to train every weight"
             )
     return p

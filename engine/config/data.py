@@ -3,7 +3,7 @@ prompts (read by ``engine.data``), and the rules on them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.config import verl_trees
@@ -13,6 +13,19 @@ if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+
+@dataclass
+class CustomDatasetClass:
+    """A dataset class of your own in place of ``engine.data.RLDataset`` (verl's key):
+    built with RLDataset's arguments, it yields ``engine.data.PromptSample`` (docs/data.md)."""
+
+    path: str | None = setting(
+        None,
+        "A .py file defining your dataset class (docs/data.md: built as RLDataset is, its"
+        " items PromptSample); null: the engine's RLDataset.",
+    )
+    name: str | None = setting(None, "The class's name in that file (required with path).")
 
 
 @dataclass
@@ -117,10 +130,7 @@ class DataConfig:
         1, "verl's processes filtering long prompts; changes nothing here (one pass in memory)."
     )
     use_shm: bool = inert(False, "verl copies data files to /dev/shm; changes nothing here.")
-    custom_cls: dict[str, Any] = tree(
-        verl_trees.CUSTOM_CLASS,
-        "verl's own dataset class (path, name); not in this engine (a path is refused).",
-    )
+    custom_cls: CustomDatasetClass = field(default_factory=CustomDatasetClass)
     continuous_token: dict[str, Any] = tree(
         verl_trees.CONTINUOUS_TOKEN,
         "verl's continuous-token prompts; not in this engine (enable=true is refused).",
@@ -147,6 +157,17 @@ def rules(cfg: EngineConfig) -> list[str]:
     )
     if data.val_batch_size is not None and data.val_batch_size < 1:
         p.append(f"data.val_batch_size must be positive or null, got {data.val_batch_size}")
+    custom = data.custom_cls
+    if custom.path and not custom.name:
+        p.append(
+            f"data.custom_cls.path={custom.path!r} needs data.custom_cls.name: the name of"
+            " the dataset class in that file"
+        )
+    if custom.name and not custom.path:
+        p.append(
+            f"data.custom_cls.name={custom.name!r} needs data.custom_cls.path: the .py file"
+            " that defines it (or leave name null for the engine's dataset)"
+        )
     if not data.train_file_list:
         p.append("data.train_files is required: a parquet or jsonl file (or a list of them)")
     return p

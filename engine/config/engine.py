@@ -174,7 +174,7 @@ class EngineConfig:
         if strategy == "megatron":
             return 1
         size = selected(self, ULYSSES_KEYS[role])
-        if role == "reference" and (size is None or self.actor_rollout_ref.model.lora_rank > 0):
+        if role == "reference" and (size is None or self.actor_rollout_ref.model.uses_lora):
             size = self.actor_rollout_ref.actor.ulysses_sequence_parallel_size
         return size
 

@@ -113,9 +113,14 @@ class ModelConfig:
         "verl: a Python module imported to register a custom model; not in this engine"
         " (refused when set).",
     )
-    override_config: dict[str, Any] = inert(
-        help="verl: fields of the model's Hugging Face config replaced at load; not in this"
-        " engine (refused when not empty).",
+    override_config: dict[str, Any] = setting(
+        help="Fields of the model's Hugging Face config replaced when it is built (verl's"
+        " key), e.g. {max_position_embeddings: 32768}: for the actor, reference and critic,"
+        " and the rollout engine (vLLM's hf_overrides, SGLang's json_model_override_args). A"
+        " mapping for a sub-config sets its fields; verl's model_config level holds the"
+        " fields; attn_implementation is transformers' loading argument. A field the config"
+        " lacks is refused before workers start. The critic on the actor's model (empty"
+        " critic.model.path): its own over the actor's (docs/training.md).",
         factory=dict,
         kind="mapping",
     )
@@ -131,9 +136,13 @@ class ModelConfig:
         " none (verl's key).",
         kind="text, a list of names, or null",
     )
-    lora_adapter_path: str | None = inert(
+    lora_adapter_path: str | None = setting(
         None,
-        "verl: start LoRA from a saved adapter; not in this engine (refused when set).",
+        "A saved PEFT adapter folder (adapter_config.json and its weights) the actor's LoRA"
+        " starts from (verl's key): its rank, alpha and targets are the run's (lora_rank,"
+        " lora_alpha, target_modules, exclude_modules at their defaults take them; set, they"
+        " must agree), its weights loaded before the first step; the reference stays the"
+        " base model. Actor only, FSDP only (docs/training.md).",
     )
     use_liger: bool = inert(
         False,
@@ -155,6 +164,12 @@ class ModelConfig:
         "verl's Megatron LoRA; not in this engine (rank > 0 is refused): LoRA here is"
         " lora_rank under fsdp2.",
     )
+
+    @property
+    def uses_lora(self) -> bool:
+        """The actor trains a LoRA adapter: a rank given, or a saved adapter to start from
+        (whose rank the run reads from it, engine.train.lora_saved)."""
+        return self.lora_rank > 0 or bool(self.lora_adapter_path)
 
 
 @dataclass
@@ -401,7 +416,7 @@ def ulysses_problems(cfg: EngineConfig, role: str) -> list[str]:
             f" splits sequences by context parallelism: set {_megatron_key(role)}"
             f".context_parallel_size={size} instead, and {key}=1"
         ]
-    lora = cfg.actor_rollout_ref.model.lora_rank > 0
+    lora = cfg.actor_rollout_ref.model.uses_lora
     actor_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
     if role == "reference" and lora and size != actor_size:
         p.append(
@@ -476,7 +491,7 @@ def quantized_model_problems(cfg: EngineConfig, hf_config_of: Any) -> list[str]:
     p = []
     for role, key in roles:
         model = selected_model(cfg, role)
-        if role == "actor" and model.lora_rank > 0:
+        if role == "actor" and model.uses_lora:
             continue  # an adapter over a frozen quantized base (QLoRA-style)
         quant = _get(hf_config_of(model), "quantization_config")
         if not quant:
@@ -510,10 +525,18 @@ def _configured_ulysses(cfg: EngineConfig, role: str) -> int | None:
 
 
 def selected_model(cfg: EngineConfig, role: str) -> ModelConfig:
-    """The model a role loads: the critic's own when its path is set, else the actor's."""
-    if role == "critic" and cfg.critic.model.path:
-        return cfg.critic.model
-    return cfg.actor_rollout_ref.model
+    """The model a role loads: the critic's own when its path is set, else the actor's
+    (for the critic with ``critic.model.override_config`` over the actor's)."""
+    critic = cfg.critic.model
+    if role == "critic" and critic.path:
+        return critic
+    actor = cfg.actor_rollout_ref.model
+    if role == "critic" and critic.override_config:
+        import dataclasses
+
+        merged = {**actor.override_config, **critic.override_config}
+        return dataclasses.replace(actor, override_config=merged)
+    return actor
 
 
 def _model_key(cfg: EngineConfig, role: str) -> str:

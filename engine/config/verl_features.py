@@ -55,12 +55,7 @@ SWITCHES: tuple[tuple[str, tuple[Any, ...], str], ...] = (
             ("hf_config_path", "a model config apart from the model"),
             ("custom_chat_template", "a chat template given in the config"),
             ("external_lib", "importing a module to register a model"),
-            ("lora_adapter_path", "starting LoRA from a saved adapter"),
         )
-    ),
-    *(
-        (f"{m}.override_config", ({},), "overriding the model's Hugging Face config")
-        for m in ("actor_rollout_ref.model", "critic.model")
     ),
     ("reward_model.model.external_lib", (None, ""), "importing a module to register a model"),
     *(
@@ -70,7 +65,6 @@ SWITCHES: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("reward.reward_manager.source", ("register",), "a reward manager class of your own"),
     ("reward.reward_manager.module.path", (None, ""), "a reward manager class of your own"),
     ("reward.sandbox_fusion.url", (None, ""), "verl's remote code sandbox (SandboxFusion)"),
-    ("data.custom_cls.path", (None, ""), "a dataset class of your own"),
     ("data.continuous_token.enable", (False,), "verl's continuous-token prompts"),
     (f"{ROLLOUT}.over_sample_rate", (0, 0.0), "over-sampling and dropping the slowest samples"),
     (f"{ROLLOUT}.quantization", (None, ""), "quantized generation"),

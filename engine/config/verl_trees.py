@@ -344,7 +344,6 @@ LEGACY_REWARD_MODEL_SERVING = dict.fromkeys(
     ]
 )
 CONTINUOUS_TOKEN = {"enable": False, "model_family": "auto"}
-CUSTOM_CLASS = {"path": None, "name": None}
 # <role>.veomni: verl's VeOmni engine (an FSDP2 engine; model_engine=veomni), without the
 # keys read under the schema's names (aliases.py).
 VEOMNI = {

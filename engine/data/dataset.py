@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -51,6 +51,22 @@ class PromptSample:
     ability: str
     extra_info: dict[str, Any] = field(default_factory=dict)
     agent_name: str | None = None  # its agent loop (engine.agents); None: the default
+
+
+@runtime_checkable
+class PromptDataset(Protocol):
+    """What the engine reads of a dataset: ``RLDataset``, or a class of your own
+    (``data.custom_cls``, engine.data.custom). ``__getitem__`` returns a ``PromptSample``
+    whose ``index`` is its position; ``agent_rows`` and ``data_sources`` feed the checks
+    made before any worker starts."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> PromptSample: ...
+
+    def agent_rows(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]: ...
+
+    def data_sources(self) -> set[str]: ...
 
 
 # ---------------------------------------------------------------------------

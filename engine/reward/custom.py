@@ -22,11 +22,13 @@ def load_custom_function(
     *,
     path_key: str = "custom_reward_function.path",
     name_key: str = "custom_reward_function.name",
+    what: str = "function",
 ) -> CustomScorer:
     """Import ``path`` as a module and return its callable ``name``.
 
     ``path_key``/``name_key`` are the config keys the messages name (a custom tool's
-    loader, ``engine/agents/tools/specs.py``, names its own)."""
+    loader, ``engine/agents/tools/specs.py``, names its own); ``what`` the kind of
+    callable looked for (a dataset's loader, ``engine.data.custom``, looks for a class)."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         raise RewardError(
@@ -54,13 +56,13 @@ def load_custom_function(
             if callable(value) and not attr.startswith("_")
         )
         raise RewardError(
-            f"{str(file)!r} has no function {name!r} (set {name_key}; "
+            f"{str(file)!r} has no {what} {name!r} (set {name_key}; "
             f"callables in the file: {', '.join(functions) or 'none'})"
         )
     function = getattr(module, name)
     if not callable(function):
         raise RewardError(
-            f"{name!r} in {str(file)!r} is a {type(function).__name__}, not a function"
+            f"{name_key} {name!r} in {str(file)!r} is a {type(function).__name__}, not a {what}"
         )
     return function
 

@@ -20,9 +20,10 @@ whichever backend generated it:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import RolloutConfig
@@ -100,6 +101,7 @@ def engine_args_for(
     load_format: str = "auto",
     dtype: str | None = None,
     kv_cache_bytes: int | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(**kw)`` or ``sglang.Engine(**kw)`` built inside a
     colocated worker (one engine per tensor-parallel group, within a node).
@@ -108,6 +110,9 @@ def engine_args_for(
     the actor's first ``sync_weights``, before any generation. ``dtype``: the engine's
     (None: ``cfg.dtype``). ``kv_cache_bytes``: an explicit KV cache size (vLLM on CPU,
     where ``gpu_memory_utilization`` would be a fraction of the host's RAM per engine).
+    ``hf_overrides``: fields of the model's config the training side overrides too
+    (``model.override_config``; engine.models.hf_config): vLLM's ``hf_overrides``,
+    SGLang's ``json_model_override_args`` (a JSON string).
     """
     if tp < 1:
         raise EngineError(
@@ -159,6 +164,8 @@ def engine_args_for(
             args["compilation_config"] = {"cudagraph_capture_sizes": cfg.cudagraph_capture_sizes}
         if kv_cache_bytes is not None:
             args["kv_cache_memory_bytes"] = kv_cache_bytes
+        if hf_overrides:
+            args["hf_overrides"] = dict(hf_overrides)
         return _with_engine_kwargs(args, cfg, backend)
     if backend == "sglang":
         args = {
@@ -185,6 +192,8 @@ def engine_args_for(
             "disable_radix_cache": not cfg.enable_prefix_caching,
             "max_running_requests": cfg.max_num_seqs,
         }
+        if hf_overrides:
+            args["json_model_override_args"] = json.dumps(dict(hf_overrides))
         return _with_engine_kwargs(args, cfg, backend)
     raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
@@ -225,6 +234,8 @@ class EngineSettings:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     dtype: str | None = None  # the engine's; None: the rollout config's
     kv_cache_bytes: int | None = None  # an explicit KV cache size (CPU); None: the engine's
+    # the model's override_config fields (engine.models.hf_config.config_overrides)
+    hf_overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.eos_token_ids:
@@ -243,6 +254,7 @@ class EngineSettings:
             load_format=self.load_format,
             dtype=self.dtype,
             kv_cache_bytes=self.kv_cache_bytes,
+            hf_overrides=self.hf_overrides,
         )
 
 

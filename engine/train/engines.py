@@ -28,7 +28,7 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
         actor.optim,
         device,
         gradient_checkpointing=arr.model.enable_gradient_checkpointing,
-        lora=arr.model.lora_rank > 0,
+        lora=arr.model.uses_lora,
         ulysses=cfg.ulysses_size("actor"),
         ulysses_key=ULYSSES_KEYS["actor"],
     )
@@ -54,8 +54,11 @@ def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
 
 
 def critic_model(cfg: EngineConfig) -> ModelConfig:
-    """The critic's own model, or the actor's when ``critic.model.path`` is empty."""
-    return cfg.critic.model if cfg.critic.model.path else cfg.actor_rollout_ref.model
+    """The critic's own model, or the actor's when ``critic.model.path`` is empty
+    (``engine.config.train.selected_model``)."""
+    from engine.config.train import selected_model
+
+    return selected_model(cfg, "critic")
 
 
 def critic_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
@@ -83,6 +86,7 @@ def _megatron(
     section: Any,
     optim_cfg: Any,
 ) -> Any:
+    from engine.models.hf_config import load_hf_config
     from engine.train.megatron import MegatronEngine, MegatronParallel
 
     return MegatronEngine.from_hf(
@@ -91,6 +95,7 @@ def _megatron(
         optim_cfg,
         device,
         role=role,
+        hf_config=load_hf_config(model_cfg),  # with the model's override_config
         dtype=model_cfg.dtype,
         gradient_checkpointing=model_cfg.enable_gradient_checkpointing and optim_cfg is not None,
         total_steps=max(1, optim_cfg.total_training_steps) if optim_cfg is not None else 1,

@@ -29,25 +29,33 @@ from engine.types import TokenBatch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_hf_model(
-    model_cfg: ModelConfig, kind: str = "causal_lm", path: str | None = None
-) -> nn.Module:
+def load_hf_model(model_cfg: ModelConfig, kind: str = "causal_lm") -> nn.Module:
     """The model in fp32 on CPU (FSDP casts for compute): ``causal_lm`` for the policy
-    and reference, ``value`` (a token-classification head with one output) for the critic."""
+    and reference, ``value`` (a token-classification head with one output) for the
+    critic; built from its config with ``override_config`` applied
+    (``engine.models.hf_config``)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    path = path or model_cfg.path
-    common = {"trust_remote_code": model_cfg.trust_remote_code, "dtype": torch.float32}
+    from engine.models.hf_config import load_hf_config, loading_kwargs
+
+    path = model_cfg.path
+    common = {
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "dtype": torch.float32,
+        **loading_kwargs(model_cfg),
+    }
     if kind == "causal_lm":
-        model = AutoModelForCausalLM.from_pretrained(path, **common)
+        config = load_hf_config(model_cfg)
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **common)
     elif kind == "value":
+        config = load_hf_config(model_cfg, num_labels=1)
         from transformers.utils import logging as hf_logging
 
         # The value head is new by design: silence the "newly initialized" report.
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
-            model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **common)
+            model = AutoModelForTokenClassification.from_pretrained(path, config=config, **common)
         finally:
             hf_logging.set_verbosity(verbosity)
         # The token-classification head applies dropout (0.1 by default) in training:
@@ -284,6 +292,10 @@ class FSDPEngine:
             from engine.train.lora import apply_lora
 
             peft_model = apply_lora(model, model_cfg)
+            if model_cfg.lora_adapter_path:  # a saved adapter's weights (engine.train.lora_saved)
+                from engine.train.lora_saved import load_weights
+
+                load_weights(peft_model, model_cfg.lora_adapter_path)
         module = shard_model(model, fsdp_cfg, device, gradient_checkpointing=gradient_checkpointing)
         engine = cls(module, optim_cfg, device, fsdp_cfg, peft_model)
         if kind == "causal_lm":

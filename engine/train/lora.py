@@ -59,6 +59,8 @@ def apply_lora(model: nn.Module, model_cfg: ModelConfig) -> Any:
     adapted model starts as the base model."""
     from peft import get_peft_model
 
+    # a saved adapter's rank is read into the config before any worker starts
+    assert model_cfg.lora_rank > 0, "engine.train.lora_saved.resolve the config first"
     try:
         peft_model = get_peft_model(model, lora_config(model_cfg))
     except ValueError as exc:
@@ -102,11 +104,11 @@ def check_targets(model_cfg: ModelConfig) -> None:
     """Before any worker starts: inject the adapter into the model built on the meta
     device (no weights read or allocated), so that ``target_modules`` that match no
     module fail now, naming the key and the names there are."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(
-        model_cfg.path, trust_remote_code=model_cfg.trust_remote_code
-    )
+    from engine.models.hf_config import load_hf_config
+
+    config = load_hf_config(model_cfg)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             config, trust_remote_code=model_cfg.trust_remote_code

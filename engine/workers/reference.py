@@ -27,7 +27,7 @@ class ReferenceWorker:
         self.temperature = arr.rollout.temperature
         self.micro_batch_size = arr.ref.log_prob_micro_batch_size_per_gpu
         self.token_budget = cfg.token_budget("ref_log_prob")
-        self.lora = arr.model.lora_rank > 0
+        self.lora = arr.model.uses_lora
         self.engine = colocated["actor"].engine if self.lora else reference_engine(cfg, device)
         self.engine.eval()
         self.module = self.engine.module

@@ -29,6 +29,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.device import DeviceSpec
 from engine.errors import EngineError
+from engine.models.hf_config import config_overrides, load_hf_config
 from engine.rollout.hf import eos_ids
 from engine.rollout.stream import StreamDone, StreamItem, advance
 from engine.rollout.translate import EngineSettings
@@ -76,32 +77,8 @@ class RolloutWorker:
             self.owns_weights = self.own_copy
             return
         generation_config = _generation_config(model) if self.own_copy else self.actor.module
-        # The engine holds what the actor pushes: the rollout dtype on accelerators,
-        # float32 on CPU (where the actor trains in float32, see DeviceSpec.supports_bf16).
-        engine_dtype = rollout_cfg.dtype if device.supports_bf16 else "float32"
-        # the context: rollout.max_model_len (verl's key), or a prompt and its response
-        rollout_len = cfg.actor_rollout_ref.rollout.max_model_len
-        max_model_len = rollout_len or cfg.data.max_prompt_length + cfg.data.max_response_length
-        settings = EngineSettings(
-            model_path=model.path,
-            eos_token_ids=frozenset(eos_ids(tokenizer, generation_config)),
-            max_model_len=max_model_len,
-            seed=cfg.trainer.seed,
-            trust_remote_code=model.trust_remote_code,
-            # The first generation pushes the actor's weights: no second read from disk.
-            load_format="dummy",
-            local_world_size=(
-                rollout_cfg.separate_n_gpus_per_node
-                if self.separate
-                else cfg.trainer.n_gpus_per_node
-            ),
-            bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * 2**20,
-            dtype=engine_dtype,
-            kv_cache_bytes=(
-                _cpu_kv_cache_bytes(cfg, engine_dtype, max_model_len)
-                if device.type == "cpu"
-                else None
-            ),
+        settings = engine_settings(
+            cfg, device, eos_ids(tokenizer, generation_config), self.separate
         )
         # A LoRA actor's adapter served by the engine itself (else: merged weights).
         self.adapter_mode = rollout_cfg.lora_as_adapter
@@ -281,17 +258,49 @@ class RolloutWorker:
         return module.to(device=self.device.torch_device(), dtype=self.rollout_dtype)
 
 
+def engine_settings(
+    cfg: EngineConfig, device: DeviceSpec, eos_token_ids: Any, separate: bool
+) -> EngineSettings:
+    """What the vLLM or SGLang engine of this rollout is built from."""
+    rollout_cfg = cfg.actor_rollout_ref.rollout
+    model = cfg.actor_rollout_ref.model
+    # The engine holds what the actor pushes: the rollout dtype on accelerators,
+    # float32 on CPU (where the actor trains in float32, see DeviceSpec.supports_bf16).
+    engine_dtype = rollout_cfg.dtype if device.supports_bf16 else "float32"
+    # the context: rollout.max_model_len (verl's key), or a prompt and its response
+    max_model_len = (
+        rollout_cfg.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
+    )
+    return EngineSettings(
+        model_path=model.path,
+        eos_token_ids=frozenset(eos_token_ids),
+        max_model_len=max_model_len,
+        seed=cfg.trainer.seed,
+        trust_remote_code=model.trust_remote_code,
+        # The first generation pushes the actor's weights: no second read from disk.
+        load_format="dummy",
+        local_world_size=(
+            rollout_cfg.separate_n_gpus_per_node if separate else cfg.trainer.n_gpus_per_node
+        ),
+        bucket_bytes=rollout_cfg.update_weights_bucket_megabytes * 2**20,
+        dtype=engine_dtype,
+        kv_cache_bytes=(
+            _cpu_kv_cache_bytes(cfg, engine_dtype, max_model_len) if device.type == "cpu" else None
+        ),
+        # the model the actor trains: its override_config (the HF rollout runs or loads
+        # the actor's model, which has it already)
+        hf_overrides=config_overrides(model),
+    )
+
+
 def _cpu_kv_cache_bytes(cfg: EngineConfig, dtype: str, max_model_len: int) -> int:
     """On CPU vLLM sizes its KV cache as a fraction of the host's RAM per engine (two
     workers at the default 0.5 would ask for all of it): size it for what one engine
     generates per training step instead, every sequence at full length."""
-    from transformers import AutoConfig
-
     from engine.rollout.translate import kv_cache_bytes_for
 
-    model = cfg.actor_rollout_ref.model
     rollout = cfg.actor_rollout_ref.rollout
-    hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    hf_config = load_hf_config(cfg.actor_rollout_ref.model)
     devices = (
         rollout.separate_nnodes * rollout.separate_n_gpus_per_node
         if rollout.placement == "separate"

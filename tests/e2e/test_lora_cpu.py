@@ -1,7 +1,7 @@
 """A GRPO run with a LoRA actor on CPU (in this process: tests/e2e/conftest.py): it
 learns, its checkpoint is the adapter alone, and it exports merged or as the adapter;
-vLLM samples with the adapted policy; bad LoRA settings are refused before anything
-starts."""
+vLLM samples with the adapted policy; a run starts from a saved adapter; bad LoRA
+settings are refused before anything starts."""
 
 import pytest
 import torch
@@ -281,3 +281,53 @@ def test_fully_async_vllm_samples_with_the_current_adapter(
     assert all(r["training/staleness_max"] == 0 for r in records)
     assert max(r["training/rollout_log_ratio_abs_max"] for r in records) < 1e-3
     assert records[-1]["actor/kl_loss"] > 1e-3  # the adapter had moved the policy
+
+
+@pytest.fixture(scope="module")
+def saved_adapter(tiny_model_dir, tmp_path_factory):
+    """A PEFT adapter of the tiny model (rank 4 on q_proj and v_proj) with non-zero B."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    peft_model = get_peft_model(base, config)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.3)
+    out = tmp_path_factory.mktemp("saved_adapter")
+    peft_model.save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_run_starts_from_a_saved_adapter(
+    tiny_model_dir, saved_adapter, synthetic_data, tmp_path, run_engine
+):
+    """verl's lora_adapter_path, no lora_rank: at the first step vLLM samples with the
+    merged model (its log-probs equal the actor's π_old) and the actor is already away
+    from the reference (the base model): an adapter not loaded would give a KL of 0."""
+    train, _val = synthetic_data
+    run = run_engine(
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        f"data.train_files={train}",
+        f"actor_rollout_ref.model.lora_adapter_path={saved_adapter}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "trainer.total_training_steps=1",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.logger=[console]",
+        "trainer.save_freq=100",
+    )
+    (first,) = run.steps
+    assert first["training/rollout_log_ratio_abs_max"] < 1e-3
+    assert first["actor/kl_loss"] > 1e-3

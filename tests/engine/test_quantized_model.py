@@ -74,3 +74,42 @@ def test_an_adapter_over_it_passes_and_the_critic_does_not(quantized, data):
     ppo = _cfg(quantized, data, *lora, "algorithm.adv_estimator=gae")
     (problem,) = quantized_model_problems(ppo, hf_config_of)
     assert "the critic trains every weight" in problem
+
+
+def test_a_saved_adapter_over_it_passes_the_check_before_ray(
+    quantized, data, tmp_path, monkeypatch
+):
+    """``lora_adapter_path`` without ``lora_rank`` is LoRA over the frozen base: the run
+    goes on to Ray, with the adapter's settings already the config's (read on the driver
+    before the data thread and Ray start, engine.runtime.run_training)."""
+    from engine import runtime
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    saved = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    (adapter / "adapter_config.json").write_text(json.dumps(saved))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")  # read by the actor, not here
+
+    class RayStarting(Exception):
+        pass
+
+    def init_ray(cfg):
+        assert cfg.actor_rollout_ref.model.lora_rank == 8  # the adapter's, for every role
+        raise RayStarting
+
+    monkeypatch.setattr(runtime, "init_ray", init_ray)
+    grpo = "algorithm.adv_estimator=grpo"  # no critic, which would train every weight
+    cfg = _cfg(quantized, data, f"actor_rollout_ref.model.lora_adapter_path={adapter}", grpo)
+    with pytest.raises(RayStarting):
+        runtime.run_training(cfg)
+
+
+def test_a_local_folder_is_checked_once_before_ray(quantized, data):
+    """A local folder's config.json is read for it before Ray (``_check_local_checkpoints``);
+    the data thread's ``_check_model_configs`` checks only a hub name's."""
+    from engine.runtime import _check_local_checkpoints, _check_model_configs
+
+    cfg = _cfg(quantized, data, "algorithm.adv_estimator=grpo")
+    with pytest.raises(ConfigError):
+        _check_local_checkpoints(cfg)
+    _check_model_configs(cfg)

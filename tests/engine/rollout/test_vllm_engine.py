@@ -99,6 +99,11 @@ def _max_abs_diff(rows_a, rows_b):
     )
 
 
+def test_the_engine_builds_the_model_with_its_config_overrides(checks):
+    """model.override_config reaches vLLM as hf_overrides (engine.models.hf_config)."""
+    assert checks["engine_max_position_embeddings"] == 4096
+
+
 def test_greedy_tokens_and_finish_flags_match_hf(checks):
     hf, vllm = checks["hf_greedy"], checks["vllm_greedy"]
     assert vllm["response_ids"] == hf["response_ids"]

@@ -131,6 +131,8 @@ def main(scenarios: str, model_dir: str, out_path: str) -> None:
         load_format="dummy",  # as the rollout role builds it: weights come from the actor
         kv_cache_bytes=64 * 2**20,
         bucket_bytes=256 * 1024,  # several buckets for the tiny model
+        # a model.override_config field (the tiny config's is 2048): the engine's config has it
+        hf_overrides={"max_position_embeddings": 4096},
     )
     scenario = {
         "main": _main_scenario,
@@ -189,6 +191,8 @@ def _main_scenario(cfg, settings, model, hf, prompts, greedy, results) -> None:
     from engine.types import GenerationRequest, SamplingParams
 
     rollout = VLLMRollout(cfg, settings)
+    hf_config = rollout.llm.llm_engine.model_config.hf_config
+    results["engine_max_position_embeddings"] = hf_config.max_position_embeddings
     _push(rollout, model)
     results["hf_greedy"] = _rows(hf.generate(GenerationRequest(prompts, greedy)))
     got = rollout.generate(GenerationRequest(prompts, greedy))

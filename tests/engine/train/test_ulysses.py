@@ -415,7 +415,7 @@ def test_the_ranks_of_a_group_receive_the_same_rows():
 def test_heads_the_size_does_not_divide_are_refused_before_start(tiny_model_dir):
     """At the engine's start (before Ray) and in ``rlctl validate``/``plan``: the key and
     the sizes that would work."""
-    from engine.runtime import _check_ulysses_heads
+    from engine.runtime import _check_model_configs
     from rlctl.spec import model_problems
 
     cfg = _config(
@@ -423,14 +423,14 @@ def test_heads_the_size_does_not_divide_are_refused_before_start(tiny_model_dir)
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",  # 4 heads, 2 KV heads
     )
     with pytest.raises(ConfigError) as info:
-        _check_ulysses_heads(cfg)
+        _check_model_configs(cfg)
     (problem,) = info.value.problems
     assert problem.startswith(
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size 4 must divide the model's"
         " num_key_value_heads 2"
     )
     assert model_problems(cfg, str(tiny_model_dir)) == [problem]
-    _check_ulysses_heads(_config(f"actor_rollout_ref.model.path={tiny_model_dir}",
+    _check_model_configs(_config(f"actor_rollout_ref.model.path={tiny_model_dir}",
                                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))  # fmt: skip
 
 

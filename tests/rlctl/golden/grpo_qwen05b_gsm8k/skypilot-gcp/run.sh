@@ -219,6 +219,9 @@ data:
   train_max_samples: -1
   val_max_samples: -1
   apply_chat_template_kwargs: {}
+  custom_cls:
+    path: null
+    name: null
 actor_rollout_ref:
   model:
     path: Qwen/Qwen2.5-0.5B-Instruct
@@ -234,7 +237,9 @@ actor_rollout_ref:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    override_config: {}
     exclude_modules: null
+    lora_adapter_path: null
   actor:
     strategy: fsdp2
     ppo_mini_batch_size: 64
@@ -394,7 +399,9 @@ critic:
     lora_rank: 0
     lora_alpha: 16.0
     target_modules: all-linear
+    override_config: {}
     exclude_modules: null
+    lora_adapter_path: null
   optim:
     lr: 1.0e-05
     betas:
