@@ -42,8 +42,8 @@ def _needs_megatron(item: pytest.Item) -> bool:
     )
 
 
-# RLCTL_TEST_WORKERS=2 scripts/test.sh runs the suite on two pytest-xdist workers (CI
-# runs one process: CONTRIBUTING.md says why), handing out whole groups:
+# scripts/test.sh runs the tests not marked slow on two pytest-xdist workers (and the slow
+# ones in one process: CONTRIBUTING.md says why), handing out whole groups:
 # a module goes to one worker, so its module-scoped fixtures (a Ray cluster, a
 # warm-started model) are built once, and the tests that start the real Slurm and
 # SkyPilot daemons, which share a session-scoped cluster, form one group. Groups go out
