@@ -1,6 +1,6 @@
 """What the launcher (rlctl) may use of the engine, in one place: the config schema and
 its rules, what each advantage estimator needs, the config error, the Megatron parallel
-rules, the Ulysses sizes against a model's heads and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
+rules, a saved LoRA adapter's settings, the Ulysses sizes against a model's heads and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
 Megatron backend converts) that the planner and ``rlctl validate`` need. Torch-free,
 Ray-free: rlctl imports the engine through this module only
 (tests/rlctl/test_import_graph.py checks both)."""
@@ -17,13 +17,17 @@ from engine.config import (
 from engine.config.train import quantized_model_problems, ulysses_model_problems
 from engine.errors import ConfigError
 from engine.models.families import MODEL_TYPES, family_rules
+from engine.train.lora_saved import CONFIG_FILE as ADAPTER_CONFIG_FILE
+from engine.train.lora_saved import adapter_settings
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
 
 __all__ = [
+    "ADAPTER_CONFIG_FILE",
     "MODEL_TYPES",
     "ConfigError",
     "EngineConfig",
     "MegatronParallel",
+    "adapter_settings",
     "config_keys",
     "estimator_needs",
     "family_rules",

@@ -291,7 +291,9 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     elif s.lora_rank:
         adapter = adapter_params(m, s)
         head = (
-            f"training ({c.backend}, LoRA rank {s.lora_rank} on {_targets(s)};"
+            f"training ({c.backend}, LoRA rank {s.lora_rank}"
+            + (" (assumed: the saved adapter is not readable here)" if s.lora_rank_assumed else "")
+            + f" on {_targets(s)};"
             f" {roles.replace(' + reference', '')} sharded"
             f" over {_count(d, 'device')}): weights 4 B/param of the base model"
             + ("" if c.fp32 else f" (+ {LORA_FROZEN_BYTES} B/param held in the update{MEASURED})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from rlctl.planner.model import (
@@ -116,6 +117,7 @@ class _Settings:
     # actor trains an adapter of this rank on these modules (memory.lora_params)
     lora_rank: int = 0
     lora_targets: str | tuple[str, ...] = "all-linear"
+    lora_rank_assumed: bool = False  # a saved adapter not readable here (ASSUMED_ADAPTER_RANK)
     # reward_model.enable: its copy on every training device (planner/reward_model.py);
     # None with a pool of its own
     reward_model: RewardModelMem | None = None
@@ -254,15 +256,45 @@ def _logits_chunk(req: PlanRequest, pinned: Mapping[str, Any]) -> int | None:
     return req.config.actor_rollout_ref.model.fused_kernel_options.chunk_size
 
 
+# A saved adapter (lora_adapter_path) the planner cannot read (a path on the cluster
+# only): planned at this rank. The adapter's share of memory is small (rank 128 on every
+# linear layer of a 7B model: about 0.3 B parameters), so a higher real rank moves the
+# plan little; what matters is that only the adapter trains.
+ASSUMED_ADAPTER_RANK = 128
+
+
 def _lora(req: PlanRequest) -> dict[str, Any]:
-    if req.config is None or req.config.actor_rollout_ref.model.lora_rank <= 0:
+    if req.config is None:
         return {}
     model = req.config.actor_rollout_ref.model
+    assumed = False
+    if model.lora_adapter_path:
+        model, assumed = _saved_adapter(model)
+    if model.lora_rank <= 0:
+        return {}
     targets = model.target_modules
     return {
         "lora_rank": model.lora_rank,
         "lora_targets": targets if isinstance(targets, str) else tuple(targets),
+        "lora_rank_assumed": assumed,
     }
+
+
+def _saved_adapter(model: Any) -> tuple[Any, bool]:
+    """The model's LoRA settings from its saved adapter where this machine can read it
+    (the engine does the same before its workers start); else the assumed rank."""
+    from engine.schema import ADAPTER_CONFIG_FILE, ConfigError, adapter_settings
+
+    if not (Path(model.lora_adapter_path).expanduser() / ADAPTER_CONFIG_FILE).is_file():
+        if model.lora_rank > 0:  # the config's rank, which the adapter's must equal
+            return model, False
+        return replace(model, lora_rank=ASSUMED_ADAPTER_RANK), True
+    try:
+        return adapter_settings(model), False
+    except ConfigError as exc:
+        raise InfeasiblePlanError(
+            "; ".join(exc.problems), hint="fix the adapter or the keys as the message says"
+        ) from None
 
 
 def _pinned_cp(pinned: Mapping[str, Any]) -> int | None:

@@ -3,6 +3,7 @@
 import pytest
 
 from rlctl.api import plan_recipe
+from rlctl.errors import RlctlError
 from rlctl.models import model_shape
 from rlctl.planner.memory import lora_params
 from rlctl.recipe import RecipeError, parse_recipe
@@ -78,3 +79,32 @@ def test_lora_needs_far_fewer_devices_for_32b():
     reasoning = "\n".join(lora.reasoning)
     assert "LoRA rank 32 on all-linear" in reasoning
     assert "the reference being the actor with its adapter off" in reasoning
+
+
+def test_a_saved_adapter_is_planned_as_lora(tmp_path):
+    """``lora_adapter_path`` without ``lora_rank``: the engine trains the adapter, so the
+    plan is LoRA's, at the adapter's rank where its folder is readable here, else at an
+    assumed rank, said in the reasoning; an adapter the engine would refuse is refused."""
+    import json
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj"]})
+    )
+
+    def with_adapter(path, **engine):
+        keys = {**QWEN32["engine"], "actor_rollout_ref.model.lora_adapter_path": str(path)}
+        return plan_recipe(parse_recipe({**QWEN32, "engine": {**keys, **engine}}))
+
+    full = plan_recipe(parse_recipe(QWEN32))
+    read = with_adapter(adapter)
+    assert read.num_devices < full.num_devices
+    assert "LoRA rank 16 on q_proj" in "\n".join(read.reasoning)
+    elsewhere = with_adapter("/on/the/cluster/adapter")
+    assert elsewhere.num_devices < full.num_devices
+    reasoning = "\n".join(elsewhere.reasoning)
+    assert "LoRA rank 128 (assumed: the saved adapter is not readable here)" in reasoning
+    with pytest.raises(RlctlError, match=r"lora_rank=8 but .* has r=16"):
+        with_adapter(adapter, **{"actor_rollout_ref.model.lora_rank": 8})
