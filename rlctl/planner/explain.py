@@ -283,6 +283,7 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
         head = (
             f"training (megatron; {roles}): TP {c.tp} within a node × PP {c.pp} × CP {c.cp}"
             + (f" × EP {c.ep}" if m.is_moe else "")
+            + (f" (experts split over ETP {c.etp})" if m.is_moe and c.etp is not None else "")
             + f", data parallel {d // c.model_parallel} (= {d} / (TP × PP × CP)); bf16 weights"
             f" {_fmt(st.weights)} (not split by CP), fp32"
             f" gradient buffer {_fmt(st.grads)}, distributed optimizer (fp32 master + Adam,"

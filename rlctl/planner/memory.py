@@ -108,6 +108,7 @@ class _TrainCfg:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    etp: int | None = None  # Megatron: ranks each routed expert is split over (None: TP)
     cp: int = 1
     sp: int = 1  # FSDP: Ulysses size (each micro-batch's tokens split over SP ranks)
     fp32: bool = False  # CPU: no mixed precision
@@ -116,6 +117,10 @@ class _TrainCfg:
     # positions: the engine asks the head for those alone), counted at the measured
     # FSDP_LOGITS_BYTES; 1.0 counts every token at LOGITS_BYTES (Megatron, CPU plans)
     head_share: float = 1.0
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
 
     @property
     def model_parallel(self) -> int:
@@ -249,7 +254,7 @@ def _expert_params(m: ModelShape) -> int:
 
 def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) -> _TrainMem:
     """Megatron-core: bf16 weights and fp32 gradient buffer split by TP×PP (experts by
-    TP×EP×PP), fp32 master weights and Adam in the distributed optimizer (sharded over data
+    ETP×EP×PP, ETP being TP unless pinned), fp32 master weights and Adam in the distributed optimizer (sharded over data
     parallel: 12·N/D). Offload (verl's) moves state to the host between phases, so it
     frees the device for the rollout but not for the update."""
     stage = math.ceil(m.num_layers / c.pp) * c.pp / m.num_layers  # uneven last stage
@@ -257,7 +262,7 @@ def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) 
 
     def split(total: int) -> float:
         dense = total - experts
-        return stage * (dense / (c.tp * c.pp) + experts / (c.tp * c.pp * c.ep))
+        return stage * (dense / (c.tp * c.pp) + experts / (c.expert_tp * c.pp * c.ep))
 
     models = [m.num_params] + ([_critic_params(m)] if critic else [])
     weights = sum(2 * split(x) for x in models) + (2 * split(m.num_params) if reference else 0)

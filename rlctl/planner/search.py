@@ -113,9 +113,9 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
     # Megatron: offload only moves state out of the way of the rollout between phases,
     # so every offload level of a (TP, PP, CP) is tried together.
     groups = []
-    for tp, pp, cp, ep in _megatron_sizes(m, layout, s.seq_len, s.cp):
+    for tp, pp, cp, ep in _megatron_sizes(m, layout, s.seq_len, s.cp, s.etp):
         cfgs = [
-            _TrainCfg("megatron", d, po, oo, s.grad_ckpt, tp=tp, pp=pp, ep=ep, cp=cp)
+            _TrainCfg("megatron", d, po, oo, s.grad_ckpt, tp=tp, pp=pp, ep=ep, etp=s.etp, cp=cp)
             for po, oo in offloads
         ]
         groups.append(cfgs)
@@ -160,14 +160,19 @@ def _ulysses_sizes(m: ModelShape, layout: _Layout, s: _Settings) -> list[int]:
 
 
 def _megatron_sizes(
-    m: ModelShape, layout: _Layout, seq: int, pinned_cp: int | None = None
+    m: ModelShape,
+    layout: _Layout,
+    seq: int,
+    pinned_cp: int | None = None,
+    pinned_etp: int | None = None,
 ) -> list[tuple[int, int, int, int]]:
     """(TP, PP, CP, EP) to try: TP a power of two within a node dividing the query heads
     and KV heads (Megatron shards query groups), PP up to half the layers where the engine
     can form the stages (``pipeline_stage_layers``: ⌈L/PP⌉ each, the rest on the last),
     CP from ``_context_parallel_sizes`` (a power of two dividing D / (TP × PP)), EP the
-    largest power of two dividing the experts and D / (TP × PP) (the engine slices
-    experts over TP as well: Megatron's default expert tensor parallelism). Smallest TP × PP × CP (the most
+    largest power of two dividing the experts and D / (ETP × PP) (ETP, the ranks each
+    expert is split over, is TP unless the recipe pins expert_tensor_parallel_size; the
+    experts' grid ETP × EP × PP must divide D as the dense one does). Smallest TP × PP × CP (the most
     data parallelism) first; at the same size the larger CP (activations scale 1/CP while
     the sequences are long, and its key/value all-gather moves less than TP's
     activations), then the larger TP (TP within a node, PP across nodes)."""
@@ -186,8 +191,9 @@ def _megatron_sizes(
             bool(m.kv_latent_dim) or m.num_kv_heads % tp == 0
         )
         for pp in pps if heads_ok else []:
-            if d % (tp * pp) == 0:
-                ep, room = 1, d // (tp * pp)
+            etp = tp if pinned_etp is None else pinned_etp
+            if d % (tp * pp) == 0 and d % (etp * pp) == 0:
+                ep, room = 1, d // (etp * pp)
                 while m.is_moe and m.num_experts % (2 * ep) == 0 and room % (2 * ep) == 0:
                     ep *= 2
                 for cp in _context_parallel_sizes(seq, d // (tp * pp), pinned_cp):

@@ -48,6 +48,7 @@ _HONOURED = frozenset(
         f"{_ARR}.rollout.gpu_memory_utilization",
         "critic.enable",
         *(f"{role}.megatron.context_parallel_size" for role in _MEGATRON_ROLES),
+        *(f"{role}.megatron.expert_tensor_parallel_size" for role in _MEGATRON_ROLES),
         f"{_ARR}.actor.ulysses_sequence_parallel_size",
         f"{_ARR}.model.use_remove_padding",
         f"{_ARR}.actor.use_kl_loss",
@@ -97,6 +98,9 @@ class _Settings:
     fraction: float | None
     target_s: float
     cp: int | None = None  # megatron context_parallel_size pinned by the recipe
+    # megatron expert_tensor_parallel_size pinned (None: Megatron's default, the TP size):
+    # the ranks each routed expert is split over, in place of TP (memory.py)
+    etp: int | None = None
     sp: int | None = None  # fsdp ulysses_sequence_parallel_size pinned by the recipe
     remove_padding: bool | None = None  # use_remove_padding pinned (Ulysses needs it on)
     # use_fused_kernels: the tokens whose logits exist at once (None: every token's)
@@ -180,7 +184,8 @@ def _settings(req: PlanRequest) -> _Settings:
         rollout_tp=pinned.get(f"{_ARR}.rollout.tensor_model_parallel_size"),
         fraction=pinned.get(f"{_ARR}.rollout.gpu_memory_utilization"),
         target_s=req.target_step_minutes * 60.0,
-        cp=_pinned_cp(pinned),
+        cp=_pinned_megatron(pinned, "context_parallel_size"),
+        etp=_pinned_megatron(pinned, "expert_tensor_parallel_size"),
         sp=pinned.get(f"{_ARR}.actor.ulysses_sequence_parallel_size"),
         remove_padding=pinned.get(f"{_ARR}.model.use_remove_padding"),
         logits_chunk=_logits_chunk(req, pinned),
@@ -297,20 +302,21 @@ def _saved_adapter(model: Any) -> tuple[Any, bool]:
         ) from None
 
 
-def _pinned_cp(pinned: Mapping[str, Any]) -> int | None:
-    """The recipe's ``<role>.megatron.context_parallel_size``: the roles share one parallel
-    layout in the engine, so the keys given must agree."""
+def _pinned_megatron(pinned: Mapping[str, Any], name: str) -> int | None:
+    """The recipe's ``<role>.megatron.<name>`` (context_parallel_size,
+    expert_tensor_parallel_size): the roles share one parallel layout in the engine, so
+    the keys given must agree."""
     given = {
         key: pinned[key]
         for role in _MEGATRON_ROLES
-        if (key := f"{role}.megatron.context_parallel_size") in pinned
+        if (key := f"{role}.megatron.{name}") in pinned and pinned[key] is not None
     }
     if len(set(given.values())) > 1:
         listed = ", ".join(f"{k}={v}" for k, v in given.items())
         raise InfeasiblePlanError(
             f"the Megatron roles share one parallel layout, but the recipe pins different"
-            f" context_parallel_size values ({listed})",
-            hint="give every role the same context_parallel_size, or pin the actor's only",
+            f" {name} values ({listed})",
+            hint=f"give every role the same {name}, or pin the actor's only",
         )
     return next(iter(given.values()), None)
 

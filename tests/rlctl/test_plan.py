@@ -575,6 +575,46 @@ def test_moe_megatron_plans_pass_the_engine_checks(model, accelerator):
         assert parallel.model_problems(hf_config, key) == []
 
 
+def test_a_pinned_expert_tensor_parallel_size_splits_the_experts():
+    """expert_tensor_parallel_size pinned: each routed expert is split over ETP ranks in
+    place of TP, so with ETP 1 under TP 2 the plan doubles EP to keep the experts' share
+    per device (it counted them split by TP before, half their real size), the experts'
+    grid ETP × EP × PP divides the world, and the engine accepts the layout."""
+    import transformers
+
+    from engine.train.megatron_parallel import MegatronParallel
+    from rlctl.api import plan_recipe
+    from rlctl.model_table import table_config
+    from rlctl.recipe import parse_recipe
+
+    model = "Qwen/Qwen3-235B-A22B"
+    recipe = {
+        "name": "moe",
+        "algorithm": "grpo",
+        "model": model,
+        "data": {"prepare": "gsm8k"},
+        "hardware": {"accelerators": "H200:8"},
+        "trainer": "megatron",
+    }
+    default = plan_recipe(parse_recipe(recipe))
+    key = "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size"
+    pinned = plan_recipe(parse_recipe({**recipe, "engine": {key: 1}}))
+    assert default.train_tp == pinned.train_tp == 2
+    assert pinned.train_ep == 2 * default.train_ep
+    assert pinned.memory.train_weights_gib == pytest.approx(default.memory.train_weights_gib)
+    assert "(experts split over ETP 1)" in "\n".join(pinned.reasoning)
+    hf_config = transformers.AutoConfig.for_model(**table_config(model))
+    parallel = MegatronParallel(
+        tensor_model_parallel_size=pinned.train_tp,
+        pipeline_model_parallel_size=pinned.train_pp,
+        expert_model_parallel_size=pinned.train_ep,
+        expert_tensor_parallel_size=1,
+        sequence_parallel=True,  # the plan's with TP > 1
+    )
+    assert parallel.problems(pinned.num_devices, "actor") == []
+    assert parallel.model_problems(hf_config, "actor") == []
+
+
 def test_an_unconverted_moe_is_sized_and_named(tmp_path):
     """A mixture of experts the Megatron engine has no conversion for (Mixtral here) is
     still sized; the plan says that validate and launch will refuse it."""
