@@ -4,8 +4,11 @@
 
 (this file and the plan, a JSON file, passed open: neither path is visible inside).
 
-Stdlib only, and never imports the engine: it runs under the interpreter's isolated
-flags, as root where the engine is root, before anything is dropped. Three processes:
+One file, over the project's 600-line guide on purpose: it is the whole program the
+sandbox runs, handed over open, and a second module would be a second file to pass in
+and to trust (or a path the sandbox could see). Stdlib only, and never imports the
+engine: it runs under the interpreter's isolated flags, as root where the engine is
+root, before anything is dropped. Three processes:
 
 - the supervisor joins the run's cgroup, enters the new namespaces (unshare) and forks
   the init; the parent kills its process group when its own deadline passes;
