@@ -20,6 +20,7 @@ from rlctl.backends import get_backend
 from rlctl.bundled import bundled_dir
 from rlctl.errors import RlctlError
 from rlctl.jobs import SUBMISSION_INCOMPLETE, Job, JobState, JobStore
+from rlctl.progress import Progress, read_progress
 from rlctl.recipe import Recipe, load_recipe
 from rlctl.spec import JobSpec, build_spec
 
@@ -192,6 +193,12 @@ def status(ref: str | None = None, store: JobStore | None = None) -> list[Job]:
     store = store or JobStore()
     jobs = [store.get(ref)] if ref else store.list()
     return [refresh(job, store) for job in jobs]
+
+
+def progress(job: Job) -> Progress:
+    """Where the job's run is, from its files where this machine can read them; never
+    raises (a ``note`` says what could not be read)."""
+    return read_progress(job)
 
 
 def list_jobs(store: JobStore | None = None, limit: int | None = None) -> list[Job]:

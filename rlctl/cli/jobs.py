@@ -21,13 +21,26 @@ def status(
     job: str = typer.Argument(None, help="A job id or prefix; all jobs when omitted."),
     as_json: options.Json = False,
 ) -> None:
-    """Show jobs, with their state refreshed from where they run.
+    """Show jobs, with their state refreshed from where they run; one job also shows
+    its run's progress (step, score, seconds per step, time left, a score sparkline).
 
     Example: `rlctl status` · `rlctl status quickstart-k3x9`
     """
     from rlctl import api
 
-    _print_jobs(api.status(job), as_json)
+    jobs = api.status(job)
+    if job is None:
+        _print_jobs(jobs, as_json)
+        return
+    from rlctl.progress import format_progress
+
+    progress = api.progress(jobs[0])
+    if as_json:
+        typer.echo(json.dumps([_job_dict(jobs[0]) | {"progress": progress.to_json()}], indent=1))
+        return
+    _print_jobs(jobs, as_json)
+    for line in format_progress(progress):
+        typer.echo(line)
 
 
 def list_(

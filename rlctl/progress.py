@@ -1,0 +1,268 @@
+"""Where a run is, at a glance: ``rlctl status JOB``'s progress lines.
+
+Read from the files a job writes where this machine can read them: the local backend's
+job directory, or a Slurm job root on a shared file system (Slurm without ``--ssh``).
+The engine writes one JSON object per step to ``<run_dir>/metrics.jsonl``
+(``engine/tracking.py``) and its console lines (``step k/N | score ...``, ``resumed
+from PATH at step k``) to the job's log.
+
+Reading is cheap and never fails ``status``: only the last ``TAIL_BYTES`` of the metrics
+file and ``LOG_TAIL_BYTES`` of the log are read, a torn or corrupt line is skipped, and
+anything unreadable becomes a one-line note instead of an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rlctl.jobs import Job
+
+__all__ = ["Progress", "format_duration", "format_progress", "read_progress", "sparkline"]
+
+METRICS_FILE = "metrics.jsonl"  # engine/tracking.py:METRICS_FILE (the engine is not imported)
+SCORE_KEY = "critic/score/mean"
+STEP_TIME_KEY = "timing_s/step"
+TAIL_BYTES = 64 * 1024  # of metrics.jsonl: a few hundred steps
+LOG_TAIL_BYTES = 256 * 1024
+RECENT_STEPS = 10  # seconds per step: the median over this many of the last steps
+SPARK_WIDTH = 40  # the sparkline shows at most this many of the last steps
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+# the engine's console line (engine/tracking.py:console_line) and resume line
+# (engine/trainer.py:resume)
+_CONSOLE_STEP = re.compile(r"^step (\d+)/(\d+)(?: \||$)", re.MULTILINE)
+_RESUMED = re.compile(r"^resumed from .* at step (\d+)$", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What the run's files say; ``note`` when they say nothing (and why)."""
+
+    note: str | None = None  # "no metrics yet ...", "not readable from here ..."
+    metrics_path: str | None = None
+    step: int | None = None  # the last step recorded
+    total_steps: int | None = None  # N: engine.yaml's trainer.total_training_steps, or the log
+    score: float | None = None  # the last step's critic/score/mean
+    step_s: float | None = None  # median timing_s/step over the last RECENT_STEPS steps
+    eta_s: float | None = None  # (N - step) x step_s, while the job runs
+    resumes: int | None = None  # "resumed from" lines in the log (None: no log read)
+    resumes_partial: bool = False  # the log is longer than its read tail: "at least"
+    last_resume_step: int | None = None
+    scores: tuple[tuple[int, float], ...] = ()  # (step, score) of the last SPARK_WIDTH steps
+
+    @property
+    def readable(self) -> bool:
+        return self.step is not None
+
+    def to_json(self) -> dict[str, Any]:
+        values = [s for _, s in self.scores]
+        return {
+            "readable": self.readable,
+            "note": self.note,
+            "metrics_path": self.metrics_path,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "score": self.score,
+            "seconds_per_step": self.step_s,
+            "eta_s": self.eta_s,
+            "resumes": self.resumes,
+            "resumes_at_least": self.resumes_partial,
+            "last_resume_step": self.last_resume_step,
+            "scores": [[step, score] for step, score in self.scores],
+            "sparkline": sparkline(values),
+            "score_min": min(values) if values else None,
+            "score_max": max(values) if values else None,
+        }
+
+
+def read_progress(job: Job) -> Progress:
+    """The job's progress from its files, or a ``Progress`` with only a ``note``."""
+    root = _readable_root(job)
+    if isinstance(root, Progress):
+        return root
+    try:
+        return _read(root, Path(job.handle.get("log") or root / "job.log"), job.state.terminal)
+    except Exception as exc:  # whatever a file holds, status must still print
+        return Progress(note=f"could not read the run's progress: {exc}")
+
+
+def _readable_root(job: Job) -> Path | Progress:
+    """The job's directory on this machine, or why there is none."""
+    if not job.handle:
+        return Progress(note="not submitted: no run to read")
+    if job.backend == "skypilot":
+        return Progress(note="not readable from here: the metrics are on the cloud's nodes")
+    if job.handle.get("ssh"):
+        return Progress(
+            note=f"not readable from here: the job root is on {job.handle['ssh']} (over ssh)"
+        )
+    if "root" not in job.handle:
+        return Progress(note="not readable from here: the job records no directory")
+    return Path(job.handle["root"])
+
+
+def _read(root: Path, log: Path, finished: bool) -> Progress:
+    engine = _engine_yaml(root / "engine.yaml")
+    metrics = _run_dir(root, engine) / METRICS_FILE
+    log_text, log_whole = _tail(log, LOG_TAIL_BYTES) if log.is_file() else ("", True)
+    resumed = [int(k) for k in _RESUMED.findall(log_text)]
+    read = Progress(  # what is known before the metrics
+        metrics_path=str(metrics),
+        resumes=len(resumed) if log.is_file() else None,
+        resumes_partial=not log_whole,
+        last_resume_step=resumed[-1] if resumed else None,
+    )
+    records = _records(metrics) if metrics.is_file() else []
+    if not records:
+        return dataclasses.replace(read, note=f"no metrics yet ({metrics})")
+
+    step = records[-1]["step"]
+    total = _total_steps(engine, log_text)
+    times = [t for r in records[-RECENT_STEPS:] if (t := _number(r.get(STEP_TIME_KEY))) is not None]
+    step_s = statistics.median(times) if times else None
+    eta = None
+    if not finished and total is not None and step_s is not None:
+        eta = max(total - step, 0) * step_s
+    scored = [(r["step"], _number(r.get(SCORE_KEY))) for r in records]
+    scores = tuple((k, v) for k, v in scored if v is not None)[-SPARK_WIDTH:]
+    return dataclasses.replace(
+        read,
+        step=step,
+        total_steps=total,
+        score=_number(records[-1].get(SCORE_KEY)),
+        step_s=step_s,
+        eta_s=eta,
+        scores=scores,
+    )
+
+
+def _tail(path: Path, max_bytes: int) -> tuple[str, bool]:
+    """The whole lines in the last ``max_bytes`` of ``path``, and whether that is all of it."""
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - max_bytes)
+        f.seek(start)
+        data = f.read(max_bytes)
+    if start > 0:  # began mid-line: drop the piece
+        data = data.partition(b"\n")[2]
+    return data.decode("utf-8", errors="replace"), start == 0
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The metrics file's last records, in order; torn or corrupt lines skipped."""
+    text, _ = _tail(path, TAIL_BYTES)
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            records.append(record)
+    return records
+
+
+def _engine_yaml(path: Path) -> Mapping[str, Any]:
+    """The job's engine config as rlctl wrote it ({} when missing or unreadable)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _trainer(engine: Mapping[str, Any]) -> Mapping[str, Any]:
+    trainer = engine.get("trainer")
+    return trainer if isinstance(trainer, dict) else {}
+
+
+def _run_dir(root: Path, engine: Mapping[str, Any]) -> Path:
+    """Where the engine writes metrics, as engine/runtime.py:run_dir decides, seen from
+    the job's directory (the job runs there: local cwd, Slurm --chdir)."""
+    trainer = _trainer(engine)
+    local_dir = trainer.get("default_local_dir")
+    if not isinstance(local_dir, str) or not local_dir:
+        return root / "run"  # rlctl/spec.py:JobPaths.run_dir, the default
+    if "://" in local_dir:  # a bucket holds only checkpoints
+        return (
+            root / "runs" / str(trainer.get("project_name")) / str(trainer.get("experiment_name"))
+        )
+    return root / local_dir  # an absolute path stays itself
+
+
+def _total_steps(engine: Mapping[str, Any], log_text: str) -> int | None:
+    """N: the config's trainer.total_training_steps when set, else the engine's last
+    ``step k/N`` console line (N then comes from the data and the epochs)."""
+    pinned = _trainer(engine).get("total_training_steps")
+    if isinstance(pinned, int) and not isinstance(pinned, bool) and pinned > 0:
+        return pinned
+    lines = _CONSOLE_STEP.findall(log_text)
+    return int(lines[-1][1]) if lines else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+# -- formatting ------------------------------------------------------------------------
+
+
+def sparkline(values: list[float]) -> str:
+    """One block character per value, ``▁`` at the minimum to ``█`` at the maximum."""
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    if high == low:
+        return BLOCKS[len(BLOCKS) // 2 - 1] * len(values)
+    top = len(BLOCKS) - 1
+    return "".join(BLOCKS[round((v - low) / (high - low) * top)] for v in values)
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``3m07s``, ``2h05m``, ``1d03h``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_progress(p: Progress) -> list[str]:
+    """The lines ``rlctl status JOB`` prints under the job's row."""
+    if not p.readable:
+        return [f"progress: {p.note}"]
+    parts = [f"step {p.step}/{p.total_steps}" if p.total_steps else f"step {p.step}"]
+    if p.score is not None:
+        parts.append(f"score {p.score:.4g}")
+    if p.step_s is not None:
+        parts.append(f"{p.step_s:.3g} s/step")
+    if p.eta_s is not None:
+        parts.append(f"{format_duration(p.eta_s)} left")
+    if p.resumes:
+        at_least = "≥" if p.resumes_partial else ""
+        parts.append(f"resumed {at_least}{p.resumes}x (last at step {p.last_resume_step})")
+    lines = ["progress: " + " · ".join(parts)]
+    if p.scores:
+        values = [s for _, s in p.scores]
+        first, last = p.scores[0][0], p.scores[-1][0]
+        lines.append(
+            f"score:    {sparkline(values)}  min {min(values):.4g} max {max(values):.4g}"
+            f" (steps {first}-{last})"
+        )
+    return lines
