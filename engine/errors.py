@@ -7,7 +7,12 @@ import os
 import sys
 from collections.abc import Iterator
 
+# The engine's exit codes: 0 done; 1 a failure (a worker died or raised); 2 a
+# configuration or usage error (EXIT_USER_ERROR); 75 stopped on SIGTERM, requeue me
+# (engine.trainer.Preempted); 76 a phase ran past the hang watchdog's bound, every
+# worker's stacks are in the log (EXIT_HUNG, engine.watchdog). docs/training.md, "Faults".
 EXIT_USER_ERROR = 2
+EXIT_HUNG = 76
 
 
 class EngineError(Exception):

@@ -466,11 +466,12 @@ def train(
     from engine.scoring import Scorer
     from engine.tracking import Tracker
     from engine.trainer import Trainer
+    from engine.watchdog import watching
 
     checkpoints = CheckpointManager(cfg.trainer)
     resume_from = checkpoints.resume_point()
     resumed_step = read_trainer_state(resume_from).step if resume_from else 0
-    write_worker_table(workers, run_dir(cfg))
+    table = write_worker_table(workers, run_dir(cfg))
     total = data.total_steps
     with Tracker(
         cfg.trainer, run_dir(cfg), dataclasses.asdict(cfg), total, resumed_step
@@ -490,7 +491,8 @@ def train(
         )
         previous = signal.signal(signal.SIGTERM, lambda *_: trainer.request_stop())
         try:
-            trainer.fit()
+            with watching(cfg.trainer, workers, table, lambda: trainer.step):
+                trainer.fit()
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -570,19 +572,21 @@ def run_dir(cfg: EngineConfig) -> Path:
     return Path(root)
 
 
-def write_worker_table(workers: Any, directory: Path) -> None:
+def write_worker_table(workers: Any, directory: Path) -> list[dict]:
     """Which process holds each rank (of which group, with a rollout or reward model
-    group of its own): for operators, and for fault tests."""
+    group of its own), on which Ray node, and where SIGUSR1 writes its stacks
+    (engine.watchdog): for operators, for the watchdog, and for fault tests."""
     directory.mkdir(parents=True, exist_ok=True)
-    pids = workers.host_all("pid")
+    where = workers.host_all("whereabouts")
     # engine.controller.groups.SeparateGroups: its groups' hosts in this order
     groups = getattr(workers, "groups", [workers])
     table = []
     for group in groups:
         for rank in range(group.world_size):
-            row = {"rank": rank, "pid": pids[len(table)]}
+            row = {"rank": rank, **where[len(table)]}
             table.append({**row, "group": group.label} if group.label else row)
     (directory / "workers.json").write_text(json.dumps(table))
+    return table
 
 
 def with_total_steps(cfg: EngineConfig, total: int) -> EngineConfig:

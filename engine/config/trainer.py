@@ -80,6 +80,19 @@ class TrainerConfig:
     max_consecutive_skipped_updates: int = setting(
         5, "Stop after this many actor updates in a row with a NaN/inf loss or gradient."
     )
+    hang_timeout_factor: float = setting(
+        5.0,
+        "The hang watchdog: a phase (a call the controller waits on, such as"
+        " rollout.generate or actor.update) may run this many times its longest of the"
+        " last 10 runs (at least hang_timeout_floor_s); past it every worker's stacks go"
+        " to the log and the run exits with code 76. 0: off; else at least 1.",
+    )
+    hang_timeout_floor_s: float = setting(
+        1800.0,
+        "Seconds any phase may run before the hang watchdog ends the run, and the bound of"
+        " a phase not measured yet (the first steps compile and warm up); the process"
+        " group's collective timeout is twice this.",
+    )
     export_hf_dir: str | None = setting(
         None,
         "Export the final checkpoint to this folder as a Hugging Face model (needs save_freq).",
@@ -138,6 +151,12 @@ class TrainerConfig:
     )
 
     @property
+    def collective_timeout_s(self) -> float:
+        """torch.distributed's timeout for the workers' collectives: above the watchdog's
+        floor, so that the watchdog reports a stuck collective (with the stacks) first."""
+        return 2 * self.hang_timeout_floor_s
+
+    @property
     def loggers(self) -> list[str]:
         """``logger`` as a list (verl accepts one name as a string)."""
         names = [self.logger] if isinstance(self.logger, str) else list(self.logger)
@@ -182,6 +201,13 @@ def rules(cfg: EngineConfig) -> list[str]:
             "trainer.max_consecutive_skipped_updates must be >= 1,"
             f" got {t.max_consecutive_skipped_updates}"
         )
+    if t.hang_timeout_factor != 0 and not t.hang_timeout_factor >= 1:
+        p.append(
+            "trainer.hang_timeout_factor must be 0 (the hang watchdog off) or at least 1,"
+            f" got {t.hang_timeout_factor}"
+        )
+    if not t.hang_timeout_floor_s > 0:
+        p.append(f"trainer.hang_timeout_floor_s must be > 0 seconds, got {t.hang_timeout_floor_s}")
     if t.export_hf_dir and t.save_freq < 1:
         p.append(
             "trainer.export_hf_dir exports the final checkpoint: set trainer.save_freq to a"

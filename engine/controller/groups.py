@@ -20,6 +20,7 @@ import ray
 from engine.controller import dispatch
 from engine.controller.worker_group import Pending, WorkerGroup
 from engine.rollout.bridge import SENDER, BridgeAddress, Pushed
+from engine.watchdog import NoWatch, Watch
 
 ROLLOUT = "rollout"
 
@@ -31,6 +32,13 @@ class SeparateGroups:
         self.rollout = self.own.get(ROLLOUT)  # None when the rollout is colocated
         self.world_size = train.world_size
         self._bridge: BridgeAddress | None = None
+        self.watch: Watch = NoWatch()
+
+    def set_watch(self, watch: Watch) -> None:
+        """The run's hang watchdog, for every group's waits and for those on all at once."""
+        self.watch = watch
+        for group in self.groups:
+            group.set_watch(watch)
 
     @property
     def groups(self) -> list[WorkerGroup]:
@@ -75,7 +83,8 @@ class SeparateGroups:
         """Every host of every group, at once (each group's hosts meet in their own
         collectives: a checkpoint's barrier); in the order of ``groups``."""
         return self._get_all(
-            [(g, [getattr(w, method).remote(*args) for w in g.workers]) for g in self.groups]
+            [(g, [getattr(w, method).remote(*args) for w in g.workers]) for g in self.groups],
+            phase=f"host.{method}",
         )
 
     def push_weights(self) -> Pushed:
@@ -84,22 +93,32 @@ class SeparateGroups:
         rollout rank receives and loads them as they come; what the sender sent."""
         assert self.rollout is not None, "push_weights needs the rollout's own group"
         if self._bridge is None:
-            host, port = ray.get(self.train.workers[0].rendezvous_address.remote())
+            asked = [self.train.workers[0].rendezvous_address.remote()]
+            host, port = self.train.get(asked, phase="host.rendezvous")[0]
             self._bridge = BridgeAddress(host, port, 1 + self.rollout.world_size)
         send = [w.call.remote("actor", "send_weights", self._bridge) for w in self.train.workers]
         load = [
             w.call.remote(ROLLOUT, "receive_weights", self._bridge) for w in self.rollout.workers
         ]
-        return self._get_all([(self.train, send), (self.rollout, load)])[SENDER]
+        sync = [(self.train, send), (self.rollout, load)]
+        return self._get_all(sync, phase="weight_sync")[SENDER]
 
-    def _get_all(self, calls: list[tuple[WorkerGroup, list[Any]]]) -> list[Any]:
+    def _get_all(self, calls: list[tuple[WorkerGroup, list[Any]]], phase: str) -> list[Any]:
         """Every group's results, waiting on all at once: a rank that fails in one is
-        noticed (named by its group) while the other groups' ranks still wait on it."""
+        noticed (named by its group) while the other groups' ranks still wait on it.
+        Watched as one wait under ``phase`` (engine.watchdog)."""
         pending = {ref: (group, refs) for group, refs in calls for ref in refs}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            group, refs = pending.pop(done[0])
-            group.get([done[0]], first_rank=refs.index(done[0]))
+        ranks = [(group.label, rank) for group, refs in calls for rank in range(len(refs))]
+        with self.watch.waiting(phase, ranks) as wait:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=wait.poll_s)
+                wait.check()
+                if not done:
+                    continue
+                group, refs = pending.pop(done[0])
+                rank = refs.index(done[0])
+                group.check_result(done[0], rank)
+                wait.done((group.label, rank))
         return [result for _, refs in calls for result in ray.get(refs)]
 
     def shutdown(self, grace_s: float = 10.0) -> None:

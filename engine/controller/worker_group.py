@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from engine.controller import dispatch
 from engine.errors import EngineError
+from engine.watchdog import NoWatch, Watch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +112,10 @@ class Pending:
     refs: list[Any]
     output_ranks: list[int]
     gather: Callable[[list[Any]], Any]
+    phase: str = ""  # role.method, for the hang watchdog
 
     def result(self) -> Any:
-        results = self.group.get(self.refs)
+        results = self.group.get(self.refs, phase=self.phase)
         return self.gather([results[rank] for rank in self.output_ranks])
 
 
@@ -132,6 +134,9 @@ class WorkerGroup:
         # Roles whose model is split over ranks (Megatron TP/PP): the ranks of one model
         # replica work on the same rows.
         self.layouts = dict(layouts or {})
+        # what every wait on the ranks registers with (engine.watchdog): none until a
+        # run's loop sets its watchdog
+        self.watch: Watch = NoWatch()
         remote_cls = ray.remote(host_cls)
         spec = pool.spec
         self.workers = []
@@ -159,38 +164,54 @@ class WorkerGroup:
     def start(self, *args: Any) -> None:
         """Rank 0 picks the rendezvous address; then every rank joins at once and builds
         its roles (``args`` go to each host's ``init_distributed``)."""
-        first = self.get([self.workers[0].rendezvous_address.remote()])
+        first = self.get([self.workers[0].rendezvous_address.remote()], phase="host.rendezvous")
         master_addr, master_port = first[0]
-        self.get([w.init_distributed.remote(master_addr, master_port, *args) for w in self.workers])
+        joins = [w.init_distributed.remote(master_addr, master_port, *args) for w in self.workers]
+        self.get(joins, phase="host.init_distributed")
 
-    def get(self, refs: list[Any], first_rank: int = 0) -> list[Any]:
+    def set_watch(self, watch: Watch) -> None:
+        """The run's hang watchdog (``engine.watchdog.NoWatch()``: none)."""
+        self.watch = watch
+
+    def get(self, refs: list[Any], first_rank: int = 0, phase: str = "") -> list[Any]:
         """Results of one call per rank, in rank order.
 
         Results are taken as they arrive, so a rank that dies is noticed at once even
         while the others block in a collective waiting for it; the error names the
         rank. The caller then shuts the group down, which ends the blocked ranks.
+        The wait is watched under ``phase`` (role.method): with the watchdog on, it looks
+        up once a second and raises ``engine.watchdog.Hung`` once the run is declared hung.
         """
         rank_of = {ref: first_rank + i for i, ref in enumerate(refs)}
         pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(done[0])
-            except ray.exceptions.RayActorError as exc:
-                raise WorkerFailure(
-                    rank_of[done[0]], f"its process died ({_cause(exc)})", self.label
-                ) from exc
-            except ray.exceptions.RayTaskError as exc:
-                raise WorkerFailure(rank_of[done[0]], _cause(exc), self.label) from exc
+        with self.watch.waiting(phase, [(self.label, r) for r in rank_of.values()]) as wait:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=wait.poll_s)
+                wait.check()
+                if not done:
+                    continue
+                self.check_result(done[0], rank_of[done[0]])
+                wait.done((self.label, rank_of[done[0]]))
         return ray.get(refs)
+
+    def check_result(self, ref: Any, rank: int) -> None:
+        """A finished call of ``rank``: its error as a ``WorkerFailure`` naming the rank."""
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise WorkerFailure(rank, f"its process died ({_cause(exc)})", self.label) from exc
+        except ray.exceptions.RayTaskError as exc:
+            raise WorkerFailure(rank, _cause(exc), self.label) from exc
 
     def host_all(self, method: str, *args: Any) -> list[Any]:
         """Every host runs one of its own methods (checkpointing, pid)."""
-        return self.get([getattr(w, method).remote(*args) for w in self.workers])
+        refs = [getattr(w, method).remote(*args) for w in self.workers]
+        return self.get(refs, phase=f"host.{method}")
 
     def call_all(self, role: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Every rank runs role.method(*args); the results in rank order."""
-        return self.get([w.call.remote(role, method, *args, **kwargs) for w in self.workers])
+        refs = [w.call.remote(role, method, *args, **kwargs) for w in self.workers]
+        return self.get(refs, phase=f"{role}.{method}")
 
     def call_split(
         self,
@@ -225,7 +246,7 @@ class WorkerGroup:
             w.call.remote(role, method, shards[layout.shard(rank, world)], *args)
             for rank, w in enumerate(self.workers)
         ]
-        return Pending(self, refs, layout.output_ranks(world), gather)
+        return Pending(self, refs, layout.output_ranks(world), gather, f"{role}.{method}")
 
     def submit_each(self, role: str, method: str, per_rank: list[Any], *args: Any) -> Pending:
         """Rank r runs role.method(per_rank[r], *args), not waited for; ``.result()`` is
@@ -237,7 +258,7 @@ class WorkerGroup:
             w.call.remote(role, method, part, *args)
             for part, w in zip(per_rank, self.workers, strict=True)
         ]
-        return Pending(self, refs, list(range(self.world_size)), list)
+        return Pending(self, refs, list(range(self.world_size)), list, f"{role}.{method}")
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Give each worker ``grace_s`` to release what outlives its process (a CPU

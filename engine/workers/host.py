@@ -20,6 +20,7 @@ import torch.distributed as dist
 from engine.config import EngineConfig
 from engine.device import DeviceSpec, local_rank_from_env, resolve_device, set_device
 from engine.startup import gc_paused
+from engine.watchdog import StackFile, hang_forever_for_test, hang_point_for_test
 
 # The role classes, in the order they are built on a host.
 ROLE_ORDER = ("actor", "rollout", "ref", "critic", "rm")
@@ -84,6 +85,11 @@ class WorkerHost:
         self._uploader: Any = None  # engine.storage.BackgroundUploader, made on first use
         # when this process was up, and when its roles were built (engine.startup)
         self._startup_times = {"workers": time.time()}
+        # SIGUSR1 writes every thread's stack here, even with the main thread stuck
+        # (engine.watchdog: the driver's hang watchdog reads it)
+        self._stacks = StackFile()
+        self._hang_at = hang_point_for_test(group, rank)  # None outside tests
+        self._calls: dict[str, int] = {}
 
     def rendezvous_address(self) -> tuple[str, int]:
         ip = _node_ip()
@@ -110,7 +116,9 @@ class WorkerHost:
             backend=self.device.backend,
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(minutes=30),
+            # a collective stuck past this raises (gloo) or aborts (NCCL); the watchdog,
+            # bounded by hang_timeout_floor_s and below this, reports first
+            timeout=timedelta(seconds=self.cfg.trainer.collective_timeout_s),
         )
         self._build_roles()
 
@@ -199,8 +207,25 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def whereabouts(self) -> dict[str, Any]:
+        """This process, its Ray node and its stack file (the run's workers.json)."""
+        import ray
+
+        return {
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "stack_file": self._stacks.path,
+        }
+
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self._hang_at is not None:  # tests only (engine.watchdog.TEST_HANG_ENV)
+            self._hang_if_asked(f"{role}.{method}")
         return getattr(self.roles[role], method)(*args, **kwargs)
+
+    def _hang_if_asked(self, phase: str) -> None:
+        self._calls[phase] = self._calls.get(phase, 0) + 1
+        if (phase, self._calls[phase]) == self._hang_at:
+            hang_forever_for_test()
 
     def close(self) -> None:
         """Before the process is ended: each role releases what would outlive it, then
@@ -208,6 +233,7 @@ class WorkerHost:
         SIGTERM, whose handler, landing in a slow ``__del__``, printed a traceback)."""
         self._close_roles()
         self._leave_process_group()
+        self._stacks.close()
 
     def _close_roles(self) -> None:
         for role in self.roles.values():

@@ -94,7 +94,7 @@ def _stand_in_group(world_size: int, layouts: dict, sent: dict):
     group.world_size = world_size
     group.layouts = layouts
     group.workers = [worker(r) for r in range(world_size)]
-    group.get = lambda refs: refs
+    group.get = lambda refs, phase="": refs
     return group
 
 
