@@ -88,7 +88,7 @@ class TrainerConfig:
         " to the log and the run exits with code 76. 0: off; else at least 1.",
     )
     hang_timeout_floor_s: float = setting(
-        1800.0,
+        3600.0,
         "Seconds any phase may run before the hang watchdog ends the run, and the bound of"
         " a phase not measured yet (the first steps compile and warm up); the process"
         " group's collective timeout is twice this.",

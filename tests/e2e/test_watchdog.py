@@ -12,7 +12,7 @@ from engine.watchdog import TEST_HANG_ENV
 
 pytestmark = pytest.mark.slow
 
-FLOOR_S = 30  # low for a test; first steps here take a few seconds each
+FLOOR_S = 15  # low for a test (each second of it is CI time); first steps here take 1-5 s
 
 
 @pytest.fixture(scope="module")

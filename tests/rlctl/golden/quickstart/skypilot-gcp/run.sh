@@ -529,7 +529,7 @@ trainer:
   preemption_save_steps: 1
   max_consecutive_skipped_updates: 5
   hang_timeout_factor: 5.0
-  hang_timeout_floor_s: 1800.0
+  hang_timeout_floor_s: 3600.0
   export_hf_dir: null
   seed: 1
   balance_batch: false
