@@ -375,7 +375,7 @@ class StackFile:
 # -- a hang on purpose, for tests only ------------------------------------------------
 
 # RLCTL_TEST_HANG_AT=role.method:N:R makes rank R (of the training group) never return
-# from its Nth call of role.method (tests/e2e/test_watchdog.py). Never set in a real run.
+# from its Nth call of role.method (tests/e2e/test_hang_watchdog_cpu.py). Never set in a real run.
 TEST_HANG_ENV = "RLCTL_TEST_HANG_AT"
 
 

@@ -1,6 +1,6 @@
 """The hang watchdog's parts without a run: the bound, the waits it watches, the report,
 and a worker's stack file read while its thread is stuck (engine.watchdog). The whole
-run that hangs is tests/e2e/test_watchdog.py."""
+run that hangs is tests/e2e/test_hang_watchdog_cpu.py."""
 
 import io
 import os
