@@ -170,25 +170,6 @@ def test_failing_job_reports_exit_code_and_log_tail(rlctl, tmp_path, wait_state,
     assert find_processes(ray_temp_prefix(slurm_id)) == {}
 
 
-def test_stop_running_job(rlctl, tmp_path, job_state, find_processes):
-    job_id = launch(rlctl, recipe(tmp_path, "slurmlong", steps=500))
-    deadline = time.monotonic() + 300
-    while "step 1/500" not in rlctl("logs", job_id).stdout:
-        assert time.monotonic() < deadline, rlctl("logs", job_id).stdout[-3000:]
-        assert job_state(rlctl, job_id)["state"] in ("PENDING", "RUNNING")
-        time.sleep(2)
-    stopped = rlctl("stop", job_id, "--grace", "60")
-    assert stopped.returncode == 0, stopped.stderr
-    assert job_state(rlctl, job_id)["state"] == "CANCELLED"
-    slurm_id = handle(rlctl, job_id)["slurm_job_id"]
-    wait_slurm_done(slurm_id)
-    assert find_processes(ray_temp_prefix(slurm_id)) == {}
-    assert "stopping the engine" in rlctl("logs", job_id).stdout
-    # graceful: the engine finished its step and exited with 75 ("stopped on SIGTERM")
-    root = Path(handle(rlctl, job_id)["root"])
-    assert (root / "exit_code").read_text().strip() == "75", rlctl("logs", job_id).stdout[-3000:]
-
-
 def test_bad_partition_is_a_clear_error(rlctl, tmp_path):
     home = tmp_path / "badhome"
     write_profile(home, tmp_path / "jobs", partition="nosuch")
@@ -213,7 +194,7 @@ def _pending_reason(slurm_id: str) -> str:
 def test_preempted_job_requeues_and_resumes(rlctl, tmp_path, job_state, find_processes):
     """SIGTERM to the batch shell (what Slurm's --signal=B:TERM@... sends before a time limit
     or preemption): the engine saves and exits 75, the script requeues the job, and the
-    requeued run resumes from the checkpoint."""
+    requeued run resumes from the checkpoint; then `rlctl stop` ends it for good."""
     write_profile(rlctl.home, tmp_path / "jobs", requeue="true")
     path = recipe(tmp_path, "slurmrq", steps=500, **{"trainer.save_freq": 1})
     job_id = launch(rlctl, path)
@@ -235,6 +216,16 @@ def test_preempted_job_requeues_and_resumes(rlctl, tmp_path, job_state, find_pro
         time.sleep(3)
     assert "requeueing job" in logs
     assert job_state(rlctl, job_id)["state"] == "RUNNING"
-    assert rlctl("stop", job_id, "--grace", "60").returncode == 0
+    # `rlctl stop` of the resumed run (what test_stop_running_job checked on a job of its
+    # own): graceful, the engine finishing its step and exiting 75, recorded CANCELLED,
+    # and no requeue after it (requeue is on): the job leaves squeue, its Ray with it.
+    root = Path(handle(rlctl, job_id)["root"])
+    (root / "exit_code").unlink()  # the preempted run's 75: the stop must write its own
+    stopped = rlctl("stop", job_id, "--grace", "60")
+    assert stopped.returncode == 0, stopped.stderr
+    assert job_state(rlctl, job_id)["state"] == "CANCELLED"
     wait_slurm_done(slurm_id)
     assert find_processes(ray_temp_prefix(slurm_id)) == {}
+    logs = rlctl("logs", job_id).stdout
+    assert logs.count("rlctl: stopping the engine (SIGTERM)") == 2, logs[-3000:]  # preempt, stop
+    assert (root / "exit_code").read_text().strip() == "75", logs[-3000:]
