@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config.aliases import canonical_value, dotted_to_schema, flatten, nested_to_schema
+from engine.config.aliases import (
+    canonical_value,
+    dotted_to_schema,
+    flatten,
+    nest,
+    nested_to_schema,
+)
 from engine.config.async_training import apply_defaults as async_defaults
 from engine.config.compose import Layer, compose_file, group_preset, is_group
 from engine.config.engine import EngineConfig
@@ -190,23 +196,20 @@ def key_problems(dotted: Mapping[str, Any]) -> list[str]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    def nested(key: str, value: Any) -> dict[str, Any]:
-        for part in reversed(key.split(".")):
-            value = {part: value}
-        return value
-
     try:
         renamed = dotted_to_schema(list(dotted.items()), "base config")
     except ConfigError as exc:
         return list(exc.problems)
     # All keys in one merge first (one copy of the schema: a valid mapping, the common
     # case, costs that alone); only when it fails, each key alone, to name every bad one.
-    together = _merge_all(renamed, nested)
+    together = _merge_all(renamed)
     problems = []
     for key, value in renamed:
         try:
             merged = (
-                together if together is not None else OmegaConf.merge(_schema(), nested(key, value))
+                together
+                if together is not None
+                else OmegaConf.merge(_schema(), nest([(key, value)]))
             )
             if isinstance(value, str) and "${" in value:  # an interpolation: resolved here
                 OmegaConf.select(merged, key, throw_on_resolution_failure=True)
@@ -218,7 +221,7 @@ def key_problems(dotted: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _merge_all(renamed: list[tuple[str, Any]], nested: Any) -> Any:
+def _merge_all(renamed: list[tuple[str, Any]]) -> Any:
     """The schema with every key merged, or None if any key fails (or two overlap, when
     a later one would hide an earlier one's value)."""
     from omegaconf import OmegaConf
@@ -228,7 +231,7 @@ def _merge_all(renamed: list[tuple[str, Any]], nested: Any) -> Any:
     if len(set(keys)) < len(keys) or any(b.startswith(a + ".") for a in keys for b in keys):
         return None
     try:
-        return OmegaConf.merge(_schema(), *(nested(key, value) for key, value in renamed))
+        return OmegaConf.merge(_schema(), nest(renamed))
     except OmegaConfBaseException:
         return None
 
@@ -258,8 +261,6 @@ class _Overrides:
 def _parse_overrides(overrides: Sequence[str]) -> _Overrides:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
-
-    from engine.config.aliases import nest
 
     parser = OverridesParser.create()
     out = _Overrides([], [], [], [])
