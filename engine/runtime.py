@@ -68,7 +68,9 @@ def init_ray(cfg: EngineConfig) -> None:
         else 0
     )
     own_rm = cfg.rm_world_size if cfg.reward_model.enable_resource_pool else 0
-    needed = (cfg.world_size + own_rollout + own_rm) * cfg.trainer.cpus_per_worker
+    d = cfg.distillation
+    own_teacher = d.nnodes * d.n_gpus_per_node if d.enabled and d.nnodes > 0 else 0
+    needed = (cfg.world_size + own_rollout + own_rm + own_teacher) * cfg.trainer.cpus_per_worker
     os.environ.update(WORKER_ENV)  # the node started next, and so every worker, inherits it
     own = {
         "num_cpus": max(needed, os.cpu_count() or 1),
@@ -181,10 +183,15 @@ def spawn_workers(cfg: EngineConfig) -> Any:
         own["rollout"] = (rollout.separate_nnodes, rollout.separate_n_gpus_per_node)
     if rm.enable and rm.enable_resource_pool:
         own["rm"] = (rm.nnodes, rm.n_gpus_per_node)
+    distill = cfg.distillation
+    if distill.enabled and distill.nnodes > 0:  # the teachers on a pool of their own
+        own["teacher"] = (distill.nnodes, distill.n_gpus_per_node)
     # the learned reward model or the judge: beside the actor unless on its own
     roles = [r for r in ("actor", "rollout") if r not in own]
     if cfg.use_reference:
         roles.append("ref")
+    if distill.enabled and "teacher" not in own:
+        roles.append("teacher")
     if cfg.use_critic:
         roles.append("critic")
     if rm.enable and "rm" not in own:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine import distill
 from engine.agents.metrics import agent_metrics
 from engine.algo.advantage import AdvantageInputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
@@ -255,6 +256,10 @@ class Trainer:
             if cfg.use_reference:
                 with timer("ref"):
                     ref_logprobs = self.workers.call_split("ref", "log_probs", tokens)
+            teacher = None
+            if cfg.distillation.enabled:
+                with timer("teacher"):
+                    teacher = distill.score(self.workers, cfg, tokens, rollout.meta)
             values = None
             if cfg.use_critic:
                 with timer("values"):
@@ -298,6 +303,7 @@ class Trainer:
                         adv.advantages_BT,
                         ref_logprobs,
                         correction.is_weights_BT,
+                        teacher,
                     )
                     metrics |= self.workers.call_split(
                         "actor", "update", batch, gather=reduce_rank_metrics

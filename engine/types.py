@@ -125,6 +125,18 @@ class TokenBatch:
 
 
 @dataclass
+class TeacherScores:
+    """The teachers' scores of the student's samples (on-policy distillation,
+    engine.workers.teacher): per response token, 0 on padding."""
+
+    logprobs_BR: torch.Tensor  # log π_teacher(o_t), the sampled token's
+    # forward_kl_topk: the teacher's k most likely tokens at each position, and their
+    # log-probs (float32, descending)
+    topk_logprobs_BRK: torch.Tensor | None = None
+    topk_ids_BRK: torch.Tensor | None = None
+
+
+@dataclass
 class ActorBatch:
     tokens: TokenBatch
     old_logprobs_BR: torch.Tensor | None  # None: on-policy, the update's own log-probs
@@ -132,6 +144,7 @@ class ActorBatch:
     ref_logprobs_BR: torch.Tensor | None = None  # present when the KL loss is on
     # Truncated importance weights vs the rollout engine (algorithm.rollout_correction)
     rollout_is_weights_BR: torch.Tensor | None = None
+    teacher: TeacherScores | None = None  # present when distillation is on
 
 
 @dataclass

@@ -17,8 +17,8 @@ def engine_key_problems(keys: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     typed: dict[str, Any] = {}
     for key, value in keys.items():
-        if schema_leaf(key) is not None:
-            typed[key] = value
+        if schema_leaf(key) is not None or _inside_a_mapping(key, schema_leaf):
+            typed[key] = value  # a key inside a mapping: its shape is checked by the engine
             continue
         inside = [k for k in config_keys() if k.startswith(f"{key}.")]
         if inside:
@@ -33,6 +33,17 @@ def engine_key_problems(keys: dict[str, Any]) -> list[str]:
 
     problems += [p.replace("base config: ", "engine.", 1) for p in key_problems(typed)]
     return problems
+
+
+def _inside_a_mapping(key: str, schema_leaf: Any) -> bool:
+    """Whether a section above ``key`` is a mapping value of the schema (a recipe's nested
+    keys are flattened: ``engine_kwargs: {vllm: {...}}`` arrives as dotted keys)."""
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        found = schema_leaf(".".join(parts[:end]))
+        if found is not None:
+            return getattr(found[0], "__origin__", found[0]) is dict
+    return False
 
 
 def short(value: Any, limit: int = 60) -> str:

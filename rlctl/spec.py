@@ -178,6 +178,14 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
 
         node_size = plan.split.node_size if plan.split is not None else plan.devices_per_node
         nodes, per_node = job_nodes(nodes, per_node, rm.nnodes, rm.n_gpus_per_node, node_size)
+    distill = cfg.distillation
+    if distill.enabled and distill.nnodes > 0:  # the teachers' own pool (docs/distillation.md)
+        from rlctl.planner.model import job_nodes
+
+        node_size = plan.split.node_size if plan.split is not None else plan.devices_per_node
+        nodes, per_node = job_nodes(
+            nodes, per_node, distill.nnodes, distill.n_gpus_per_node, node_size
+        )
     layout = Layout(
         nodes=nodes,
         devices_per_node=per_node,

@@ -17,7 +17,8 @@ layout so that a verl command line carries over:
     algorithm                     algorithm.py   advantages, KL penalty, dynamic sampling
     trainer                       trainer.py     devices, length, checkpoints, loggers
     <role>.megatron               megatron.py    Megatron-core's sizes, and their rules
-    reward, ray_kwargs, model_engine, distillation, transfer_queue, global_profiler, skip
+    distillation                  distillation.py  on-policy distillation from teachers
+    reward, ray_kwargs, model_engine, transfer_queue, global_profiler, skip
                                   verl_sections.py  verl's sections beyond the engine's own
 
 Every key of verl's trainer schema is known (docs/verl-compat.md): ``verl_names`` lists

@@ -101,10 +101,13 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _drop_inert_defaults(node: dict[str, Any], default: Any) -> None:
     """Remove the inert leaves (``fields.inert``, ``fields.tree``) equal to their
-    defaults, and the sections left empty."""
+    defaults, the sections left empty, and an optional section (``omit_when_default``:
+    a feature that is off) left at its defaults."""
     for f in fields(default):
         value = getattr(default, f.name)
-        if is_dataclass(value):
+        if f.metadata.get("omit_when_default") and node.get(f.name) == _plain_data(value, None):
+            del node[f.name]
+        elif is_dataclass(value):
             _drop_inert_defaults(node[f.name], value)
             if not node[f.name]:
                 del node[f.name]

@@ -14,12 +14,12 @@ from engine.config.algorithm import AlgorithmConfig
 from engine.config.async_training import AsyncTrainingConfig
 from engine.config.critic import CriticConfig
 from engine.config.data import DataConfig
+from engine.config.distillation import DistillationConfig
 from engine.config.fields import selected, setting, tree
 from engine.config.megatron import MegatronConfig
 from engine.config.reward import CustomRewardFunctionConfig, RewardModelConfig
 from engine.config.trainer import TrainerConfig
 from engine.config.verl_sections import (
-    DISTILLATION_HELP,
     GLOBAL_PROFILER_HELP,
     MODEL_ENGINE_HELP,
     SKIP_HELP,
@@ -47,7 +47,10 @@ class EngineConfig:
     reward: RewardSection = field(default_factory=RewardSection)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     model_engine: str | None = setting(None, MODEL_ENGINE_HELP)
-    distillation: dict[str, Any] = tree(verl_trees.DISTILLATION, DISTILLATION_HELP)
+    # left out of a dumped config while it is off and at its defaults (dump.py)
+    distillation: DistillationConfig = field(
+        default_factory=DistillationConfig, metadata={"omit_when_default": True}
+    )
     transfer_queue: dict[str, Any] = tree(verl_trees.TRANSFER_QUEUE, TRANSFER_QUEUE_HELP)
     global_profiler: dict[str, Any] = tree(verl_trees.GLOBAL_PROFILER, GLOBAL_PROFILER_HELP)
     skip: dict[str, Any] = tree(verl_trees.SKIP, SKIP_HELP)

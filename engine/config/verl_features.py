@@ -25,7 +25,6 @@ _ROLES = (ACTOR, REF, "critic")
 
 # (key, the values that keep it off, the feature in words)
 SWITCHES: tuple[tuple[str, tuple[Any, ...], str], ...] = (
-    ("distillation.enabled", (False,), "verl's on-policy distillation from teacher models"),
     ("transfer_queue.enable", (False,), "verl's TransferQueue data plane"),
     *(
         (f"skip.{what}.enable", (False,), "verl's rollout dump and replay")

@@ -4,7 +4,7 @@ reward             verl's newer reward section: its keys are read as reward_mode
                    and custom_reward_function's (``aliases``); what is left is here
 ray_kwargs         arguments of ``ray.init`` (``engine.runtime.init_ray``)
 model_engine       verl's engine family, a choice on its command line
-distillation, transfer_queue, global_profiler, skip
+transfer_queue, global_profiler, skip
                    verl features: their keys are accepted so that a verl command
                    line runs; turning one on is refused by name (``verl_features``)
 """
@@ -90,7 +90,6 @@ MODEL_ENGINE_HELP = (
     " model_engine=megatron): here it sets the roles' strategy (dp: fsdp; veomni runs on"
     " this engine's FSDP2) unless a role's strategy is given; null: the strategies as set."
 )
-DISTILLATION_HELP = f"verl's on-policy distillation from teacher models ({_LACKS})."
 TRANSFER_QUEUE_HELP = f"verl's TransferQueue data plane ({_LACKS})."
 GLOBAL_PROFILER_HELP = (
     "verl's profiler of whole steps; changes nothing here (the engine's stage timings are"

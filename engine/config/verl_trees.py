@@ -209,27 +209,6 @@ _TEACHER_INFERENCE = {
     "temperature": None,
 }
 TEACHER = {"key": None, "model_path": None, "num_replicas": 0, "inference": _TEACHER_INFERENCE}
-DISTILLATION = {
-    "enabled": False,
-    "distillation_loss": {
-        "loss_mode": "k3",
-        "topk": 32,
-        "use_task_rewards": True,
-        "distillation_loss_coef": 1.0,
-        "loss_max_clamp": None,
-        "log_prob_min_clamp": None,
-        "use_policy_gradient": False,
-        "policy_loss_mode": "vanilla",
-        "clip_ratio": 0.2,
-        "clip_ratio_low": 0.2,
-        "clip_ratio_high": 0.2,
-    },
-    "n_gpus_per_node": 8,
-    "nnodes": 0,
-    # teachers are named by the user: each entry has TEACHER's shape (NAMED below)
-    "teacher_models": {"teacher_model": TEACHER},
-    "teacher_key": "data_source",
-}
 TRANSFER_QUEUE = {
     "enable": False,
     "metrics": {"enabled": False, "port": 0},

@@ -204,6 +204,41 @@ class VLLMRollout:
             logprobs=logprobs if want_logprobs else None,
         )
 
+    def prompt_logprobs(
+        self, sequences: list[list[int]], starts: list[int], k: int
+    ) -> list[tuple[list[float], list[list[tuple[int, float]]]]]:
+        """A teacher's scores of whole sequences (on-policy distillation): for each
+        sequence, the log-prob of every token from ``start`` on given the ones before it,
+        and with ``k`` > 0 the k most likely tokens at those positions (id, log-prob),
+        best first. One prefill each (``prompt_logprobs``, one token generated and
+        dropped); temperature 1, the model's own distribution. With TP every member
+        passes its rows; each gets its own back."""
+        self._check_usable()
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        pairs = [(seq, start) for seq, start in zip(sequences, starts, strict=True)]
+        rows, mine = gather_group_rows(pairs, self.layout, self.group)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=k, detokenize=False)
+        outputs = []
+        if rows:
+            prompts = [TokensPrompt(prompt_token_ids=seq) for seq, _ in rows]
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        scored = []
+        for (seq, start), output in zip(rows[mine], outputs[mine], strict=True):
+            steps = output.prompt_logprobs  # steps[i]: token i given the ones before
+            sampled, best = [], []
+            for i in range(start, len(seq)):
+                step = steps[i]
+                sampled.append(step[seq[i]].logprob)
+                if k > 0:  # the sampled token comes first with its own rank; keep 1..k
+                    ranked = sorted(
+                        (lp.rank, tok, lp.logprob) for tok, lp in step.items() if lp.rank <= k
+                    )
+                    best.append([(tok, lp) for _, tok, lp in ranked[:k]])
+            scored.append((sampled, best))
+        return scored
+
     @contextlib.contextmanager
     def turn_stream(self) -> Iterator[Any]:
         """The engine serving multi-turn trajectories' turns one request at a time, as

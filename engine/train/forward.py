@@ -72,6 +72,57 @@ def response_logprobs(
     return call.unpack(logp), entropy
 
 
+def response_logprobs_at(
+    model: nn.Module,
+    tokens: TokenBatch,
+    device: torch.device,
+    ids_BRK: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    packed: bool = False,
+    options: LogitOptions = PLAIN,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``response_logprobs``, and log π(v | prefix) of the K tokens ``ids_BRK`` names at
+    each response position (distillation's teacher top-k), (B, R, K), from the same
+    logits. Needs the whole logits: not with the fused head or Ulysses."""
+    call = model_call(model, tokens, device, packed)
+    if call.pack is None:
+        raise ValueError("log-probs at given tokens need the padded or packed layout")
+    logits_BRV = _response_logits(model, call, temperature)
+    logp = options.logprobs(logits_BRV, call.targets)
+    log_z = torch.logsumexp(logits_BRV, dim=-1, keepdim=True)
+    at = logits_BRV.gather(-1, call.pack(ids_BRK.long())) - log_z
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = call.unpack(options.entropy(logits_BRV))
+    at_BRK = torch.stack([call.unpack(at[..., k]) for k in range(at.shape[-1])], dim=-1)
+    return call.unpack(logp), entropy, at_BRK
+
+
+@torch.no_grad()
+def response_topk(
+    model: nn.Module, tokens: TokenBatch, device: torch.device, k: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A teacher's scores: log π(o_t | prefix) of each response token (temperature 1)
+    and, with ``k`` > 0, its k most likely tokens at each position and their log-probs
+    (B, R, K), padded rows' zeros. Padded layout, for a plain Hugging Face model."""
+    call = model_call(model, tokens, device, packed=False)
+    logp_BRV = torch.log_softmax(_response_logits(model, call, 1.0), dim=-1)
+    logp = logp_BRV.gather(-1, call.targets.unsqueeze(-1)).squeeze(-1)
+    if k < 1:
+        return call.unpack(logp), None, None
+    values, ids = logp_BRV.topk(k, dim=-1)
+    real = tokens.response_mask_BR.to(device).bool()  # the rows' own tokens, not padding
+
+    def unpack(x_BRK: torch.Tensor) -> torch.Tensor:
+        out = torch.stack([call.unpack(x_BRK[..., j]) for j in range(k)], dim=-1)
+        return out * real.unsqueeze(-1)
+
+    return call.unpack(logp) * real, unpack(values), unpack(ids)
+
+
 def response_logprobs_sum_pi_squared(
     model: nn.Module,
     tokens: TokenBatch,

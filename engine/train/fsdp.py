@@ -22,6 +22,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from engine.algo.aggregate import LossScale
 from engine.config import FSDPConfig, ModelConfig, OptimConfig
 from engine.device import DeviceSpec
+from engine.errors import EngineError
 from engine.train.fused_head import HeadOptions
 from engine.train.logit_options import PLAIN, LogitOptions
 from engine.types import TokenBatch
@@ -344,6 +345,36 @@ class FSDPEngine:
             head=self.head,
             packed=self.packed,
             ulysses=self.ulysses,
+            options=self.logit_options,
+        )
+
+    def response_logprobs_at(
+        self,
+        tokens: TokenBatch,
+        ids_BRK: torch.Tensor,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``response_logprobs`` and the log-probs of the tokens ``ids_BRK`` names at
+        each response position (``engine.train.forward.response_logprobs_at``)."""
+        from engine.train.forward import response_logprobs_at
+
+        if self.head is not None or self.ulysses is not None:
+            raise EngineError(
+                "distillation's forward_kl_topk needs the student's whole logits: set"
+                " actor_rollout_ref.model.use_fused_kernels=false and"
+                " ulysses_sequence_parallel_size=1"
+            )
+        return response_logprobs_at(
+            self.module,
+            tokens,
+            self.device.torch_device(),
+            ids_BRK,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            packed=self.packed,
             options=self.logit_options,
         )
 

@@ -21,6 +21,7 @@ from engine.train.megatron_ops import (
     _pad_responses,
     attention_mask_B1SS,
     check_consecutive_positions,
+    vocab_parallel_logprobs_at,
     vocab_parallel_logprobs_entropy,
     vocab_parallel_sum_squared_probs,
 )
@@ -159,6 +160,44 @@ class MegatronForward(EngineState):
                 logits, targets, with_entropy, entropy_grad
             )
         return finish(logp), None if entropy is None else finish(entropy)
+
+    def response_logprobs_at(
+        self,
+        tokens: TokenBatch,
+        ids_BRK: torch.Tensor,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """``response_logprobs`` and log π of the K tokens ``ids_BRK`` names at each
+        response position, (B, R, K) (distillation's teacher top-k); with TP > 1 the
+        vocabulary stays split. Not under context parallelism."""
+        if self.layout.cp > 1:
+            raise EngineError(
+                "distillation's forward_kl_topk is not built for context parallelism: set"
+                " actor_rollout_ref.actor.megatron.context_parallel_size=1"
+            )
+        head = self._response_logits(tokens, temperature)
+        if head is None:
+            zeros = self._stage_placeholder(tokens)
+            at = zeros.unsqueeze(-1).expand(*zeros.shape, ids_BRK.shape[-1]).contiguous()
+            return zeros, zeros if with_entropy else None, at
+        logits, targets, finish = head
+        ids = ids_BRK[:, : logits.shape[1]].long().to(logits.device)
+        entropy = None
+        if self.layout.tp == 1:
+            logp = logprobs_from_logits(logits, targets)
+            at = logits.gather(-1, ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
+            if with_entropy:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    entropy = entropy_from_logits(logits)
+        else:
+            logp, entropy = vocab_parallel_logprobs_entropy(
+                logits, targets, with_entropy, entropy_grad
+            )
+            at = vocab_parallel_logprobs_at(logits, ids)
+        at_BRK = torch.stack([finish(at[..., k]) for k in range(at.shape[-1])], dim=-1)
+        return finish(logp), None if entropy is None else finish(entropy), at_BRK
 
     def response_logprobs_sum_pi_squared(
         self, tokens: TokenBatch, temperature: float = 1.0

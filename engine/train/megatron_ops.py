@@ -91,6 +91,27 @@ def vocab_parallel_logprobs_entropy(
     return logp, entropy
 
 
+def vocab_parallel_logprobs_at(logits_BRv: torch.Tensor, ids_BRK: torch.Tensor) -> torch.Tensor:
+    """log-probs (B, R, K) of the tokens ``ids_BRK`` from this TP rank's vocabulary slice
+    of the logits: the logsumexp and each id's logit (held by one rank, 0 on the others)
+    all-reduced over the TP group, gradients as in ``vocab_parallel_logprobs_entropy``."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
+
+    group = ps.get_tensor_model_parallel_group()
+    v_local = logits_BRv.shape[-1]
+    start = ps.get_tensor_model_parallel_rank() * v_local
+    with torch.no_grad():
+        top = logits_BRv.amax(dim=-1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits_BRv - top.unsqueeze(-1)
+    log_z = reduce_from_tensor_model_parallel_region(shifted.exp().sum(dim=-1)).log()
+    local = ids_BRK - start
+    mine = (local >= 0) & (local < v_local)
+    picked = shifted.gather(-1, local.clamp(0, v_local - 1))
+    return reduce_from_tensor_model_parallel_region(picked * mine) - log_z.unsqueeze(-1)
+
+
 def vocab_parallel_sum_squared_probs(logits_BRv: torch.Tensor) -> torch.Tensor:
     """Σ_v softmax(z)_v² over the whole vocabulary from this TP rank's slice of the logits:
     with z shifted by the global maximum, Σ_v e^{2z_v} / (Σ_v e^{z_v})², each sum

@@ -37,6 +37,9 @@ class ModelCall:
     targets: torch.Tensor
     select: torch.Tensor | None  # head positions to take by hand (no logits_to_keep)
     unpack: Callable[[torch.Tensor], torch.Tensor]
+    # the inverse of ``unpack``: per-response-token values (B, R, ...) laid out as the
+    # targets (B', R', ...) (distillation's teacher top-k ids); None where not built
+    pack: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def head_positions(self, out_BLX: torch.Tensor) -> torch.Tensor:
         """The model output at the positions that predict the targets, (B', R', X)."""
@@ -95,6 +98,7 @@ def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> Model
         targets=trimmed.responses_BR.to(device),
         select=None,
         unpack=lambda values: nn.functional.pad(values, (0, r_len - values.shape[1])),
+        pack=lambda values: values[:, :kept].to(device),
     )
 
 
@@ -168,10 +172,16 @@ def _packed(
         out[row_of.to(d), tok_of.to(d)] = values_KU[bin_of.to(d), col_of.to(d)]
         return out
 
+    def pack(values_BRX: torch.Tensor) -> torch.Tensor:
+        out = values_BRX.new_zeros((len(bins), len(columns), *values_BRX.shape[2:]))
+        out[bin_of, col_of] = values_BRX[row_of, tok_of]
+        return out.to(device)
+
     return ModelCall(
         inputs={"input_ids": ids.to(device), "position_ids": pos.to(device)},
         kwargs=kwargs,
         targets=targets.to(device),
         select=select,
         unpack=unpack,
+        pack=pack,
     )

@@ -10,7 +10,12 @@ from typing import Any
 
 import torch
 
-from engine.algo.aggregate import aggregate_loss
+from engine.algo.aggregate import LossScale, aggregate_loss
+from engine.algo.distillation import (
+    distillation_loss,
+    forward_kl_topk,
+    sampled_token_divergence,
+)
 from engine.algo.kl import kl_loss
 from engine.algo.policy_loss import PolicyLossInputs, compute_policy_loss
 from engine.algo.rollout_correction import bypass_loss_mode, bypass_policy_inputs
@@ -19,7 +24,7 @@ from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.train.engines import actor_engine
 from engine.train.forward import forward_in_micro_batches, micro_batches, plan_micro_batches
-from engine.types import ActorBatch, PolicyProbs, TokenBatch
+from engine.types import ActorBatch, PolicyProbs, TeacherScores, TokenBatch
 
 
 class ActorWorker:
@@ -42,6 +47,7 @@ class ActorWorker:
             policy_loss=dataclasses.replace(arr.actor.policy_loss, loss_mode=loss_mode),
         )
         self.rollout_cfg = arr.rollout
+        self.distill = cfg.distillation.distillation_loss if cfg.distillation.enabled else None
         self.update_budget = cfg.token_budget("actor")
         self.log_prob_budget = cfg.token_budget("actor_log_prob")
         self.device = device
@@ -172,19 +178,30 @@ class ActorWorker:
         )
         # This rank's parts of the mini-batch's losses; × the data-parallel size they
         # average to the global values over ranks (how the controller reduces metrics).
-        pg_loss = entropy_sum = kl_sum = 0.0
+        pg_loss = entropy_sum = kl_sum = distill_sum = 0.0
 
         def step(rows: slice) -> torch.Tensor:
             """One micro-batch's loss (the engine runs its backward)."""
-            nonlocal pg_loss, entropy_sum, kl_sum
+            nonlocal pg_loss, entropy_sum, kl_sum, distill_sum
             micro = take(batch, rows)
             mask = micro.tokens.response_mask_BR.to(device)
-            logp, entropy = self.engine.response_logprobs(
-                micro.tokens,
-                temperature=self.rollout_cfg.temperature,
-                with_entropy=True,
-                entropy_grad=cfg.entropy_coeff != 0,
-            )
+            teacher = micro.teacher
+            at_topk = None
+            if teacher is not None and teacher.topk_ids_BRK is not None:
+                logp, entropy, at_topk = self.engine.response_logprobs_at(
+                    micro.tokens,
+                    teacher.topk_ids_BRK,
+                    temperature=self.rollout_cfg.temperature,
+                    with_entropy=True,
+                    entropy_grad=cfg.entropy_coeff != 0,
+                )
+            else:
+                logp, entropy = self.engine.response_logprobs(
+                    micro.tokens,
+                    temperature=self.rollout_cfg.temperature,
+                    with_entropy=True,
+                    entropy_grad=cfg.entropy_coeff != 0,
+                )
             old_logp = logp.detach() if micro.old_logprobs_BR is None else micro.old_logprobs_BR
             inputs = PolicyLossInputs(
                 logprobs_BT=logp,
@@ -214,6 +231,19 @@ class ActorWorker:
                 )
                 loss = loss + kl_term
                 kl_sum += kl_metrics["actor/kl_loss"]
+            if teacher is not None and self.distill is not None:
+                term, distill_metrics = self._distillation_term(
+                    inputs, logp, teacher, at_topk, scale
+                )
+                distill_sum += float(term.detach())
+                for k, v in distill_metrics.items():
+                    metrics[k].append(v)
+                # use_task_rewards=false: the distillation loss alone, as verl's
+                loss = (
+                    loss + self.distill.distillation_loss_coef * term
+                    if self.distill.use_task_rewards
+                    else term
+                )
             pg_loss += float(pg.loss.detach())
             entropy_sum += float(entropy_loss.detach())
             for k, v in pg.metrics.items():
@@ -226,6 +256,8 @@ class ActorWorker:
         if cfg.use_kl_loss:
             metrics["actor/kl_loss"].append(kl_sum * dp_size)
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+        if self.distill is not None:
+            metrics["distillation/loss"].append(distill_sum * dp_size)
         grad_norm = self.engine.optimizer_step(cfg.grad_clip)
         metrics["actor/grad_norm"].append(grad_norm)
         if math.isfinite(grad_norm):
@@ -233,3 +265,26 @@ class ActorWorker:
         else:
             self.skipped_updates += 1
             self.consecutive_skips += 1
+
+    def _distillation_term(
+        self,
+        inputs: PolicyLossInputs,
+        logp: torch.Tensor,
+        teacher: TeacherScores,
+        at_topk: torch.Tensor | None,
+        scale: LossScale,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's distillation loss (before its coefficient) and metrics."""
+        assert self.distill is not None
+        device = logp.device
+        if at_topk is not None:
+            divergence = forward_kl_topk(
+                at_topk,
+                teacher.topk_logprobs_BRK.to(device),
+                self.distill.log_prob_min_clamp,
+            )
+        else:
+            divergence = sampled_token_divergence(
+                self.distill.loss_mode, logp, teacher.logprobs_BR.to(device)
+            )
+        return distillation_loss(divergence, inputs, self.distill, self.cfg, scale)

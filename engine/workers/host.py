@@ -23,7 +23,7 @@ from engine.startup import gc_paused
 from engine.watchdog import StackFile, hang_forever_for_test, hang_point_for_test
 
 # The role classes, in the order they are built on a host.
-ROLE_ORDER = ("actor", "rollout", "ref", "critic", "rm")
+ROLE_ORDER = ("actor", "rollout", "ref", "teacher", "critic", "rm")
 # The roles with state that changes during training (and so goes into checkpoints).
 TRAINED_ROLES = ("actor", "critic")
 
@@ -42,6 +42,10 @@ def _role_class(role: str) -> type:
         from engine.workers.reference import ReferenceWorker
 
         return ReferenceWorker
+    if role == "teacher":
+        from engine.workers.teacher import TeacherWorker
+
+        return TeacherWorker
     if role == "critic":
         from engine.workers.critic import CriticWorker
 

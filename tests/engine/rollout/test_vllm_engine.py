@@ -115,6 +115,19 @@ def test_greedy_tokens_and_finish_flags_match_hf(checks):
     assert all(len(r) == 10 for r in vllm["response_ids"][1:])
 
 
+def test_a_teachers_prompt_logprobs_match_the_hf_teacher(checks):
+    """Distillation's vLLM teacher (``VLLMRollout.prompt_logprobs``) scores each response
+    token and names its top-3 at every position as the hf teacher's forward does."""
+    for (sampled, best), (logp, values, ids) in zip(
+        checks["teacher_vllm"], checks["teacher_hf"], strict=True
+    ):
+        assert len(sampled) == len(logp) == len(best)
+        assert max(abs(a - b) for a, b in zip(sampled, logp, strict=True)) < 1e-3
+        for pairs, top_values, top_ids in zip(best, values, ids, strict=True):
+            assert [t for t, _ in pairs] == top_ids
+            assert max(abs(lp - v) for (_, lp), v in zip(pairs, top_values, strict=True)) < 1e-3
+
+
 def test_the_turn_stream_generates_what_generate_does(newest):
     """Multi-turn's path (requests added to the running engine one by one, completions
     taken as they finish) samples exactly what the batched call does."""

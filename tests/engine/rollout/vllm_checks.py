@@ -156,6 +156,25 @@ def _push(rollout, source_model) -> None:
     rollout.wake()
 
 
+def _teacher_scores(rollout, model, prompts, responses, results) -> None:
+    """A distillation teacher's scores of whole samples (``prompt_logprobs``) beside the
+    HF model's own (``engine.train.forward.response_topk``, what the hf teacher runs)."""
+    import torch
+
+    from engine.train.forward import response_topk
+    from engine.types import TokenBatch
+
+    seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
+    scored = rollout.prompt_logprobs(seqs, [len(p) for p in prompts], 3)
+    results["teacher_vllm"] = [[sampled, best] for sampled, best in scored]
+    tokens = TokenBatch.from_ragged(prompts, responses, 0)
+    logp, values, ids = response_topk(model, tokens, torch.device("cpu"), 3)
+    results["teacher_hf"] = [
+        [logp[i, : len(r)].tolist(), values[i, : len(r)].tolist(), ids[i, : len(r)].tolist()]
+        for i, r in enumerate(responses)
+    ]
+
+
 def _interrupted_scenario(cfg, settings, model, hf, prompts, greedy, results) -> None:
     import torch
 
@@ -199,6 +218,7 @@ def _main_scenario(cfg, settings, model, hf, prompts, greedy, results) -> None:
     results["vllm_greedy"] = _rows(got)
     results["stream_greedy"] = _streamed(rollout, prompts, greedy)
     results["train_logprobs_greedy"] = _training_logprobs(model, prompts, got.response_ids)
+    _teacher_scores(rollout, model, prompts, got.response_ids, results)
 
     for name, sampling, top_k in [
         ("t07", SamplingParams(temperature=0.7, max_new_tokens=10), 0),
