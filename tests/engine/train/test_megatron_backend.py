@@ -486,7 +486,12 @@ def _actor_run(
     from engine.config import OptimConfig
     from engine.controller.dispatch import ModelParallelLayout, take
     from engine.device import DEVICES
-    from engine.train.forward import response_logprobs, response_logprobs_sum_pi_squared
+    from engine.train.forward import (
+        response_logprobs,
+        response_logprobs_at,
+        response_logprobs_sum_pi_squared,
+        response_topk,
+    )
     from engine.train.megatron import MegatronEngine, hf_state_dict_from_checkpoint
 
     _init(rank, world_size, port)
@@ -547,6 +552,14 @@ def _actor_run(
             relative = (sum_sq - ref_sq) / ref_sq  # Σπ² is about 1/V here: compare relatively
             result["sum_sq_err"] = (relative * mask).abs().max().item()
             result["sum_sq_logp_err"] = ((logp_sq - ref_logp) * mask).abs().max().item()
+            # log-probs at given tokens (distillation's teacher top-k), the vocabulary
+            # split at TP > 1; not under CP (refused there)
+            if cp == 1:
+                ids = response_topk(hf, batch, torch.device("cpu"), 4)[2]
+                _, _, at = engine.response_logprobs_at(batch, ids, 0.7)
+                ref_at = response_logprobs_at(hf, batch, torch.device("cpu"), ids, 0.7)[2]
+                err = (at - ref_at) * mask.unsqueeze(-1)
+                result["at_err"] = err.abs().max().item()
 
         engine.train()  # the entropy has a graph only when asked (it costs memory)
         _, plain = engine.response_logprobs(batch, 0.7, with_entropy=True)
@@ -626,6 +639,7 @@ def _check_actor(out_path, world_size):
     assert r["logit_err"] < 1e-5
     assert r["logp_err"] < 1e-5 and r["entropy_err"] < 1e-5
     assert r["sum_sq_err"] < 1e-5 and r["sum_sq_logp_err"] < 1e-5
+    assert r.get("at_err", 0.0) < 1e-5 and ("at_err" in r or r["layout"].cp > 1)
     assert r["entropy_graph"] == (False, True)
     # The loss falls, and the engine's losses are the HF reference's.
     assert r["losses"][2] < r["losses"][0] - 0.1
