@@ -78,6 +78,8 @@ from rlctl.planner.settings import (
     _settings,
 )
 from rlctl.planner.split import separate_plan
+from rlctl.planner.teacher_pool import training_request as teacher_request
+from rlctl.planner.teacher_pool import with_teacher_pool
 
 # ---------------------------------------------------------------------------
 # the entry point
@@ -85,8 +87,10 @@ from rlctl.planner.split import separate_plan
 
 def make_plan(req: PlanRequest) -> Plan:
     """Size a run; raises ``InfeasiblePlanError`` with the reason and what would fit."""
-    # the reward model's own devices, if any, come beside the training's
-    return with_own_pool(_training_plan(training_request(req)), req)
+    # the reward model's own devices, if any, come beside the training's, then the
+    # distillation teachers' own
+    sized = _training_plan(teacher_request(training_request(req)))
+    return with_teacher_pool(with_own_pool(sized, req), req)
 
 
 def _training_plan(req: PlanRequest) -> Plan:

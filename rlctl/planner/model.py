@@ -239,6 +239,20 @@ class RewardPool:
 
 
 @dataclass(frozen=True)
+class TeacherPool:
+    """On-policy distillation's teachers on devices of their own (``distillation.nnodes``):
+    their devices, and the layout the job held before them (planner/teacher_pool.py)."""
+
+    nodes: int
+    devices_per_node: int
+    train_nodes: int
+    train_devices_per_node: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class Plan:
     # The job's layout: every node it asks for and the devices on each (with the rollout
     # on devices of its own, both groups: ``split`` has each group's share).
@@ -277,6 +291,7 @@ class Plan:
     estimated_step_seconds: float | None = None
     split: RolloutSplit | None = None  # None: the rollout shares the actor's devices
     reward_pool: RewardPool | None = None  # None: the reward model (if any) shares them too
+    teacher_pool: TeacherPool | None = None  # None: no distillation, or teachers beside the actor
 
     @property
     def num_devices(self) -> int:
@@ -287,7 +302,8 @@ class Plan:
         arr = "actor_rollout_ref"
         fsdp = self.train_backend in ("fsdp", "fsdp2")
         cpu = self.accelerator is None
-        split, pool = self.split, self.reward_pool
+        # the training's own layout: from before the first pool was added beside it
+        split, pool = self.split, self.reward_pool or self.teacher_pool
         nodes, per_node = (
             (pool.train_nodes, pool.train_devices_per_node)
             if pool
@@ -364,9 +380,9 @@ class Plan:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("split", "reward_pool") and value is None:
+            if f.name in ("split", "reward_pool", "teacher_pool") and value is None:
                 continue  # colocated plans read as they did before the split existed
-            if f.name in ("memory", "model", "split", "reward_pool"):
+            if f.name in ("memory", "model", "split", "reward_pool", "teacher_pool"):
                 value = value.to_json()
             elif f.name == "reasoning":
                 value = list(value)
@@ -386,4 +402,6 @@ class Plan:
             values["split"] = RolloutSplit.from_json(data["split"])
         if data.get("reward_pool") is not None:
             values["reward_pool"] = RewardPool(**data["reward_pool"])
+        if data.get("teacher_pool") is not None:
+            values["teacher_pool"] = TeacherPool(**data["teacher_pool"])
         return cls(**values)
