@@ -87,3 +87,13 @@ def test_teachers_beside_the_actor_are_said_to_be_uncounted(recipe_of):
     plan = api.prepare(recipe_of(tp1, per_node=4), "slurm", job_id="opd").plan
     assert plan.teacher_pool is None and (plan.nodes, plan.devices_per_node) == (1, 4)
     assert any("their memory is not in this estimate" in r for r in plan.reasoning)
+
+
+def test_a_typo_inside_a_teacher_entry_is_refused_by_name(recipe_of):
+    """A recipe's dotted keys inside a mapping value are read (the teacher's entry), and
+    the engine checks their shape: a misspelt one is named with the entry's keys."""
+    typo = "  distillation.teacher_models.teacher_model.modle_path: Qwen/Qwen3-32B\n"
+    with pytest.raises(RlctlError) as info:
+        api.prepare(recipe_of(POOL + typo), "slurm", job_id="opd")
+    assert "unknown key 'modle_path'; did you mean" in str(info.value)
+    assert "teacher_models.teacher_model.model_path" in str(info.value)
