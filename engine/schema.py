@@ -1,6 +1,7 @@
 """What the launcher (rlctl) may use of the engine, in one place: the config schema and
 its rules, what each advantage estimator needs, the config error, the Megatron parallel
-rules, a saved LoRA adapter's settings, the Ulysses sizes against a model's heads and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
+rules, a saved LoRA adapter's settings, the supported backend versions and the
+pre-flight checks ``rlctl doctor`` makes from the launching machine (engine.doctor), the Ulysses sizes against a model's heads and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
 Megatron backend converts) that the planner and ``rlctl validate`` need. Torch-free,
 Ray-free: rlctl imports the engine through this module only
 (tests/rlctl/test_import_graph.py checks both)."""
@@ -15,8 +16,10 @@ from engine.config import (
     to_yaml,
 )
 from engine.config.train import quantized_model_problems, ulysses_model_problems
+from engine.doctor import check_bucket, check_secrets
 from engine.errors import ConfigError
 from engine.models.families import MODEL_TYPES, family_rules
+from engine.rollout.versions import SUPPORTED, version_tuple
 from engine.train.lora_saved import CONFIG_FILE as ADAPTER_CONFIG_FILE
 from engine.train.lora_saved import adapter_settings
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
@@ -24,10 +27,13 @@ from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_laye
 __all__ = [
     "ADAPTER_CONFIG_FILE",
     "MODEL_TYPES",
+    "SUPPORTED",
     "ConfigError",
     "EngineConfig",
     "MegatronParallel",
     "adapter_settings",
+    "check_bucket",
+    "check_secrets",
     "config_keys",
     "estimator_needs",
     "family_rules",
@@ -38,4 +44,5 @@ __all__ = [
     "schema_leaf",
     "to_yaml",
     "ulysses_model_problems",
+    "version_tuple",
 ]

@@ -43,14 +43,16 @@ def _root(
 
         rlctl launch quickstart                # the CPU quickstart, here
         rlctl plan recipes/dapo_qwen32b.yaml   # what would run, no side effects
+        rlctl doctor recipes/dapo_qwen32b.yaml # pre-flight checks, in seconds
         rlctl status; rlctl logs JOB -f; rlctl stop JOB
     """
 
 
 def _register() -> None:
-    from rlctl.cli import jobs, launch, recipes
+    from rlctl.cli import doctor, jobs, launch, recipes
 
     launch.register(app)
+    doctor.register(app)
     jobs.register(app)
     recipes.register(app)
 
