@@ -69,7 +69,7 @@ def test_an_unwritable_bucket(recipe_at, monkeypatch, tmp_path):
     assert set(failed) == {"bucket"}
     assert failed["bucket"].startswith("cannot write and read s3://no-such-bucket/run")
     ok = doctor(recipe_at(f"checkpoints: file://{tmp_path / 'ckpt'}\n"), "slurm")
-    assert [f for f in ok if f.check == "bucket"][0].ok
+    assert next(f for f in ok if f.check == "bucket").ok
     assert not any((tmp_path / "ckpt").iterdir())  # the probe cleaned up after itself
 
 
@@ -138,8 +138,15 @@ def test_nodes_that_reach_each_other_pass(tmp_path):
         port = s.getsockname()[1]
     both = [
         subprocess.Popen(
-            [sys.executable, "-m", "engine.doctor", f"--rendezvous=127.0.0.1:{port}"]
-            + [f"--rank={rank}", "--world=2", "--timeout=60"],
+            [
+                sys.executable,
+                "-m",
+                "engine.doctor",
+                f"--rendezvous=127.0.0.1:{port}",
+                f"--rank={rank}",
+                "--world=2",
+                "--timeout=60",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
