@@ -35,6 +35,7 @@ from engine.data.dataset import PromptDataset, PromptSample
 from engine.data.loader import PromptLoader
 from engine.errors import EngineError
 from engine.generations import generation_rows, pick_samples, write_generations
+from engine.memory_peaks import near_limit, peak_metrics
 from engine.metrics import (
     StageTimer,
     batch_metrics,
@@ -96,6 +97,7 @@ class Trainer:
         self.checkpoints = checkpoints
         self.resume_from = resume_from
         self.stop_requested = False
+        self._memory_told: set[str] = set()  # phases already said to be near their limit
         rollout = cfg.actor_rollout_ref.rollout
         max_new = cfg.data.max_response_length
         self.sampling = sampling_params(rollout, max_new, ignore_eos=rollout.ignore_eos)
@@ -138,6 +140,7 @@ class Trainer:
             self.startup.mark("first_step")  # the first counts
             metrics = self.train_step()
             metrics |= self.startup.first_step_done()  # once: the start-up's milestones
+            metrics |= self.memory_metrics()
             problem = self.update_problem(metrics)
             if problem:
                 self.tracker.log(self.step, metrics)  # the failing step is on record
@@ -154,6 +157,15 @@ class Trainer:
             if self.stop_requested:
                 self.stop_for_preemption()
         self.checkpoints.finish_uploads(self.workers, block=True)
+
+    def memory_metrics(self) -> dict[str, float]:
+        """The step's peak memory per role and phase over the workers; a phase near its
+        limit is said once (engine.memory_peaks)."""
+        reports = self.workers.host_all("memory_peaks")
+        metrics = peak_metrics(reports)
+        for line in near_limit(metrics, self._memory_told):
+            print(line, flush=True)
+        return metrics
 
     # -- checkpoints and faults ---------------------------------------------
 

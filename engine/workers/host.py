@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.device import DeviceSpec, local_rank_from_env, resolve_device, set_device
+from engine.memory_peaks import PhasePeaks
 from engine.startup import gc_paused
 from engine.watchdog import StackFile, hang_forever_for_test, hang_point_for_test
 
@@ -93,6 +94,7 @@ class WorkerHost:
         # (engine.watchdog: the driver's hang watchdog reads it)
         self._stacks = StackFile()
         self._hang_at = hang_point_for_test(group, rank)  # None outside tests
+        self._peaks = PhasePeaks(self.device.type)  # memory per role.method (memory_peaks)
         self._calls: dict[str, int] = {}
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -224,7 +226,13 @@ class WorkerHost:
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         if self._hang_at is not None:  # tests only (engine.watchdog.TEST_HANG_ENV)
             self._hang_if_asked(f"{role}.{method}")
-        return getattr(self.roles[role], method)(*args, **kwargs)
+        with self._peaks.phase(f"{role}.{method}"):
+            return getattr(self.roles[role], method)(*args, **kwargs)
+
+    def memory_peaks(self) -> dict[str, Any]:
+        """This process's peak memory per phase since the last ask, its limit, its node
+        (engine.memory_peaks)."""
+        return self._peaks.take()
 
     def _hang_if_asked(self, phase: str) -> None:
         self._calls[phase] = self._calls.get(phase, 0) + 1

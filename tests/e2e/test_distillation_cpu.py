@@ -67,6 +67,10 @@ def test_student_moves_toward_the_teacher(
         "distillation.distillation_loss.use_task_rewards=false",
         *placement,
     )
+    # each role's peak memory is logged per phase, the teacher's scoring among them
+    last = run.steps[-1]
+    assert last["memory/peak_gib/teacher.score"] > 0 and last["memory/limit_gib"] > 0
+    assert last["memory/peak_gib/actor.update"] > 0
     losses = [r["distillation/divergence"] for r in run.steps]
     assert len(losses) == STEPS
     first, last = sum(losses[:2]) / 2, sum(losses[-2:]) / 2
