@@ -161,7 +161,10 @@ class Trainer:
     def memory_metrics(self) -> dict[str, float]:
         """The step's peak memory per role and phase over the workers; a phase near its
         limit is said once (engine.memory_peaks)."""
-        reports = self.workers.host_all("memory_peaks")
+        # With generation overlapping training the rollout's workers are busy now: ask
+        # the training group alone (a host serves one call at a time)
+        hosts = self.workers if self.overlap is None else self.workers.group_of("actor")
+        reports = hosts.host_all("memory_peaks")
         metrics = peak_metrics(reports)
         for line in near_limit(metrics, self._memory_told):
             print(line, flush=True)
