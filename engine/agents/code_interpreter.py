@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 
-from engine.agents.sandbox import SandboxLimits, SandboxResult, run_python, run_python_async
-from engine.agents.sandbox_limits import SandboxError
+from engine.sandbox.limits import SandboxError
+from engine.sandbox.run import SandboxLimits, SandboxResult, run_python, run_python_async
 
 # What one tool reply may hold, in characters, unless the caller says otherwise.
 DEFAULT_MAX_CHARS = 4000

@@ -8,7 +8,7 @@ must declare them), the ``CONFIG_KEYS`` it accepts (``None``: any, passed on) an
 ``cls(name, schema, config)``.
 
 - ``calculator``: arithmetic (``calculator.py``), evaluated in the event loop (bounded).
-- ``code_interpreter``: runs the model's Python in the sandbox (``engine.agents.sandbox``,
+- ``code_interpreter``: runs the model's Python in the sandbox (``engine.sandbox.run``,
   through ``engine.agents.code_interpreter``, imported on the first call); the tool's
   ``config`` holds the sandbox's limits (``SandboxLimits``' fields), checked when built.
 
@@ -183,7 +183,7 @@ def _sandbox_limits(name: str, config: dict[str, Any]) -> Any:
     the key and what it takes otherwise."""
     import dataclasses
 
-    from engine.agents.sandbox_limits import SandboxError, SandboxLimits
+    from engine.sandbox.limits import SandboxError, SandboxLimits
 
     known = [f.name for f in dataclasses.fields(SandboxLimits)]
     unknown = sorted(set(config) - set(known))

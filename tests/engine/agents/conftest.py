@@ -1,5 +1,4 @@
-"""Fixtures of the agents' tests: the isolation mode a sandbox test runs in
-(sandbox_modes.py), and stand-ins for the sandbox module on the tool side."""
+"""Fixtures of the agents' tests: stand-ins for the sandbox on the tool side."""
 
 import importlib.machinery
 import sys
@@ -8,12 +7,11 @@ import types
 import pytest
 
 from engine.agents.tools.builtins import SANDBOX_MODULE
-from tests.engine.agents.sandbox_modes import make_limits, sandbox_mode  # noqa: F401
 
 
 @pytest.fixture
 def fake_sandbox(monkeypatch):
-    """A stand-in ``engine.agents.sandbox`` that records its calls: the code_interpreter
+    """A stand-in ``engine.sandbox.run`` that records its calls: the code_interpreter
     built-in's side of the contract, whether or not the real sandbox is in this tree."""
     module = types.ModuleType(SANDBOX_MODULE)
     module.__spec__ = importlib.machinery.ModuleSpec(SANDBOX_MODULE, None)
@@ -30,5 +28,5 @@ def fake_sandbox(monkeypatch):
 
 @pytest.fixture
 def no_sandbox(monkeypatch):
-    """As if ``engine/agents/sandbox.py`` were not in the tree."""
+    """As if ``engine/sandbox/run.py`` were not in the tree."""
     monkeypatch.setitem(sys.modules, SANDBOX_MODULE, None)

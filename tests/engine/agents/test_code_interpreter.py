@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from engine.agents.code_interpreter import code_interpreter, code_interpreter_async, format_result
-from engine.agents.sandbox import SandboxResult
-from engine.agents.sandbox_limits import SandboxError, SandboxLimits
+from engine.sandbox.limits import SandboxError, SandboxLimits
+from engine.sandbox.run import SandboxResult
 
 pytestmark = pytest.mark.timeout(120)
 

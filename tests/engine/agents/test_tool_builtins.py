@@ -1,6 +1,6 @@
 """The built-in tools: the calculator (a table, and a property: any text is a value or a
 ToolError, quickly), and code_interpreter against the sandbox's contract (a stand-in
-module always; the real engine/agents/sandbox.py when it is in the tree)."""
+module always; the real engine/sandbox/run.py when it is in the tree)."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def test_code_interpreter_calls_the_sandbox_with_its_limits(fake_sandbox):
         build_tools(specs), ("code_interpreter", {"code": "print(1)"}), ("python", {"code": "x"})
     )
     assert (plain.kind, plain.text, limited.text) == (OK, "ran 8 characters", "ran 1 characters")
-    from engine.agents.sandbox_limits import SandboxLimits
+    from engine.sandbox.limits import SandboxLimits
 
     assert sorted(fake_sandbox.calls) == [("print(1)", None), ("x", SandboxLimits(wall_seconds=3))]
 

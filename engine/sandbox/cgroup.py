@@ -4,7 +4,7 @@ RLIMITs bind each process, and only what it maps: SysV shared memory, memfd file
 tmpfs pages, pipe and socket buffers and kernel objects (inodes, page tables) escape
 them, and a run may fork. A memory cgroup counts all of those, for every process of the
 run together; the pids controller counts its tasks. The run's cgroup is made by the
-parent (engine/agents/sandbox.py) under the engine's own cgroup, joined by the
+parent (engine/sandbox/run.py) under the engine's own cgroup, joined by the
 sandbox's supervisor before it starts anything (``cgroup.procs`` passed open), read for
 the kernel's verdict (``oom_kill``) when the run ends, emptied and removed.
 

@@ -1,4 +1,4 @@
-"""Running code in the sandbox (engine/agents/sandbox.py): what a run returns, from
+"""Running code in the sandbox (engine/sandbox/run.py): what a run returns, from
 normal code to misuse, and runs at once. The attacks are in test_sandbox.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.agents import sandbox
-from engine.agents.sandbox import SandboxError, SandboxLimits, run_python, run_python_async
+from engine.sandbox import run as sandbox
+from engine.sandbox.run import SandboxError, SandboxLimits, run_python, run_python_async
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""What one run of sandboxed code may use (engine/agents/sandbox.py runs it).
+"""What one run of sandboxed code may use (engine/sandbox/run.py runs it).
 
 Torch-free and import-light: a tool wrapper or the config can build limits without
 starting anything."""

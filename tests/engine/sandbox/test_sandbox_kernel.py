@@ -1,4 +1,4 @@
-"""Issue 30's attacks on what the kernel holds for a run (engine/agents/sandbox.py): memory
+"""Issue 30's attacks on what the kernel holds for a run (engine/sandbox/run.py): memory
 outside RLIMIT_AS (SysV shared memory, memfd), tmpfs files, ptys, keys, and the
 sandbox's own verdicts (a forged status, a fake timeout, a printed MemoryError). Each
 failed before its protection; each is bounded even without it (1 GiB of memory, 150,000
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents import sandbox, sandbox_leftovers
-from engine.agents.sandbox import SandboxLimits, run_python
-from engine.agents.sandbox_cgroup import hierarchy as cgroup_hierarchy
-from tests.engine.agents.sandbox_modes import NAMESPACED, REPO, ROOT, fill, run_memory
+from engine.sandbox import leftovers as sandbox_leftovers
+from engine.sandbox import run as sandbox
+from engine.sandbox.cgroup import hierarchy as cgroup_hierarchy
+from engine.sandbox.run import SandboxLimits, run_python
+from tests.engine.sandbox.sandbox_modes import NAMESPACED, REPO, ROOT, fill, run_memory
 
 pytestmark = pytest.mark.timeout(180)
 

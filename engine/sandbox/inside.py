@@ -1,4 +1,4 @@
-"""The sandbox's inside: started by engine/agents/sandbox.py as
+"""The sandbox's inside: started by engine/sandbox/run.py as
 
     python -I -S -B /proc/self/fd/SCRIPT_FD PLAN_FD STATUS_FD
 
@@ -327,7 +327,7 @@ def cap_ipc(plan: dict) -> list[str]:
 
 
 def build_view(plan: dict) -> list[str]:
-    """A new root of only what the interpreter needs (sandbox_view.py), read-only, with
+    """A new root of only what the interpreter needs (engine/sandbox/view.py), read-only, with
     a private /tmp (/var/tmp, /dev/shm), /dev, devpts and /proc; pivoted into, and the
     host's tree detached."""
     view, root = plan["view"], plan["view_root"]

@@ -1,4 +1,4 @@
-"""The sandbox for model-written code (engine/agents/sandbox.py): each test is an attack
+"""The sandbox for model-written code (engine/sandbox/run.py): each test is an attack
 that must be stopped, written so that it fails if the protection it tests is removed.
 
 Most run twice: in the strongest mode this machine allows (namespaces as root, a user
@@ -25,10 +25,10 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.agents import sandbox
-from engine.agents.sandbox import SandboxLimits, run_python, run_python_async
-from engine.agents.sandbox_cgroup import hierarchy as cgroup_hierarchy
-from tests.engine.agents.sandbox_modes import (
+from engine.sandbox import run as sandbox
+from engine.sandbox.cgroup import hierarchy as cgroup_hierarchy
+from engine.sandbox.run import SandboxLimits, run_python, run_python_async
+from tests.engine.sandbox.sandbox_modes import (
     NAMESPACED,
     REPO,
     fill,
@@ -332,7 +332,7 @@ def test_the_engines_keyring_is_not_possessed(
     session_id = "ctypes.CDLL(None).syscall(250, 0, -3, 0)"  # KEYCTL_GET_KEYRING_ID
     engine = f"""
 import ctypes, sys
-from engine.agents import sandbox
+from engine.sandbox import run as sandbox
 sandbox.isolation_mode = lambda: {sandbox_mode!r}
 ctypes.CDLL(None).syscall(250, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING, a new one
 limits = sandbox.SandboxLimits(python={make_limits().python!r})

@@ -1,4 +1,4 @@
-"""The sandbox's file system (engine/agents/sandbox.py): writes outside the scratch
+"""The sandbox's file system (engine/sandbox/run.py): writes outside the scratch
 directory, its removal, file size and scratch space, hidden directories and mounts that
 stay put. As in test_sandbox.py, each test is an attack that must be stopped, and fails
 if the protection it tests is removed.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents import sandbox
-from engine.agents.sandbox import SandboxLimits, run_python
-from tests.engine.agents.sandbox_modes import NAMESPACED, REPO, fill
+from engine.sandbox import run as sandbox
+from engine.sandbox.run import SandboxLimits, run_python
+from tests.engine.sandbox.sandbox_modes import NAMESPACED, REPO, fill
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The run's cgroup (engine/agents/sandbox_cgroup.py): which hierarchy is found, and the
+"""The run's cgroup (engine/sandbox/cgroup.py): which hierarchy is found, and the
 kernel's verdict read from it. The real thing runs in test_sandbox_kernel.py where this
 machine has a cgroup (here: v1's memory and pids; v2's unified hierarchy only where its
 controllers are free), so the v2 reading is checked on a directory laid out as
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents import sandbox_cgroup
-from engine.agents.sandbox_cgroup import Hierarchy, RunCgroup
+from engine.sandbox import cgroup as sandbox_cgroup
+from engine.sandbox.cgroup import Hierarchy, RunCgroup
 
 
 def fake_v2(root: Path, subtree: str) -> Path:

@@ -1,5 +1,5 @@
 """The isolation modes the sandbox tests run in, and their helpers
-(tests/engine/agents/test_sandbox*.py).
+(tests/engine/sandbox/test_sandbox*.py).
 
 A test that takes the ``sandbox_mode`` fixture (conftest.py) runs twice: in the strongest
 mode this machine allows (namespaces as root, a user namespace otherwise) and forced into
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents import sandbox
-from engine.agents.sandbox import SandboxLimits
-from engine.agents.sandbox_bwrap import find_bwrap
+from engine.sandbox import run as sandbox
+from engine.sandbox.bwrap import find_bwrap
+from engine.sandbox.run import SandboxLimits
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[3]

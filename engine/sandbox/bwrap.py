@@ -1,9 +1,9 @@
 """The sandbox's namespaces made by bubblewrap (``bwrap``), for a user who may not make
 them itself: where unprivileged user namespaces are allowed only to allow-listed
 programs (Ubuntu 23.10 and later allow bwrap). Used only when ``bwrap`` is on the PATH
-and the sandbox's own user namespace failed (engine/agents/sandbox.py's probe).
+and the sandbox's own user namespace failed (engine/sandbox/run.py's probe).
 
-It builds the view sandbox_init.py's ``build_view`` does (sandbox_view.py): a new root
+It builds the view inside.py's ``build_view`` does (view.py): a new root
 of the system's directories, the interpreters' prefixes and libraries and ``/etc``'s
 basics, read-only; fresh tmpfs for /tmp, /var/tmp and /dev/shm; a minimal /dev with its
 own devpts; the pid namespace's /proc; and, where bubblewrap has it (0.8), no user

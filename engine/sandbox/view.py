@@ -11,7 +11,7 @@ interpreter needs, read-only, never the host's whole tree.
 - ``/etc``'s basics (the dynamic loader's cache, the time zone, nsswitch.conf), and a
   ``passwd``, ``group`` and ``hosts`` written for the run;
 - a minimal ``/dev``, the pid namespace's ``/proc``, and the private ``/tmp``
-  (``/var/tmp`` and ``/dev/shm`` in it), which sandbox_init.py (or bubblewrap) adds.
+  (``/var/tmp`` and ``/dev/shm`` in it), which inside.py (or bubblewrap) adds.
 
 No project checkout, home directory, ``/opt``, ``/srv``, ``/mnt``, ``/run``, ``/var``,
 ``/sys``, and no other mount of the host: nothing there can be read, locked (flock) or

@@ -12,7 +12,7 @@ same for the agent loop's coroutines. Runs are independent and may run concurren
 
 How the isolation is made, and what each machine gets (probed once per process, then
 kept): docs/sandbox.md. This module is the parent's side (plan, start, read, clean up);
-engine/agents/sandbox_init.py is what runs inside.
+engine/sandbox/inside.py is what runs inside.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.agents import sandbox_view
-from engine.agents.sandbox_bwrap import applied as bwrap_applied
-from engine.agents.sandbox_bwrap import bwrap_argv, find_bwrap
-from engine.agents.sandbox_bwrap import missing as bwrap_missing
-from engine.agents.sandbox_cgroup import RunCgroup
-from engine.agents.sandbox_cgroup import hierarchy as cgroup_hierarchy
-from engine.agents.sandbox_io import Capture, drain_async, drain_sync, kill_group, read_status
-from engine.agents.sandbox_leftovers import remove_tree, remove_uid_leftovers
-from engine.agents.sandbox_limits import SandboxError, SandboxLimits
+from engine.sandbox import view as sandbox_view
+from engine.sandbox.bwrap import applied as bwrap_applied
+from engine.sandbox.bwrap import bwrap_argv, find_bwrap
+from engine.sandbox.bwrap import missing as bwrap_missing
+from engine.sandbox.cgroup import RunCgroup
+from engine.sandbox.cgroup import hierarchy as cgroup_hierarchy
+from engine.sandbox.leftovers import remove_tree, remove_uid_leftovers
+from engine.sandbox.limits import SandboxError, SandboxLimits
+from engine.sandbox.streams import Capture, drain_async, drain_sync, kill_group, read_status
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ __all__ = [
     "run_python_async",
 ]
 
-_INIT_SCRIPT = str(Path(__file__).with_name("sandbox_init.py"))
+_INIT_SCRIPT = str(Path(__file__).with_name("inside.py"))
 # The code's interpreter: isolated (no PYTHON* variables, no user site), no site at
 # all (nothing of the engine's venv: only the standard library), no bytecode files,
 # unbuffered (what was printed before a kill is kept), UTF-8 whatever the locale.
@@ -393,7 +393,7 @@ class _Launch:
         }
 
     def _make_cgroup(self) -> None:
-        """The run's cgroup, where this machine lets one be made (sandbox_cgroup.py):
+        """The run's cgroup, where this machine lets one be made (engine/sandbox/cgroup.py):
         all its memory (the code's, its scratch files', the watchers') and its tasks."""
         found, why = cgroup_hierarchy()
         if found is None:
@@ -514,6 +514,6 @@ class _Launch:
 
 
 if __name__ == "__main__":
-    # python -m engine.agents.sandbox: what isolation the sandbox gets on this machine.
+    # python -m engine.sandbox.run: what isolation the sandbox gets on this machine.
     logging.basicConfig(level=logging.INFO)
     print(isolation_summary())
