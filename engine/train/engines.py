@@ -1,9 +1,8 @@
 """Which training backend builds a role: ``strategy`` fsdp/fsdp2 → ``FSDPEngine``,
 megatron → ``MegatronEngine`` (imported only then: megatron-core is an extra).
 
-Both expose the same methods (``engine.train.megatron``'s module docstring lists them),
-so the actor, critic and reference workers hold one ``engine`` and never branch on the
-backend.
+Both are ``TrainEngine``s (engine.train.protocol), so the actor, critic and reference
+workers hold one ``engine`` and never branch on the backend.
 """
 
 from __future__ import annotations
@@ -15,9 +14,10 @@ from engine.config.engine import ULYSSES_KEYS
 from engine.device import DeviceSpec
 from engine.train.fsdp import FSDPEngine
 from engine.train.logit_options import LogitOptions
+from engine.train.protocol import TrainEngine
 
 
-def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
+def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> TrainEngine:
     arr = cfg.actor_rollout_ref
     actor = arr.actor
     if actor.strategy == "megatron":
@@ -36,7 +36,7 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
     return engine
 
 
-def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
+def reference_engine(cfg: EngineConfig, device: DeviceSpec) -> TrainEngine:
     arr = cfg.actor_rollout_ref
     if cfg.ref_strategy == "megatron":
         ref = arr.ref.megatron.resolved(arr.actor.megatron)  # null sizes: the actor's
@@ -61,7 +61,7 @@ def critic_model(cfg: EngineConfig) -> ModelConfig:
     return selected_model(cfg, "critic")
 
 
-def critic_engine(cfg: EngineConfig, device: DeviceSpec) -> Any:
+def critic_engine(cfg: EngineConfig, device: DeviceSpec) -> TrainEngine:
     critic = cfg.critic
     model_cfg = critic_model(cfg)
     if critic.strategy == "megatron":
@@ -85,7 +85,7 @@ def _megatron(
     model_cfg: ModelConfig,
     section: Any,
     optim_cfg: Any,
-) -> Any:
+) -> TrainEngine:
     from engine.models.hf_config import load_hf_config
     from engine.train.megatron import MegatronEngine, MegatronParallel
 
