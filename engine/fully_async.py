@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config.async_training import admission_cap
 from engine.data.dataset import PromptSample
-from engine.overlap import STALENESS
+from engine.metrics import STALENESS
 from engine.rollout.stream import StreamDone
 from engine.rollouter import Rollouter
 from engine.types import GenerationOutput

@@ -11,6 +11,9 @@ import torch
 
 from engine.algo.masked import masked_mean
 
+# policy versions between the sampler and the update (async_training's modes)
+STALENESS = "training/staleness"
+
 
 class StageTimer:
     """``with timer("gen"): ...`` records timing_s/gen (summed if a stage repeats)."""

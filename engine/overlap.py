@@ -28,6 +28,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.metrics import STALENESS
 from engine.types import GenerationRequest
 
 if TYPE_CHECKING:
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
     from engine.data.dataset import PromptSample
     from engine.metrics import StageTimer
     from engine.trainer import Trainer
-
-STALENESS = "training/staleness"  # policy versions between the sampler and the update
 
 
 @dataclass

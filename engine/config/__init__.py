@@ -52,7 +52,7 @@ from engine.config.algorithm import (
 from engine.config.critic import CriticConfig
 from engine.config.data import TRUNCATION_MODES, DataConfig
 from engine.config.dump import to_yaml, verl_yaml
-from engine.config.engine import TOKEN_BUDGET_KEYS, EngineConfig
+from engine.config.engine import EngineConfig
 from engine.config.judge import JudgeConfig
 from engine.config.keys import config_keys, schema_leaf
 from engine.config.load import Loaded, key_problems, load, load_config
@@ -64,6 +64,7 @@ from engine.config.reward import (
     OverlongBufferConfig,
     RewardModelConfig,
 )
+from engine.config.role_keys import TOKEN_BUDGET_KEYS
 from engine.config.rollout import PLACEMENTS, ROLLOUT_BACKENDS, RolloutConfig, SamplingConfig
 from engine.config.rules import validate
 from engine.config.train import (

@@ -105,3 +105,29 @@ def _conflict(source: str, first: tuple[str, Any], second: tuple[str, Any]) -> s
         f"{source}: {a}={x!r} and {b}={y!r} set the same value (verl's two spellings of"
         f" it); give one of them"
     )
+
+
+# Spellings verl itself no longer writes: read, but not shown by --cfg job.
+_OLD = ("critic.model.fsdp_config.", "reward.reward_kwargs.")
+
+
+def shown_aliases(cfg: object) -> list[tuple[str, str]]:
+    """(verl's spelling, the schema's key) of every value ``--cfg job`` shows twice: each
+    alias verl's current schema has (the VeOmni engine's only under model_engine=veomni)."""
+    veomni = getattr(cfg, "model_engine", None) == "veomni"
+    pairs = [
+        *((alias, schema_key(alias)) for alias in ALIASES),
+        *((prefix.rstrip("."), target.rstrip(".")) for prefix, target in PREFIX_ALIASES.items()),
+        # an alias inside a renamed section, under the section's verl name too
+        *(
+            (prefix + alias[len(target) :], schema_key(alias))
+            for alias in ALIASES
+            for prefix, target in PREFIX_ALIASES.items()
+            if alias.startswith(target)
+        ),
+    ]
+    return [
+        (alias, key)
+        for alias, key in pairs
+        if not any(old in alias for old in _OLD) and (veomni or ".veomni." not in alias)
+    ]

@@ -5,22 +5,13 @@ problem with the numbers that would work."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-from engine.config.engine import BUDGET_ROLES, TOKEN_BUDGET_KEYS
-from engine.config.fields import selected
+from engine.config.fields import divisors_near, selected
+from engine.config.role_keys import BUDGET_ROLES, TOKEN_BUDGET_KEYS
 
 if TYPE_CHECKING:
     from engine.config.engine import EngineConfig
-
-
-def divisors_near(n: int, around: int, count: int = 3) -> list[int]:
-    """The ``count`` divisors of ``n`` nearest ``around``. Divisors come in pairs d, n/d
-    with d <= √n: the search stops there (a batch of 10**12 must not hang validation)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    divisors = set(small) | {n // d for d in small}
-    return sorted(sorted(divisors, key=lambda d: (abs(d - around), d))[:count])
 
 
 def rules(cfg: EngineConfig) -> list[str]:

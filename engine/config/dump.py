@@ -52,8 +52,7 @@ def to_yaml(cfg: EngineConfig, compact: bool = False) -> str:
 def verl_yaml(cfg: EngineConfig) -> str:
     """The config in verl's layout (``--cfg job``): the whole config, and each value this
     engine reads under its own name also under verl's current spelling of the key."""
-    from engine.config.aliases import nest
-    from engine.config.verl_names import shown_aliases
+    from engine.config.aliases import nest, shown_aliases
 
     container = _container(cfg)
     flat = _flat(container)

@@ -18,6 +18,7 @@ from engine.config.distillation import DistillationConfig
 from engine.config.fields import selected, setting, tree
 from engine.config.megatron import MegatronConfig
 from engine.config.reward import CustomRewardFunctionConfig, RewardModelConfig
+from engine.config.role_keys import BUDGET_ROLES, TOKEN_BUDGET_KEYS, ULYSSES_KEYS
 from engine.config.trainer import TrainerConfig
 from engine.config.verl_sections import (
     GLOBAL_PROFILER_HELP,
@@ -180,33 +181,3 @@ class EngineConfig:
         if role == "reference" and (size is None or self.actor_rollout_ref.model.uses_lora):
             size = self.actor_rollout_ref.actor.ulysses_sequence_parallel_size
         return size
-
-
-# Each role's (use_dynamic_bsz, max_token_len) keys; the actor's are the defaults.
-TOKEN_BUDGET_KEYS = {
-    "actor": (
-        "actor_rollout_ref.actor.use_dynamic_bsz",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-    ),
-    "actor_log_prob": (
-        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-    ),
-    "ref_log_prob": (
-        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
-        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
-    ),
-    "critic": ("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"),
-}
-# Which role's Ulysses size each token budget's micro-batches are split by.
-BUDGET_ROLES = {
-    "actor": "actor",
-    "actor_log_prob": "actor",
-    "ref_log_prob": "reference",
-    "critic": "critic",
-}
-ULYSSES_KEYS = {
-    "actor": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-    "reference": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-    "critic": "critic.ulysses_sequence_parallel_size",
-}

@@ -3,6 +3,7 @@ checks that every section's rules share."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, field
 from typing import Any
@@ -92,3 +93,11 @@ def tree(default: dict[str, Any], help: str, *, inert_tree: bool = True) -> Any:
 def mapping(help: str, factory: Callable[[], dict[str, Any]] = dict) -> Any:
     """A free-form mapping (keyword arguments passed on to a library): any key."""
     return setting(help=help, factory=factory, kind="mapping")
+
+
+def divisors_near(n: int, around: int, count: int = 3) -> list[int]:
+    """The ``count`` divisors of ``n`` nearest ``around``. Divisors come in pairs d, n/d
+    with d <= √n: the search stops there (a batch of 10**12 must not hang validation)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    divisors = set(small) | {n // d for d in small}
+    return sorted(sorted(divisors, key=lambda d: (abs(d - around), d))[:count])

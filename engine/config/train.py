@@ -399,7 +399,7 @@ def ulysses_problems(cfg: EngineConfig, role: str) -> list[str]:
     """``<role>.ulysses_sequence_parallel_size`` (``engine.train.ulysses``) against the
     strategy, the world size and padding removal; against the model's heads:
     ``ulysses_heads_problems``, once the model's config is at hand."""
-    from engine.config.engine import ULYSSES_KEYS
+    from engine.config.role_keys import ULYSSES_KEYS
 
     key = ULYSSES_KEYS[role]
     size = _configured_ulysses(cfg, role)
@@ -427,7 +427,7 @@ def ulysses_problems(cfg: EngineConfig, role: str) -> list[str]:
     world = cfg.world_size
     if world % size:
         # (a local import: batches imports engine.config.engine, which imports this module)
-        from engine.config.batches import divisors_near
+        from engine.config.fields import divisors_near
 
         p.append(
             f"{key} {size} must divide the world size {world} (trainer.nnodes ×"
@@ -452,7 +452,7 @@ def ulysses_heads_problems(size: int, key: str, hf_config: Any) -> list[str]:
     if heads is None:  # fields that do not say (the engine checks the loaded model)
         return []
     kv = getattr(hf_config, "num_key_value_heads", None) or heads
-    from engine.config.batches import divisors_near
+    from engine.config.fields import divisors_near
 
     p = []
     for what, value in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
@@ -469,7 +469,7 @@ def ulysses_heads_problems(size: int, key: str, hf_config: Any) -> list[str]:
 def ulysses_model_problems(cfg: EngineConfig, hf_config_of: Any) -> list[str]:
     """``ulysses_heads_problems`` for every role that runs with Ulysses;
     ``hf_config_of(model_cfg)``: the Hugging Face config (or its fields) of a role's model."""
-    from engine.config.engine import ULYSSES_KEYS
+    from engine.config.role_keys import ULYSSES_KEYS
 
     used = {"actor": True, "reference": cfg.use_reference, "critic": cfg.use_critic}
     p = []

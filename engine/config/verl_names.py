@@ -120,30 +120,3 @@ VALUE_ALIASES: dict[str, dict[str, str]] = {
     **{f"{role}.strategy": _STRATEGIES for role in _ROLES},
     f"{ROLLOUT}.multi_turn.default_agent": {"single_turn_agent": "single_turn"},
 }
-
-# Spellings verl itself no longer writes: read, but not shown by --cfg job.
-_OLD = ("critic.model.fsdp_config.", "reward.reward_kwargs.")
-
-
-def shown_aliases(cfg: object) -> list[tuple[str, str]]:
-    """(verl's spelling, the schema's key) of every value ``--cfg job`` shows twice: each
-    alias verl's current schema has (the VeOmni engine's only under model_engine=veomni)."""
-    from engine.config.aliases import schema_key
-
-    veomni = getattr(cfg, "model_engine", None) == "veomni"
-    pairs = [
-        *((alias, schema_key(alias)) for alias in ALIASES),
-        *((prefix.rstrip("."), target.rstrip(".")) for prefix, target in PREFIX_ALIASES.items()),
-        # an alias inside a renamed section, under the section's verl name too
-        *(
-            (prefix + alias[len(target) :], schema_key(alias))
-            for alias in ALIASES
-            for prefix, target in PREFIX_ALIASES.items()
-            if alias.startswith(target)
-        ),
-    ]
-    return [
-        (alias, key)
-        for alias, key in pairs
-        if not any(old in alias for old in _OLD) and (veomni or ".veomni." not in alias)
-    ]

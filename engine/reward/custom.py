@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from engine.config import CustomRewardFunctionConfig
+from engine.config.reward import CustomRewardFunctionConfig
 from engine.reward.types import CustomScorer, RewardError
 
 

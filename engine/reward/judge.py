@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.config import RewardModelConfig
 from engine.reward.manager import RewardManager
-from engine.reward.model import even_for_ranks, scored_with_rules
+from engine.reward.model_rows import even_for_ranks, scored_with_rules
 from engine.reward.types import ScoreRequest, ScoreResult
 from engine.reward.verdict import JudgePrompts, VerdictParser
 from engine.types import GenerationOutput, GenerationRequest, SamplingParams

@@ -37,7 +37,6 @@ import torch
 
 from engine.config import RolloutConfig
 from engine.errors import EngineError
-from engine.rollout.base import finish_row
 from engine.rollout.tp import (
     gather_group_rows,
     group_seed,
@@ -51,6 +50,7 @@ from engine.rollout.translate import (
     sampling_params_for,
 )
 from engine.rollout.versions import check_version
+from engine.rollout.vllm_outputs import finish_completion
 from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest
 
@@ -96,20 +96,6 @@ def seeded(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=devices, device_type=device_type):
         torch.manual_seed(seed)
         yield
-
-
-def finish_completion(
-    completion: Any, eos_token_ids: set[int], ignore_eos: bool, want_logprobs: bool
-) -> tuple[list[int], list[float] | None, bool]:
-    """One vLLM completion in the engine's terms (``finish_row``): its tokens cut after
-    the first EOS, the sampled tokens' log-probs when asked, whether it finished."""
-    ids = list(completion.token_ids)
-    lps = (
-        [step[token].logprob for token, step in zip(ids, completion.logprobs, strict=True)]
-        if want_logprobs
-        else None
-    )
-    return finish_row(ids, lps, eos_token_ids, ignore_eos)
 
 
 class VLLMRollout:

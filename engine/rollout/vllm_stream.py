@@ -17,7 +17,7 @@ from typing import Any
 from engine.agents.streaming import Completion
 from engine.rollout.base import finish_row
 from engine.rollout.stream import StreamDone, StreamItem, add_run, cut_runs
-from engine.rollout.vllm import finish_completion
+from engine.rollout.vllm_outputs import finish_completion
 from engine.types import SamplingParams
 
 

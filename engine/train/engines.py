@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import EngineConfig, ModelConfig
-from engine.config.engine import ULYSSES_KEYS
+from engine.config.role_keys import ULYSSES_KEYS
 from engine.device import DeviceSpec
 from engine.train.fsdp import FSDPEngine
 from engine.train.logit_options import LogitOptions

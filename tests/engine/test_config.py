@@ -573,7 +573,7 @@ def test_megatron_critic_is_checked_only_when_there_is_one():
 def test_a_huge_batch_is_refused_with_divisors_at_once():
     """The nearby divisors offered in the message are found without counting to the batch
     size (10**12 prompts took minutes); and they are the right ones, by hand."""
-    from engine.config.batches import divisors_near
+    from engine.config.fields import divisors_near
 
     assert divisors_near(256, 48) == [16, 32, 64]  # 48 is no divisor: 32, 64 (16 off), 16
     assert divisors_near(10**12, 48) == [32, 40, 50]  # 50 (2 off), 40 (8), 32 (16)
