@@ -112,6 +112,23 @@ def finish_completion(
     return finish_row(ids, lps, eos_token_ids, ignore_eos)
 
 
+def routed_experts(output: Any, response_len: int) -> torch.Tensor:
+    """(n, L, K) int16 experts of a request's prompt and kept response tokens, from the
+    first prompt token (vLLM's ``routed_experts``: [tokens it ran, layers, k], the
+    last token drawn never ran; L counts every decoder layer)."""
+    import numpy as np
+
+    routing = output.outputs[0].routed_experts
+    if routing is None:
+        raise EngineError(
+            "vLLM returned no routed experts although actor_rollout_ref.rollout."
+            "enable_rollout_routing_replay=true asked it to record them (this model's MoE"
+            " kernel may not capture them): use actor_rollout_ref.actor.router_replay.mode=R2"
+        )
+    kept = len(output.prompt_token_ids) + response_len
+    return torch.from_numpy(np.asarray(routing)[:kept].astype(np.int16))
+
+
 class VLLMRollout:
     def __init__(
         self,
@@ -190,7 +207,7 @@ class VLLMRollout:
                 outputs = self.llm.generate(
                     prompts, params, use_tqdm=False, lora_request=self._lora
                 )
-        responses, finished, logprobs = [], [], []
+        responses, finished, logprobs, routed = [], [], [], []
         for output in outputs[mine]:
             tokens, lps, done = finish_completion(
                 output.outputs[0], self.eos_token_ids, request.sampling.ignore_eos, want_logprobs
@@ -198,10 +215,13 @@ class VLLMRollout:
             responses.append(tokens)
             finished.append(done)
             logprobs.append(lps or [])
+            if self.cfg.enable_rollout_routing_replay:
+                routed.append(routed_experts(output, len(tokens)))
         return GenerationOutput(
             response_ids=responses,
             finished=finished,
             logprobs=logprobs if want_logprobs else None,
+            routed_experts=routed if self.cfg.enable_rollout_routing_replay else None,
         )
 
     @contextlib.contextmanager
