@@ -17,6 +17,7 @@ from engine.config.data import DataConfig
 from engine.config.fields import selected, setting, tree
 from engine.config.megatron import MegatronConfig
 from engine.config.reward import CustomRewardFunctionConfig, RewardModelConfig
+from engine.config.routing_replay import RECORD, ReplayPlan
 from engine.config.trainer import TrainerConfig
 from engine.config.verl_sections import (
     DISTILLATION_HELP,
@@ -82,6 +83,12 @@ class EngineConfig:
         return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
 
     @property
+    def routing_replay(self) -> ReplayPlan:
+        """What the actor's passes and the rollout do with MoE routing
+        (``engine.config.routing_replay``)."""
+        return ReplayPlan(self.actor_rollout_ref.actor.router_replay.mode)
+
+    @property
     def ref_strategy(self) -> str:
         """The reference's training backend: its own, or the actor's."""
         arr = self.actor_rollout_ref
@@ -108,8 +115,8 @@ class EngineConfig:
         one PPO epoch of one mini-batch. Then π_old needs no pass of its own, unless the
         KL in the reward needs it before the update, the rollout's own log-probs are to
         be compared with it (``calculate_log_probs``: mismatch metrics, TIS), the
-        advantage estimator reads it (Σπ²: the optimal token baseline), or the user asks
-        for it."""
+        advantage estimator reads it (Σπ²: the optimal token baseline), routing replay
+        records the routing in it (R2), or the user asks for it."""
         actor = self.actor_rollout_ref.actor
         return (
             actor.ppo_epochs == 1
@@ -118,6 +125,7 @@ class EngineConfig:
             and not actor.recompute_old_log_prob
             and not self.actor_rollout_ref.rollout.calculate_log_probs
             and not names.estimator_needs(self.algorithm.adv_estimator).sum_pi_squared
+            and self.routing_replay.old_pass != RECORD
         )
 
     def token_budget(self, role: str) -> int | None:

@@ -26,6 +26,7 @@ from engine.config import (
     multi_turn,
     reward,
     rollout,
+    routing_replay,
     trainer,
     verl_features,
 )
@@ -38,6 +39,7 @@ RULES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     data.rules,
     actor.rules,
     rollout.rules,
+    routing_replay.rules,
     multi_turn.rules,
     critic.rules,
     reward.rules,
