@@ -8,7 +8,7 @@ P the prompt length (left-padded), R the response length (right-padded).
     prompts ──► GenerationRequest ──►  rollout.generate  ──► GenerationOutput (ragged)
     TokenBatch (padded once, here)
              ──► TokenBatch        ──►  actor/ref.log_probs, critic.values  ──► per-token tensors
-                                        actor.log_probs_sum_pi_squared      ──► PolicyProbs
+                                        actor.old_policy (Σπ², R2's routing) ──► PolicyProbs
              ──► ActorBatch        ──►  actor.update     ──► metrics
              ──► CriticBatch       ──►  critic.update    ──► metrics
 
