@@ -33,11 +33,17 @@ class Rollout:
     response_masks: list[list[int]] | None = None
     agent_stats: list[dict[str, float]] | None = None
     prompt_index: list[int] | None = None  # each sample's prompt, in its dataset
+    # The rollout engine's MoE routing of each sample's tokens (routing replay R3)
+    routed_experts: list[torch.Tensor] | None = None
 
     @functools.cached_property
     def tokens(self) -> TokenBatch:
         return TokenBatch.from_ragged(
-            self.prompt_ids, self.response_ids, self.pad_token_id, self.response_masks
+            self.prompt_ids,
+            self.response_ids,
+            self.pad_token_id,
+            self.response_masks,
+            self.routed_experts,
         )
 
     @property

@@ -535,9 +535,11 @@ def _check_local_checkpoints(cfg: EngineConfig) -> None:
 def _check_model_configs(cfg: EngineConfig) -> None:
     """From the models' configs, now, not once the workers have loaded them: fields of
     ``override_config`` the config lacks, Ulysses sizes the heads cannot take (each
-    config read with its overrides), and a quantized checkpoint trained in full where
+    config read with its overrides), routing replay of a dense model, and a quantized
+    checkpoint trained in full where
     the model is a hub name (a local folder's was refused before Ray started,
     ``_check_local_checkpoints``; an override cannot add a quantization_config)."""
+    from engine.config.routing_replay import model_problems as routing_replay_problems
     from engine.config.train import (
         quantized_model_problems,
         selected_model,
@@ -565,6 +567,7 @@ def _check_model_configs(cfg: EngineConfig) -> None:
     if cfg.use_critic:
         hf_config_of(selected_model(cfg, "critic"))
     problems += ulysses_model_problems(cfg, hf_config_of)
+    problems += routing_replay_problems(cfg, hf_config_of)
     problems += quantized_model_problems(cfg, hub_config_of)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))

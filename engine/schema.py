@@ -1,7 +1,9 @@
 """What the launcher (rlctl) may use of the engine, in one place: the config schema and
 its rules, what each advantage estimator needs, the config error, the Megatron parallel
 rules, a saved LoRA adapter's settings, the supported backend versions and the
-pre-flight checks ``rlctl doctor`` makes from the launching machine (engine.doctor), the Ulysses sizes against a model's heads and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
+pre-flight checks ``rlctl doctor`` makes from the launching machine (engine.doctor), the
+Ulysses sizes against a model's heads, MoE routing replay against a dense model and the
+model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
 Megatron backend converts) that the planner and ``rlctl validate`` need. Torch-free,
 Ray-free: rlctl imports the engine through this module only
 (tests/rlctl/test_import_graph.py checks both)."""
@@ -15,6 +17,7 @@ from engine.config import (
     schema_leaf,
     to_yaml,
 )
+from engine.config.routing_replay import model_problems as routing_replay_model_problems
 from engine.config.train import quantized_model_problems, ulysses_model_problems
 from engine.doctor import check_bucket, check_secrets
 from engine.errors import ConfigError
@@ -41,6 +44,7 @@ __all__ = [
     "load_config",
     "pipeline_stage_layers",
     "quantized_model_problems",
+    "routing_replay_model_problems",
     "schema_leaf",
     "to_yaml",
     "ulysses_model_problems",

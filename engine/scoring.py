@@ -86,6 +86,7 @@ class Scorer:
             response_masks=output.response_mask,
             agent_stats=output.agent_stats,
             prompt_index=[p.index for p in expanded],
+            routed_experts=output.routed_experts,
         )
 
     def score(

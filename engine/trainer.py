@@ -29,6 +29,7 @@ from engine.balance import balance
 from engine.batch import Rollout, join_groups, split_groups
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
+from engine.config.routing_replay import RECORD
 from engine.controller.dispatch import concat, take
 from engine.controller.worker_group import WorkerGroup
 from engine.data.dataset import PromptDataset, PromptSample
@@ -51,8 +52,10 @@ from engine.types import (
     ActorBatch,
     CriticBatch,
     GenerationRequest,
+    PolicyProbs,
     SampleMeta,
     SamplingParams,
+    TokenBatch,
 )
 from engine.validation import ValidationSample, validation_metrics
 
@@ -258,27 +261,34 @@ class Trainer:
             if cfg.algorithm.rollout_correction.bypass_mode:
                 # verl's bypass mode: the sampler's own log-probs are π_old, no pass
                 old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
-            elif needs.sum_pi_squared:  # the optimal token baseline: always a π_old pass
-                with timer("old_log_prob"):
-                    probs = self.workers.call_split("actor", "log_probs_sum_pi_squared", tokens)
-                old_logprobs, sum_pi_squared = probs.logprobs_BR, probs.sum_pi_squared_BR
-            elif cfg.algorithm.use_kl_in_reward or (
-                updates_actor and (off_policy or not cfg.update_is_on_policy)
+            elif (
+                needs.sum_pi_squared  # the optimal token baseline: always a π_old pass
+                or cfg.algorithm.use_kl_in_reward
+                or (updates_actor and (off_policy or not cfg.update_is_on_policy))
             ):
                 with timer("old_log_prob"):
-                    old_logprobs = self.workers.call_split("actor", "log_probs", tokens)
+                    old = self.old_policy(tokens, needs.sum_pi_squared)
+                old_logprobs, sum_pi_squared = old.logprobs_BR, old.sum_pi_squared_BR
+                if old.routed_experts_BSLK is not None:  # routing replay R2: the update's
+                    tokens = dataclasses.replace(
+                        tokens, routed_experts_BSLK=old.routed_experts_BSLK
+                    )
             ref_logprobs = None
-            if cfg.use_reference:
+            if cfg.use_reference:  # the reference and the critic route freely
                 with timer("ref"):
-                    ref_logprobs = self.workers.call_split("ref", "log_probs", tokens)
+                    ref_logprobs = self.workers.call_split(
+                        "ref", "log_probs", tokens.without_routing()
+                    )
             teacher = None
             if cfg.distillation.enabled:
                 with timer("teacher"):
-                    teacher = distill.score(self.workers, cfg, tokens, rollout.meta)
+                    teacher = distill.score(
+                        self.workers, cfg, tokens.without_routing(), rollout.meta
+                    )
             values = None
             if cfg.use_critic:
                 with timer("values"):
-                    values = self.workers.call_split("critic", "values", tokens)
+                    values = self.workers.call_split("critic", "values", tokens.without_routing())
             # Weights and rejection first: the optimal token baseline reads the weights.
             correction = self.rollout_correction(rollout, old_logprobs, metrics)
             with timer("adv"):
@@ -306,7 +316,7 @@ class Trainer:
                 )
             if cfg.use_critic:
                 with timer("update_critic"):
-                    batch = CriticBatch(tokens, values, adv.returns_BT)
+                    batch = CriticBatch(tokens.without_routing(), values, adv.returns_BT)
                     metrics |= self.workers.call_split(
                         "critic", "update", batch, gather=reduce_rank_metrics
                     )
@@ -347,6 +357,13 @@ class Trainer:
         return metrics
 
     # -- stages -------------------------------------------------------------
+
+    def old_policy(self, tokens: TokenBatch, sum_pi_squared: bool) -> PolicyProbs:
+        """The actor's π_old pass: its log-probs, and Σπ² or (routing replay R2) the
+        routing it took when something reads them."""
+        if sum_pi_squared or self.cfg.routing_replay.old_pass == RECORD:
+            return self.workers.call_split("actor", "old_policy", tokens, sum_pi_squared)
+        return PolicyProbs(self.workers.call_split("actor", "log_probs", tokens))
 
     def rollout_correction(
         self, rollout: Rollout, old_logprobs: torch.Tensor | None, metrics: dict[str, float]

@@ -8,18 +8,23 @@ P the prompt length (left-padded), R the response length (right-padded).
     prompts ──► GenerationRequest ──►  rollout.generate  ──► GenerationOutput (ragged)
     TokenBatch (padded once, here)
              ──► TokenBatch        ──►  actor/ref.log_probs, critic.values  ──► per-token tensors
-                                        actor.log_probs_sum_pi_squared      ──► PolicyProbs
+                                        actor.old_policy (Σπ², R2's routing) ──► PolicyProbs
              ──► ActorBatch        ──►  actor.update     ──► metrics
              ──► CriticBatch       ──►  critic.update    ──► metrics
 
 A batch sent to a worker group is split along its first dimension by
 data-parallel rank (``engine.controller.dispatch``); every field of these
 dataclasses is either a tensor with B rows, a list with B items, or None.
+
+MoE routing replay (``engine.config.routing_replay``) adds L (the model's decoder
+layers) and K (experts per token): ``routed_experts_BSLK`` holds each token's experts in
+every layer, int16, -1 where none was recorded (padding; the last token of an R3 row,
+which the rollout never ran forward).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -62,6 +67,9 @@ class GenerationOutput:
     agent_stats: list[dict[str, float]] | None = None
     # Multi-turn rows: the interaction's score of each answer (empty without one)
     turn_scores: list[list[float]] | None = None
+    # rollout.enable_rollout_routing_replay: each row's (n, L, K) experts of its prompt
+    # and response tokens from the first, n <= their count (the last may have none)
+    routed_experts: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -72,6 +80,8 @@ class TokenBatch:
     attention_mask_BS: torch.Tensor
     position_ids_BS: torch.Tensor
     response_mask_BR: torch.Tensor  # 1.0 for response tokens that count in losses
+    # The MoE routing the actor's forwards replay (module docstring), or None
+    routed_experts_BSLK: torch.Tensor | None = None
 
     @property
     def response_length(self) -> int:
@@ -91,10 +101,12 @@ class TokenBatch:
         responses: list[list[int]],
         pad_token_id: int,
         response_masks: list[list[int]] | None = None,
+        routed_experts: list[torch.Tensor] | None = None,
     ) -> TokenBatch:
         """Pad prompts on the left and responses on the right, to the longest of each.
         ``response_masks`` (multi-turn: 0 on tool tokens) narrow which response tokens
-        count in the losses; the model still attends to every one."""
+        count in the losses; the model still attends to every one. ``routed_experts``:
+        each row's (n, L, K) experts from its first prompt token on (a rollout's, R3)."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         batch = len(prompts)
@@ -121,7 +133,33 @@ class TokenBatch:
             attention_mask_BS=attention,
             position_ids_BS=position_ids,
             response_mask_BR=response_mask,
+            routed_experts_BSLK=(
+                None
+                if routed_experts is None
+                else _pad_routing(routed_experts, prompts, responses, p_len + r_len)
+            ),
         )
+
+    def without_routing(self) -> TokenBatch:
+        """The batch for a pass that routes freely (the reference, the critic)."""
+        return self if self.routed_experts_BSLK is None else replace(self, routed_experts_BSLK=None)
+
+
+def _pad_routing(
+    rows: list[torch.Tensor], prompts: list[list[int]], responses: list[list[int]], width: int
+) -> torch.Tensor:
+    """(B, width, L, K): each row's routing where its tokens sit, -1 elsewhere (left
+    padding, and beyond the routing a row has; more than its tokens is cut)."""
+    shapes = {tuple(r.shape[1:]) for r in rows}
+    if len(shapes) != 1:
+        raise ValueError(f"rows route over different (layers, experts per token): {shapes}")
+    out = torch.full((len(rows), width, *shapes.pop()), -1, dtype=torch.int16)
+    p_len = max(len(p) for p in prompts)
+    for i, row in enumerate(rows):
+        start = p_len - len(prompts[i])
+        n = min(len(row), len(prompts[i]) + len(responses[i]))
+        out[i, start : start + n] = row[:n].to(torch.int16)
+    return out
 
 
 @dataclass
@@ -149,11 +187,14 @@ class ActorBatch:
 
 @dataclass
 class PolicyProbs:
-    """The actor's π_old pass when the advantage estimator reads more than the log-probs
-    (the optimal token baseline): per response token, 0 on padding."""
+    """The actor's π_old pass: per response token, 0 on padding; and what the trainer
+    reads of it beyond the log-probs."""
 
     logprobs_BR: torch.Tensor  # log π_old(o_t)
-    sum_pi_squared_BR: torch.Tensor  # Σ_v π_old(v)² at the token's position
+    # Σ_v π_old(v)² at the token's position (the optimal token baseline), when asked
+    sum_pi_squared_BR: torch.Tensor | None = None
+    # The routing the pass took (routing replay R2: the update replays it)
+    routed_experts_BSLK: torch.Tensor | None = None
 
 
 @dataclass

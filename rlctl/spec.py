@@ -246,17 +246,22 @@ def engine_config(dotted: dict[str, Any], source: str, model: str | None = None)
 
 
 def model_problems(cfg: Any, model: str) -> list[str]:
-    """``megatron_problems``, Ulysses sizes that do not divide the model's heads, and a
-    quantized checkpoint trained in full."""
+    """``megatron_problems``, Ulysses sizes that do not divide the model's heads, MoE
+    routing replay of a dense model, and a quantized checkpoint trained in full."""
     from types import SimpleNamespace
 
-    from engine.schema import quantized_model_problems, ulysses_model_problems
+    from engine.schema import (
+        quantized_model_problems,
+        routing_replay_model_problems,
+        ulysses_model_problems,
+    )
     from rlctl.models import model_config
 
     problems = megatron_problems(cfg, model)
     fields = SimpleNamespace(**model_config(model))
     if any(cfg.ulysses_size(role) > 1 for role in ("actor", "reference", "critic")):
         problems += ulysses_model_problems(cfg, lambda _model: fields)
+    problems += routing_replay_model_problems(cfg, lambda _model: model_config(model))
     problems += quantized_model_problems(
         cfg,
         lambda m: (

@@ -9,6 +9,8 @@ layout so that a verl command line carries over:
     actor_rollout_ref.actor       actor.py       the policy's update; optim, fsdp_config,
                                                  megatron from train.py
     actor_rollout_ref.rollout     rollout.py     generation and sampling
+    actor_rollout_ref.actor.router_replay
+                                  routing_replay.py  MoE routing replay (R2, R3)
     actor_rollout_ref.ref         actor.py       the frozen reference policy
     critic                        critic.py      the value model
     reward_model, custom_reward_function

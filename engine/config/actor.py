@@ -15,6 +15,7 @@ from engine.config.algorithm import KL_ESTIMATOR_HELP, kl_estimator_problems
 from engine.config.fields import choice, inert, one_of, positive, setting, tree
 from engine.config.megatron import MegatronConfig, RefMegatronConfig
 from engine.config.rollout import RolloutConfig
+from engine.config.routing_replay import RouterReplayConfig
 from engine.config.train import (
     TRAIN_STRATEGIES,
     FSDPConfig,
@@ -214,10 +215,7 @@ class ActorConfig:
         verl_trees.QAT,
         "verl's quantization-aware training; not in this engine (enable=true is refused).",
     )
-    router_replay: dict[str, Any] = tree(
-        verl_trees.ROUTER_REPLAY,
-        "verl's MoE routing replay; not in this engine (a mode other than disabled is refused).",
-    )
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     veomni: dict[str, Any] = tree(verl_trees.VEOMNI, _VEOMNI)
 
     @property
@@ -276,7 +274,8 @@ class RefConfig:
     profiler: dict[str, Any] = tree(verl_trees.PROFILER, _PROFILER)
     router_replay: dict[str, Any] = tree(
         verl_trees.ROUTER_REPLAY,
-        "verl's MoE routing replay; not in this engine (a mode other than disabled is refused).",
+        "verl's MoE routing replay of the reference, which routes freely here as in verl"
+        " (a mode other than disabled is refused: replay is the actor's router_replay.mode).",
     )
     veomni: dict[str, Any] = tree(verl_trees.VEOMNI, _VEOMNI)
 

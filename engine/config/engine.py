@@ -19,6 +19,7 @@ from engine.config.fields import selected, setting, tree
 from engine.config.megatron import MegatronConfig
 from engine.config.reward import CustomRewardFunctionConfig, RewardModelConfig
 from engine.config.role_keys import BUDGET_ROLES, TOKEN_BUDGET_KEYS, ULYSSES_KEYS
+from engine.config.routing_replay import RECORD, ReplayPlan
 from engine.config.trainer import TrainerConfig
 from engine.config.verl_sections import (
     GLOBAL_PROFILER_HELP,
@@ -86,6 +87,12 @@ class EngineConfig:
         return self.algorithm.use_kl_in_reward or self.actor_rollout_ref.actor.use_kl_loss
 
     @property
+    def routing_replay(self) -> ReplayPlan:
+        """What the actor's passes and the rollout do with MoE routing
+        (``engine.config.routing_replay``)."""
+        return ReplayPlan(self.actor_rollout_ref.actor.router_replay.mode)
+
+    @property
     def ref_strategy(self) -> str:
         """The reference's training backend: its own, or the actor's."""
         arr = self.actor_rollout_ref
@@ -112,8 +119,8 @@ class EngineConfig:
         one PPO epoch of one mini-batch. Then π_old needs no pass of its own, unless the
         KL in the reward needs it before the update, the rollout's own log-probs are to
         be compared with it (``calculate_log_probs``: mismatch metrics, TIS), the
-        advantage estimator reads it (Σπ²: the optimal token baseline), or the user asks
-        for it."""
+        advantage estimator reads it (Σπ²: the optimal token baseline), routing replay
+        records the routing in it (R2), or the user asks for it."""
         actor = self.actor_rollout_ref.actor
         return (
             actor.ppo_epochs == 1
@@ -122,6 +129,7 @@ class EngineConfig:
             and not actor.recompute_old_log_prob
             and not self.actor_rollout_ref.rollout.calculate_log_probs
             and not names.estimator_needs(self.algorithm.adv_estimator).sum_pi_squared
+            and self.routing_replay.old_pass != RECORD
         )
 
     def token_budget(self, role: str) -> int | None:

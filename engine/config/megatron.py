@@ -129,7 +129,9 @@ class MegatronConfig:
     )
     router_replay: dict[str, Any] = tree(
         verl_trees.ROUTER_REPLAY,
-        "verl's MoE routing replay; not in this engine (a mode other than disabled is refused).",
+        "verl's MoE routing replay for this engine: the actor's mode is read as"
+        " actor_rollout_ref.actor.router_replay.mode; the reference and the critic route"
+        " freely (a mode other than disabled is refused for them).",
     )
     qat: dict[str, Any] = tree(
         verl_trees.QAT,

@@ -233,8 +233,10 @@ class RolloutConfig:
     moe_tensor_parallel_size: int = inert(
         1, "verl's expert tensor parallelism of TensorRT-LLM; > 1 is refused (no TensorRT-LLM)."
     )
-    enable_rollout_routing_replay: bool = inert(
-        False, "verl records MoE routing for replay in training; not in this engine (refused)."
+    enable_rollout_routing_replay: bool = setting(
+        False,
+        "Record each token's MoE routing (its experts in every layer) while generating, for"
+        " the actor to replay (actor.router_replay.mode=R3; vLLM or hf rollout).",
     )
     quantization: str | None = inert(
         None,

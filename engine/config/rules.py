@@ -2,8 +2,9 @@
 together, each with the fix.
 
 Each section's rules sit beside its fields, in a ``rules(cfg)`` function of its module
-(``data``, ``actor``, ``rollout``, ``multi_turn``, ``critic``, ``reward``, ``algorithm``, ``trainer``); a
-rule that spans sections lives with the field it is about (``rollout.n >= 2`` for group
+(``data``, ``actor``, ``rollout``, ``routing_replay``, ``multi_turn``, ``critic``,
+``reward``, ``algorithm``, ``trainer``); a rule that spans sections lives with the field
+it is about (``rollout.n >= 2`` for group
 estimators in ``algorithm``, the rollout's tensor-parallel size against the device count
 in ``rollout``). Two kinds span too much for one section and have modules of their own:
 the batch sizes (``batches``: data, actor, critic, rollout and devices) and the Megatron
@@ -27,6 +28,7 @@ from engine.config import (
     multi_turn,
     reward,
     rollout,
+    routing_replay,
     trainer,
     verl_features,
 )
@@ -39,6 +41,7 @@ RULES: tuple[Callable[[EngineConfig], list[str]], ...] = (
     data.rules,
     actor.rules,
     rollout.rules,
+    routing_replay.rules,
     multi_turn.rules,
     critic.rules,
     reward.rules,

@@ -31,10 +31,6 @@ SWITCHES: tuple[tuple[str, tuple[Any, ...], str], ...] = (
         for what in ("rollout", "rollout_tq", "async_rollout")
     ),
     ("trainer.v1.trainer_mode", ("sync",), "verl's v1 trainer modes (here: async_training.mode)"),
-    *((f"{r}.router_replay.mode", ("disabled",), "MoE routing replay") for r in (ACTOR, REF)),
-    *((f"{r}.megatron.router_replay.mode", ("disabled",), "MoE routing replay") for r in _ROLES),
-    *((f"{r}.veomni.router_replay.mode", ("disabled",), "MoE routing replay") for r in _ROLES),
-    (f"{ROLLOUT}.enable_rollout_routing_replay", (False,), "MoE routing replay"),
     (f"{ACTOR}.qat.enable", (False,), "quantization-aware training"),
     (f"{ROLLOUT}.qat.enable", (False,), "quantization-aware training"),
     *((f"{r}.fsdp_config.qat.enable", (False,), "quantization-aware training") for r in _ROLES),

@@ -59,6 +59,15 @@ ALIASES: dict[str, str] = {
     "critic.model.fsdp_config.ulysses_sequence_parallel_size": (
         "critic.ulysses_sequence_parallel_size"
     ),
+    # verl's routing replay mode per engine: one mode here, the actor's
+    **{
+        f"{ACTOR}.{engine}.router_replay.{name}": f"{ACTOR}.router_replay.{name}"
+        for engine, names in (
+            ("megatron", ("mode", "record_file", "replay_file")),
+            ("veomni", ("mode",)),
+        )
+        for name in names
+    },
     f"{ACTOR}.use_fused_kernels": f"{MODEL}.use_fused_kernels",
     f"{ACTOR}.use_remove_padding": f"{MODEL}.use_remove_padding",
     f"{ACTOR}.policy_loss.tau_pos": f"{ACTOR}.tau_pos",

@@ -132,6 +132,22 @@ def sampling_processors(sampling: SamplingParams) -> list[Any]:
     return warpers
 
 
+def routing_table(tap: Any, rows: int) -> torch.Tensor:
+    """(rows, T, L, K) int16 routing of a generation's recording, column t the token
+    at column t of its sequences: the prefill's forward routed the left-padded prompts,
+    each decoding step the token it was fed (the last token drawn was never fed). -1 in
+    layers without experts."""
+    calls = {
+        layer: torch.cat([c.view(rows, -1, c.shape[-1]) for c in chunks], dim=1)
+        for layer, chunks in tap.recorded.items()
+    }
+    first = next(iter(calls.values()))
+    out = torch.full((rows, first.shape[1], tap.num_layers, first.shape[-1]), -1, dtype=torch.int16)
+    for layer, indices in calls.items():
+        out[:, :, layer] = indices.to(torch.int16)
+    return out
+
+
 class HFRollout:
     def __init__(
         self,
@@ -140,13 +156,16 @@ class HFRollout:
         device: torch.device,
         micro_batch_size: int | None = None,
         logprobs: bool = False,
+        routing: bool = False,
     ) -> None:
         """``logprobs``: also return each response token's log-probability under the
-        distribution it was sampled from (``rollout.calculate_log_probs``)."""
+        distribution it was sampled from (``rollout.calculate_log_probs``). ``routing``:
+        record each token's MoE experts (``rollout.enable_rollout_routing_replay``)."""
         self.module = module
         self.device = device
         self.micro_batch_size = micro_batch_size
         self.logprobs = logprobs
+        self.routing = routing
         self.eos_token_ids = eos_ids(tokenizer, module)
         if not self.eos_token_ids:
             raise ValueError("the tokenizer defines no EOS token; responses would never end")
@@ -175,6 +194,7 @@ class HFRollout:
         responses: list[list[int]] = []
         finished: list[bool] = []
         logprobs: list[list[float]] = []
+        routed: list[torch.Tensor] = []
         was_training = self.module.training
         self.module.eval()
         try:
@@ -184,21 +204,36 @@ class HFRollout:
                 step = self.micro_batch_size or max(1, len(prompts))
                 for start in range(0, len(prompts), step):
                     chunk = prompts[start : start + step]
-                    rows, row_logprobs = self._generate_chunk(model, chunk, request.sampling)
-                    for row, lps in zip(rows, row_logprobs, strict=True):
+                    with self._routing_recorded(model) as tap:
+                        rows, row_logprobs = self._generate_chunk(model, chunk, request.sampling)
+                    table = None if tap is None else routing_table(tap, len(chunk)).cpu()
+                    width = max(len(p) for p in chunk)
+                    for i, (row, lps) in enumerate(zip(rows, row_logprobs, strict=True)):
                         tokens, lps, done = finish_row(
                             row, lps, self.eos_token_ids, request.sampling.ignore_eos
                         )
                         responses.append(tokens)
                         finished.append(done)
                         logprobs.append(lps or [])
+                        if table is not None:  # its prompt and response tokens
+                            start = width - len(chunk[i])
+                            routed.append(table[i, start : width + len(tokens)])
         finally:
             self.module.train(was_training)
         return GenerationOutput(
             response_ids=responses,
             finished=finished,
             logprobs=logprobs if self.logprobs else None,
+            routed_experts=routed if self.routing else None,
         )
+
+    def _routing_recorded(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Record the routing of ``model``'s forwards for the duration (when asked)."""
+        if not self.routing:
+            return contextlib.nullcontext()
+        from engine.train.router_tap import recording
+
+        return recording(model)
 
     def model_for_generation(self) -> nn.Module:
         """The module to call ``generate`` on; inside ``full_parameters``."""

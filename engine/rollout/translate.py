@@ -160,6 +160,8 @@ def engine_args_for(
         }
         if cfg.expert_parallel_size > 1:
             args["enable_expert_parallel"] = True
+        if cfg.enable_rollout_routing_replay:  # each token's experts, for routing replay R3
+            args["enable_return_routed_experts"] = True
         if cfg.cudagraph_capture_sizes:
             args["compilation_config"] = {"cudagraph_capture_sizes": cfg.cudagraph_capture_sizes}
         if kv_cache_bytes is not None:

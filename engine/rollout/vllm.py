@@ -50,7 +50,7 @@ from engine.rollout.translate import (
     sampling_params_for,
 )
 from engine.rollout.versions import check_version
-from engine.rollout.vllm_outputs import finish_completion
+from engine.rollout.vllm_outputs import finish_completion, routed_experts
 from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest
 
@@ -176,7 +176,7 @@ class VLLMRollout:
                 outputs = self.llm.generate(
                     prompts, params, use_tqdm=False, lora_request=self._lora
                 )
-        responses, finished, logprobs = [], [], []
+        responses, finished, logprobs, routed = [], [], [], []
         for output in outputs[mine]:
             tokens, lps, done = finish_completion(
                 output.outputs[0], self.eos_token_ids, request.sampling.ignore_eos, want_logprobs
@@ -184,10 +184,13 @@ class VLLMRollout:
             responses.append(tokens)
             finished.append(done)
             logprobs.append(lps or [])
+            if self.cfg.enable_rollout_routing_replay:
+                routed.append(routed_experts(output, len(tokens)))
         return GenerationOutput(
             response_ids=responses,
             finished=finished,
             logprobs=logprobs if want_logprobs else None,
+            routed_experts=routed if self.cfg.enable_rollout_routing_replay else None,
         )
 
     def prompt_logprobs(

@@ -21,7 +21,9 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> TrainEngine:
     arr = cfg.actor_rollout_ref
     actor = arr.actor
     if actor.strategy == "megatron":
-        return _megatron(cfg, device, "actor", arr.model, actor.megatron, actor.optim)
+        return _megatron(
+            cfg, device, "actor", arr.model, actor.megatron, actor.optim, cfg.routing_replay.on
+        )
     engine = FSDPEngine.from_hf(
         arr.model,
         actor.fsdp_config,
@@ -31,6 +33,7 @@ def actor_engine(cfg: EngineConfig, device: DeviceSpec) -> TrainEngine:
         lora=arr.model.uses_lora,
         ulysses=cfg.ulysses_size("actor"),
         ulysses_key=ULYSSES_KEYS["actor"],
+        routing_replay=cfg.routing_replay.on,
     )
     engine.logit_options = LogitOptions.of(actor)  # verl's entropy and compile keys
     return engine
@@ -85,6 +88,7 @@ def _megatron(
     model_cfg: ModelConfig,
     section: Any,
     optim_cfg: Any,
+    routing_replay: bool = False,
 ) -> TrainEngine:
     from engine.models.hf_config import load_hf_config
     from engine.train.megatron import MegatronEngine, MegatronParallel
@@ -101,4 +105,5 @@ def _megatron(
         total_steps=max(1, optim_cfg.total_training_steps) if optim_cfg is not None else 1,
         seed=cfg.trainer.seed,
         trust_remote_code=model_cfg.trust_remote_code,
+        routing_replay=routing_replay,
     )

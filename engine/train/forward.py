@@ -25,6 +25,7 @@ from engine.controller.dispatch import take
 from engine.train.fused_head import HeadOptions, quantities_from_model
 from engine.train.logit_options import PLAIN, LogitOptions
 from engine.train.packing import ModelCall, model_call, trim_padding
+from engine.train.routing_replay import NO_REPLAY
 from engine.types import TokenBatch
 
 __all__ = ["trim_padding"]  # imported from here by the Megatron engine
@@ -41,6 +42,7 @@ def response_logprobs(
     packed: bool = False,
     ulysses=None,
     options: LogitOptions = PLAIN,
+    routing=NO_REPLAY,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(o_t | prefix) for every response token, and optionally the entropy.
 
@@ -54,16 +56,19 @@ def response_logprobs(
     ``engine.train.fused_head``. ``packed``: the rows end to end, no padding
     (``engine.train.packing``). ``ulysses``: this rank's sequence-parallel group
     (``engine.train.ulysses``; packed only). ``options``: the role's entropy chunking and
-    checkpointing and torch.compile (``engine.train.logit_options``).
+    checkpointing and torch.compile (``engine.train.logit_options``). ``routing``: the
+    engine's MoE routing replay (``engine.train.routing_replay``), around the model call.
     """
     call = model_call(model, tokens, device, packed, ulysses)
     if head is not None:
-        logp, entropy, _ = _fused(
-            model, call, temperature, head, entropy=with_entropy,
-            entropy_grad=entropy_grad and torch.is_grad_enabled(), sum_sq=False,
-        )  # fmt: skip
+        with routing.around(tokens, call.token_index):
+            logp, entropy, _ = _fused(
+                model, call, temperature, head, entropy=with_entropy,
+                entropy_grad=entropy_grad and torch.is_grad_enabled(), sum_sq=False,
+            )  # fmt: skip
         return call.unpack(logp), (call.unpack(entropy) if with_entropy else None)
-    logits_BRV = _response_logits(model, call, temperature)
+    with routing.around(tokens, call.token_index):
+        logits_BRV = _response_logits(model, call, temperature)
     logp = options.logprobs(logits_BRV, call.targets)
     entropy = None
     if with_entropy:
@@ -82,14 +87,17 @@ def response_logprobs_at(
     entropy_grad: bool = False,
     packed: bool = False,
     options: LogitOptions = PLAIN,
+    routing=NO_REPLAY,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``response_logprobs``, and log π(v | prefix) of the K tokens ``ids_BRK`` names at
     each response position (distillation's teacher top-k), (B, R, K), from the same
-    logits. Needs the whole logits: not with the fused head or Ulysses."""
+    logits. Needs the whole logits: not with the fused head or Ulysses. ``routing``: as
+    ``response_logprobs``'s."""
     call = model_call(model, tokens, device, packed)
     if call.pack is None:
         raise ValueError("log-probs at given tokens need the padded or packed layout")
-    logits_BRV = _response_logits(model, call, temperature)
+    with routing.around(tokens, call.token_index):
+        logits_BRV = _response_logits(model, call, temperature)
     logp = options.logprobs(logits_BRV, call.targets)
     log_z = torch.logsumexp(logits_BRV, dim=-1, keepdim=True)
     at = logits_BRV.gather(-1, call.pack(ids_BRK.long())) - log_z
@@ -131,17 +139,20 @@ def response_logprobs_sum_pi_squared(
     head: HeadOptions | None = None,
     packed: bool = False,
     ulysses=None,
+    routing=NO_REPLAY,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(o_t | prefix) and Σ_v π(v | prefix)² at every response position, from the
     same temperature-scaled logits (the optimal token baseline reads both of π_old). Σπ²
     is another reduction over the vocabulary, so only the passes that need it ask."""
     call = model_call(model, tokens, device, packed, ulysses)
     if head is not None:
-        logp, _, sum_sq = _fused(
-            model, call, temperature, head, entropy=False, entropy_grad=False, sum_sq=True
-        )
+        with routing.around(tokens, call.token_index):
+            logp, _, sum_sq = _fused(
+                model, call, temperature, head, entropy=False, entropy_grad=False, sum_sq=True
+            )
     else:
-        logits_BRV = _response_logits(model, call, temperature)
+        with routing.around(tokens, call.token_index):
+            logits_BRV = _response_logits(model, call, temperature)
         logp = logprobs_from_logits(logits_BRV, call.targets)
         sum_sq = sum_squared_probs_from_logits(logits_BRV)
     return call.unpack(logp), call.unpack(sum_sq)

@@ -25,6 +25,7 @@ from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.train.fused_head import HeadOptions
 from engine.train.logit_options import PLAIN, LogitOptions
+from engine.train.routing_replay import NO_REPLAY
 from engine.types import TokenBatch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -241,6 +242,8 @@ class FSDPEngine:
     ulysses: Any = None
     # The role's entropy chunking, checkpointing and compile (engine.train.logit_options).
     logit_options: LogitOptions = PLAIN
+    # MoE routing replay (engine.train.routing_replay): the actor's when it replays.
+    routing: Any = NO_REPLAY
 
     def __init__(
         self,
@@ -279,7 +282,9 @@ class FSDPEngine:
         lora: bool = False,
         ulysses: int = 1,
         ulysses_key: str = "ulysses_sequence_parallel_size",
+        routing_replay: bool = False,
     ) -> FSDPEngine:
+        """``routing_replay``: tap the MoE routers (engine.train.routing_replay)."""
         model = load_hf_model(model_cfg, kind=kind)
         if ulysses > 1:  # checked by config too; here against the model loaded
             from engine.train import ulysses as sp
@@ -304,6 +309,14 @@ class FSDPEngine:
         engine.packed = model_cfg.use_remove_padding
         if ulysses > 1:
             engine.ulysses = sp.UlyssesGroup.create(ulysses)
+        if routing_replay:
+            from engine.train.router_tap import RouterTap
+            from engine.train.routing_replay import RoutingReplay
+
+            tap = RouterTap(model).install()
+            # Ulysses: each rank of the group routes its slice of the tokens
+            group = engine.ulysses.group if engine.ulysses is not None else None
+            engine.routing = RoutingReplay(tap, tap.num_layers, [group], device.torch_device())
         return engine
 
     @property
@@ -346,6 +359,7 @@ class FSDPEngine:
             packed=self.packed,
             ulysses=self.ulysses,
             options=self.logit_options,
+            routing=self.routing,
         )
 
     def response_logprobs_at(
@@ -376,6 +390,7 @@ class FSDPEngine:
             entropy_grad=entropy_grad,
             packed=self.packed,
             options=self.logit_options,
+            routing=self.routing,
         )
 
     def response_logprobs_sum_pi_squared(
@@ -391,6 +406,7 @@ class FSDPEngine:
             self.head,
             self.packed,
             self.ulysses,
+            routing=self.routing,
         )
 
     def response_values(self, tokens: TokenBatch) -> torch.Tensor:

@@ -86,7 +86,9 @@ How it is built:
   whole model). Tokens meet in the experts through the all-gather exchange on CPU (each
   TP × EP group's micro-batches padded to one shape: ``_expert_group_shape``) and the
   all-to-all one on GPUs. Expert gradients are averaged by Megatron's DDP over the ranks
-  holding the same experts; the CPU gradient norm sums them over TP × EP × PP.
+  holding the same experts; the CPU gradient norm sums them over TP × EP × PP. MoE
+  routing replay (``routing_replay=True``, the actor's R2/R3) goes through Megatron-core's
+  ``RouterReplay`` in every router (``megatron_routing``).
 
 Not supported yet: virtual (interleaved) pipeline stages. Gradient checkpointing
 (Megatron's full recompute) applies on GPUs only: its RNG bookkeeping calls
@@ -154,9 +156,11 @@ class MegatronEngine(MegatronForward, MegatronUpdate, MegatronWeights, MegatronC
         total_steps: int = 1,
         seed: int = 0,
         trust_remote_code: bool = False,
+        routing_replay: bool = False,
     ) -> MegatronEngine:
         """Build from a Hugging Face folder (or ``hf_config`` + ``state_dict``) on this
-        rank's share. ``optim_cfg=None`` builds a forward-only engine (the reference)."""
+        rank's share. ``optim_cfg=None`` builds a forward-only engine (the reference).
+        ``routing_replay``: the routers under MoE routing replay (megatron_routing)."""
         require_megatron_core()
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLES)}")
@@ -185,6 +189,7 @@ class MegatronEngine(MegatronForward, MegatronUpdate, MegatronWeights, MegatronC
             torch_dtype or torch.float32,
             role,
             gradient_checkpointing and device.type != "cpu",
+            routing_replay,
         )
         if state_dict is None:
             state_dict = load_hf_state_dict(model_path)
@@ -195,7 +200,19 @@ class MegatronEngine(MegatronForward, MegatronUpdate, MegatronWeights, MegatronC
             ddp = _wrap_ddp(model, parallel, device)
         else:
             model.requires_grad_(False)
-        return cls(model, ddp, hf_config, parallel, optim_cfg, device, role, total_steps, stage)
+        engine = cls(model, ddp, hf_config, parallel, optim_cfg, device, role, total_steps, stage)
+        if routing_replay:
+            from engine.train.megatron_routing import MegatronRouterTap
+            from engine.train.routing_replay import RoutingReplay
+
+            # a forward's tokens are split over TP (sequence parallel) and CP ranks, its
+            # layers over the pipeline stages: a recording is completed over all three
+            groups = [engine.tp_group, engine.cp_group, engine.pp_group]
+            tap = MegatronRouterTap(model)
+            engine.routing = RoutingReplay(
+                tap, hf_config.num_hidden_layers, groups, device.torch_device()
+            )
+        return engine
 
 
 __all__ = [

@@ -5,6 +5,8 @@ logits, the response tokens' log-probs and entropy, or the critic's values."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,7 +27,9 @@ from engine.train.megatron_ops import (
     vocab_parallel_logprobs_entropy,
     vocab_parallel_sum_squared_probs,
 )
+from engine.train.megatron_routing import router_index
 from engine.train.megatron_state import EngineState
+from engine.train.packing import batch_index, trimmed_columns
 from engine.types import TokenBatch
 
 
@@ -34,7 +38,7 @@ class MegatronForward(EngineState):
     ``response_logprobs_sum_pi_squared``, ``response_values``."""
 
     def _forward(
-        self, input_ids_BS, attention_mask_BS, position_ids_BS
+        self, input_ids_BS, attention_mask_BS, position_ids_BS, routes=None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The stage's output and, under context parallelism, the positions it covers.
 
@@ -46,22 +50,27 @@ class MegatronForward(EngineState):
         multiple of the TP size (masked keys; the output is cut back) and what travels
         between stages is each rank's slice of it. Under context parallelism (padded to a
         multiple of 2·CP) each rank runs its zigzag share of the positions
-        (``megatron_context``), returned with the output for ``_whole_sequence``."""
+        (``megatron_context``), returned with the output for ``_whole_sequence``.
+        ``routes``: (the batch, the (B, S) index of these inputs' tokens in it) for MoE
+        routing replay (``engine.train.megatron_routing``), padded along with them."""
         device = self.device.torch_device()
         ids = input_ids_BS.to(device)
         mask = attention_mask_BS.to(device)
+        index = None if routes is None else routes[1].to(device)
         check_consecutive_positions(position_ids_BS.to(device), mask)
         b, s = ids.shape
         rows, columns = self._expert_group_shape(b, s)
         if (rows, columns) != (b, s):  # padding rows: masked, attending only to themselves
             ids = F.pad(ids, (0, columns - s, 0, rows - b))
             mask = F.pad(mask, (0, columns - s, 0, rows - b))
+            index = None if index is None else F.pad(index, (0, columns - s, 0, rows - b), value=-1)
         sp = self.model.config.sequence_parallel
         cp = self.layout.cp
         multiple = (self.layout.tp if sp else 1) * (2 * cp if cp > 1 else 1)
         if columns % multiple:
             ids = F.pad(ids, (0, -columns % multiple))
             mask = F.pad(mask, (0, -columns % multiple))
+            index = None if index is None else F.pad(index, (0, -columns % multiple), value=-1)
         b, padded = ids.shape
         held = None
         if cp > 1:  # this rank's queries (rows of the mask) against every key
@@ -77,7 +86,12 @@ class MegatronForward(EngineState):
             stage_input = self.link.recv(shape, dtype, device, self.stage.prev_rank)
             stage_input.requires_grad_(torch.is_grad_enabled())
             self.model.set_input_tensor(stage_input)
-        out = self.module(input_ids=ids, position_ids=positions, attention_mask=mask_B1SS)
+        replay = contextlib.nullcontext()
+        if routes is not None:
+            tp, tp_rank = self.layout.tp, self.layout.tp_rank
+            replay = self.routing.around(routes[0], router_index(index, held, tp, tp_rank, sp))
+        with replay:
+            out = self.module(input_ids=ids, position_ids=positions, attention_mask=mask_B1SS)
         if not self.stage.last:
             self.link.send(out, self.stage.next_rank)
         if self._scheduling and torch.is_grad_enabled():
@@ -120,7 +134,8 @@ class MegatronForward(EngineState):
         the stage's output, the positions held)."""
         trimmed = trim_padding(tokens)
         ids, mask = trimmed.input_ids_BS, trimmed.attention_mask_BS
-        return (trimmed, *self._forward(ids, mask, trimmed.position_ids_BS))
+        routes = (tokens, batch_index(tokens)[:, trimmed_columns(tokens)])
+        return (trimmed, *self._forward(ids, mask, trimmed.position_ids_BS, routes))
 
     def logits(self, input_ids_BS, attention_mask_BS, position_ids_BS) -> torch.Tensor:
         """(B, S, V) logits over the whole vocabulary (gathered over TP ranks)."""

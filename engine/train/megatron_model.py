@@ -80,6 +80,7 @@ def _build_gpt(
     dtype: torch.dtype,
     role: str,
     recompute: bool,
+    routing_replay: bool = False,
 ) -> nn.Module:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
@@ -89,6 +90,8 @@ def _build_gpt(
     kw.pop("activation")  # "silu"
     if recompute:
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if routing_replay:  # each TopKRouter holds a RouterReplay (engine.train.megatron_routing)
+        kw["moe_enable_routing_replay"] = True
     if len(set(stage.stage_layers)) > 1:  # uneven: the last stage holds fewer
         kw["num_layers_in_last_pipeline_stage"] = stage.stage_layers[-1]
     config_class = TransformerConfig

@@ -18,6 +18,7 @@ from engine.device import DeviceSpec
 from engine.train.megatron_model import _local_experts
 from engine.train.megatron_parallel import MegatronParallel
 from engine.train.megatron_pipeline import Stage, StageLink
+from engine.train.routing_replay import NO_REPLAY
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class EngineState:
         self.optimizer: Any = None
         # Megatron's optimizer on accelerators; on CPU torch's AdamW (megatron_update).
         self.uses_megatron_optimizer = device.type != "cpu"
+        # MoE routing replay (engine.train.megatron_routing): the actor's when it replays.
+        self.routing: Any = NO_REPLAY
 
     @property
     def dp_size(self) -> int:

@@ -29,14 +29,17 @@ from engine.types import TokenBatch
 @dataclass
 class ModelCall:
     """What the model is called with, the response tokens its last ``R' + 1`` head
-    positions predict (the first ``R'``; ``targets`` is (B', R')), and how per-token
-    results (B', R') go back to the batch's (B, R)."""
+    positions predict (the first ``R'``; ``targets`` is (B', R')), how per-token
+    results (B', R') go back to the batch's (B, R), and where each token of the call
+    sits in the batch: ``token_index`` (B', T'), row × S + column of the batch's
+    (B, S), -1 for padding of the call's own (what MoE routing replay lays out by)."""
 
     inputs: dict[str, torch.Tensor]
     kwargs: dict
     targets: torch.Tensor
     select: torch.Tensor | None  # head positions to take by hand (no logits_to_keep)
     unpack: Callable[[torch.Tensor], torch.Tensor]
+    token_index: torch.Tensor
     # the inverse of ``unpack``: per-response-token values (B, R, ...) laid out as the
     # targets (B', R', ...) (distillation's teacher top-k ids); None where not built
     pack: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -54,20 +57,36 @@ def takes_logits_to_keep(model_type: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_type.forward).parameters
 
 
-def trim_padding(tokens: TokenBatch) -> TokenBatch:
-    """The same rows without the columns that are padding in every one of them."""
+def trimmed_columns(tokens: TokenBatch) -> slice:
+    """The columns that are not padding in every row."""
     attention = tokens.attention_mask_BS
     r_len = tokens.response_length
     response_width = max(1, int(attention[:, -r_len:].sum(dim=1).max()))
     prompt_width = int(attention[:, :-r_len].sum(dim=1).max())
-    start = attention.shape[1] - r_len - prompt_width
-    stop = attention.shape[1] - r_len + response_width
-    return TokenBatch(
-        input_ids_BS=tokens.input_ids_BS[:, start:stop],
-        attention_mask_BS=attention[:, start:stop],
-        position_ids_BS=tokens.position_ids_BS[:, start:stop],
-        response_mask_BR=tokens.response_mask_BR[:, :response_width],
+    return slice(
+        attention.shape[1] - r_len - prompt_width, attention.shape[1] - r_len + response_width
     )
+
+
+def trim_padding(tokens: TokenBatch) -> TokenBatch:
+    """The same rows without the columns that are padding in every one of them."""
+    kept = trimmed_columns(tokens)
+    response_width = kept.stop - tokens.input_ids_BS.shape[1] + tokens.response_length
+    routed = tokens.routed_experts_BSLK
+    return TokenBatch(
+        input_ids_BS=tokens.input_ids_BS[:, kept],
+        attention_mask_BS=tokens.attention_mask_BS[:, kept],
+        position_ids_BS=tokens.position_ids_BS[:, kept],
+        response_mask_BR=tokens.response_mask_BR[:, :response_width],
+        routed_experts_BSLK=None if routed is None else routed[:, kept],
+    )
+
+
+def batch_index(tokens: TokenBatch) -> torch.Tensor:
+    """(B, S): each token's row × S + column, the flat index ``ModelCall.token_index``
+    takes its entries from."""
+    rows, width = tokens.input_ids_BS.shape
+    return torch.arange(rows * width).view(rows, width)
 
 
 def model_call(
@@ -85,6 +104,7 @@ def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> Model
     r_len = tokens.response_length
     trimmed = trim_padding(tokens)
     kept = trimmed.response_length
+    columns = trimmed_columns(tokens)
     kwargs: dict = {"use_cache": False}
     if takes_logits_to_keep(type(model)):
         kwargs["logits_to_keep"] = kept + 1
@@ -98,6 +118,7 @@ def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> Model
         targets=trimmed.responses_BR.to(device),
         select=None,
         unpack=lambda values: nn.functional.pad(values, (0, r_len - values.shape[1])),
+        token_index=batch_index(tokens)[:, columns].to(device),
         pack=lambda values: values[:, :kept].to(device),
     )
 
@@ -133,12 +154,15 @@ def _packed(
         room[k] -= lengths[row]
     ids = torch.zeros((len(bins), width), dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
+    source = torch.full((len(bins), width), -1, dtype=torch.long)  # ModelCall.token_index
+    flat = batch_index(tokens)
     where: list[tuple[int, int]] = [(0, 0)] * len(lengths)  # each row's bin and start
     for k, rows in enumerate(bins):
         at = 0
         for row in rows:
             ids[k, at : at + lengths[row]] = real[row]
             pos[k, at : at + lengths[row]] = torch.arange(lengths[row])
+            source[k, at : at + lengths[row]] = flat[row][attention[row]]
             where[row] = (k, at)
             at += lengths[row]
         pos[k, at:] = torch.arange(width - at)  # the tail: a row of its own
@@ -183,5 +207,6 @@ def _packed(
         targets=targets.to(device),
         select=select,
         unpack=unpack,
+        token_index=source.to(device),
         pack=pack,
     )

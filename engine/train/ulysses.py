@@ -128,6 +128,7 @@ class UlyssesGroup:
             targets=call.targets[:, first:last],
             select=select,
             unpack=unpack,
+            token_index=call.token_index[:, lo : lo + local],
         )
 
 

@@ -48,6 +48,7 @@ class ActorWorker:
         )
         self.rollout_cfg = arr.rollout
         self.distill = cfg.distillation.distillation_loss if cfg.distillation.enabled else None
+        self.replay = cfg.routing_replay  # what each pass does with MoE routing
         self.update_budget = cfg.token_budget("actor")
         self.log_prob_budget = cfg.token_budget("actor_log_prob")
         self.device = device
@@ -65,35 +66,40 @@ class ActorWorker:
         # has pushed them (send_weights)
         self._base_pushed = False
 
-    @torch.no_grad()
     def log_probs(self, tokens: TokenBatch) -> torch.Tensor:
         """log π_θ of each response token under the current weights (PPO's π_old)."""
-        self.engine.eval()
-        return forward_in_micro_batches(
-            tokens,
-            self.rollout_cfg.log_prob_micro_batch_size_per_gpu,
-            self.log_prob_budget,
-            self.device.torch_device(),
-            lambda micro: self.engine.response_logprobs(micro, self.rollout_cfg.temperature)[0],
-        )
+        return self.old_policy(tokens).logprobs_BR
 
-    @torch.no_grad()
     def log_probs_sum_pi_squared(self, tokens: TokenBatch) -> PolicyProbs:
         """``log_probs`` and, from the same forward, Σ_v π_θ(v)² at each response position
         (the optimal token baseline's inputs; asked for by the trainer only then)."""
+        return self.old_policy(tokens, sum_pi_squared=True)
+
+    @torch.no_grad()
+    def old_policy(self, tokens: TokenBatch, sum_pi_squared: bool = False) -> PolicyProbs:
+        """The π_old pass: the log-probs, Σπ² when asked, and with routing replay R2 the
+        routing the pass took (R3: it replays the rollout's, which ``tokens`` carry)."""
         self.engine.eval()
-        both = forward_in_micro_batches(
-            tokens,
-            self.rollout_cfg.log_prob_micro_batch_size_per_gpu,
-            self.log_prob_budget,
-            self.device.torch_device(),
-            lambda micro: torch.stack(
-                self.engine.response_logprobs_sum_pi_squared(micro, self.rollout_cfg.temperature),
-                dim=-1,
-            ),
+        temperature = self.rollout_cfg.temperature
+
+        def forward(micro: TokenBatch) -> torch.Tensor:
+            if sum_pi_squared:
+                both = self.engine.response_logprobs_sum_pi_squared(micro, temperature)
+                return torch.stack(both, dim=-1)
+            return self.engine.response_logprobs(micro, temperature)[0]
+
+        with self.engine.routing.during(self.replay.old_pass) as recorded:
+            out = forward_in_micro_batches(
+                tokens,
+                self.rollout_cfg.log_prob_micro_batch_size_per_gpu,
+                self.log_prob_budget,
+                self.device.torch_device(),
+                forward,
+            )
+        logprobs, sum_sq = (
+            (t.contiguous() for t in out.unbind(-1)) if sum_pi_squared else (out, None)
         )
-        logprobs, sum_sq = (t.contiguous() for t in both.unbind(-1))
-        return PolicyProbs(logprobs_BR=logprobs, sum_pi_squared_BR=sum_sq)
+        return PolicyProbs(logprobs, sum_sq, recorded.routed_experts_BSLK)
 
     def update(self, batch: ActorBatch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's shard; one optimizer step per
@@ -107,7 +113,7 @@ class ActorWorker:
         if batch.old_logprobs_BR is None and (cfg.ppo_epochs > 1 or mini < rows):
             raise ValueError("old log-probs may be left out only when the update is on-policy")
         metrics: dict[str, list[float]] = defaultdict(list)
-        with self.engine.updating():
+        with self.engine.updating(), self.engine.routing.during(self.replay.update):
             for _epoch in range(cfg.ppo_epochs):
                 for mini_rows in micro_batches(rows, mini):
                     self._update_mini_batch(take(batch, mini_rows), metrics)

@@ -73,6 +73,7 @@ class RolloutWorker:
                 device.torch_device(),
                 micro_batch_size=rollout_cfg.micro_batch_size,
                 logprobs=rollout_cfg.calculate_log_probs,
+                routing=rollout_cfg.enable_rollout_routing_replay,
             )
             self.owns_weights = self.own_copy
             return

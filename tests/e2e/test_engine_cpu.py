@@ -7,6 +7,7 @@ worker group, each host building its roles again, and
 ``test_a_kept_group_runs_as_a_fresh_one`` shows that leaves nothing behind."""
 
 import importlib.util
+import json
 import math
 import os
 
@@ -91,6 +92,23 @@ def test_grpo_learns_the_synthetic_task(
     assert not exported.model.norm.weight.equal(initial.model.norm.weight)  # it trained
 
 
+@pytest.fixture(scope="module")
+def tiny_moe_dir(tiny_model_dir, tmp_path_factory):
+    """A random Qwen3-MoE (4 experts, 2 a token) with the tiny model's tokenizer."""
+    import shutil
+
+    from engine.models.tiny import random_model, tiny_config
+
+    out = tmp_path_factory.mktemp("tiny_moe")
+    for file in tiny_model_dir.iterdir():
+        if file.name.startswith(("tokenizer", "chat_template", "special_tokens", "generation_")):
+            shutil.copy(file, out / file.name)
+    dense = json.loads((tiny_model_dir / "config.json").read_text())
+    ids = {k: dense[k] for k in ("vocab_size", "eos_token_id", "pad_token_id", "bos_token_id")}
+    random_model(tiny_config("qwen3_moe", num_layers=2, **ids), seed=0).save_pretrained(out)
+    return out
+
+
 # The variants, grouped by the roles they place (a critic and a reference, a reference,
 # the actor alone): each group's runs share one kept worker group (conftest.py's
 # ``reuse_key``); vLLM and Megatron runs start their own.
@@ -121,6 +139,21 @@ ALGORITHMS = {
         "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
         "critic.ulysses_sequence_parallel_size=2",
+    ],
+    # MoE routing replay (a Qwen3-MoE, tiny_moe_dir) on the same placement: R2 as verl's
+    # VeOmni example runs it, with Ulysses 2 (each rank of the pair routes half of every
+    # packed row; the recording is completed over the pair), the critic and the
+    # reference routing freely.
+    "ppo_kl_loss_ulysses2_moe_r2": [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "critic.optim.lr=1e-3",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "critic.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.actor.veomni.router_replay.mode=R2",
     ],
     "grpo_kl_loss": [
         "algorithm.adv_estimator=grpo",
@@ -196,6 +229,16 @@ ALGORITHMS = {
         "actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl",
         "actor_rollout_ref.actor.clip_ratio=0.05",
         "actor_rollout_ref.actor.ppo_epochs=2",
+    ],
+    # MoE routing replay R3 as verl's Megatron example spells it: the HF rollout records
+    # the routing while it generates (on the twin of the sharded module), the π_old pass
+    # and the update replay it; π_old is then the engine's log-probs.
+    "grpo_moe_r3": [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.actor.megatron.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
     ],
     # The optimal token baseline: Σπ² from the actor's π_old pass, which runs although
     # one mini-batch would otherwise be on-policy without it.
@@ -303,7 +346,10 @@ def test_algorithm_runs(name, tiny_model_dir, synthetic_data, tmp_path, run_engi
     if tp:  # the segments checked below are then this run's alone
         request.getfixturevalue("vllm_tp_alone")
     segments = _tp_segments()
-    run = run_engine(*variant(name, tiny_model_dir, train, tmp_path))
+    # the MoE variants' model (routing replay); a replaying pass whose batch lacks the
+    # routing, or holds it in another shape than its routers', raises
+    model = request.getfixturevalue("tiny_moe_dir") if "_moe" in name else tiny_model_dir
+    run = run_engine(*variant(name, model, train, tmp_path))
     cfg, records = run.cfg, run.records
     assert [r["step"] for r in records] == [1, 2]
     for record in records:
@@ -319,7 +365,7 @@ def test_algorithm_runs(name, tiny_model_dir, synthetic_data, tmp_path, run_engi
         assert last["actor/reward_kl_penalty_coeff"] > 0
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         assert last["actor/kl_loss"] >= 0  # k3 is non-negative
-    if estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared:
+    if estimator_needs(cfg.algorithm.adv_estimator).sum_pi_squared or cfg.routing_replay.on:
         assert all("timing_s/old_log_prob" in r for r in records)
     for key in cfg.algorithm.gdpo_reward_keys or []:
         assert 0.0 <= last[f"gdpo/{key}/mean"] <= 1.0

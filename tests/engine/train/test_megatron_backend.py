@@ -481,9 +481,10 @@ def _actor_run(
     rank, world_size, port, tp, pp, model_dir, ckpt_dir, out_path, sp=False, cp=1, ep=1, etp=None
 ):
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from engine.config import OptimConfig
+    from engine.config.routing_replay import num_experts
     from engine.controller.dispatch import ModelParallelLayout, take
     from engine.device import DEVICES
     from engine.train.forward import (
@@ -506,11 +507,15 @@ def _actor_run(
         )
         optim = OptimConfig(**OPTIM)
         cpu = DEVICES["cpu"]
+        # A mixture of experts is built under routing replay (checked last, below); the
+        # routers route freely unless a pass records or replays.
+        moe = num_experts(AutoConfig.from_pretrained(model_dir)) > 0
 
         def build():
             return MegatronEngine.from_hf(
-                model_dir, parallel, optim, cpu, role="actor", total_steps=STEPS + 1
-            )
+                model_dir, parallel, optim, cpu, role="actor", total_steps=STEPS + 1,
+                routing_replay=moe,
+            )  # fmt: skip
 
         engine = build()
         torch.manual_seed(0)
@@ -625,6 +630,10 @@ def _actor_run(
             result["offline_equal"] = set(offline) == set(saved_hf) and all(
                 torch.equal(offline[k], saved_hf[k]) for k in saved_hf
             )
+        if moe:  # last: it moves the routers of the trained engine and of its HF export
+            from tests.engine.train.megatron_replay_checks import replay_checks
+
+            result.update(replay_checks(engine, exported, batch))
         torch.save(result, f"{out_path}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -664,6 +673,12 @@ def _check_actor(out_path, world_size):
     for each in results:
         assert each["resume_equal"]  # bit-exact: the same step from the same state
         assert each["dispatch_agrees"]
+    if "replay_records_as_hf" in r:  # a mixture of experts (megatron_replay_checks.py)
+        assert r["replay_logp_err"] < 1e-4 < r["replay_gap_vs_free"]
+        for each in results:
+            assert each["replay_records_as_hf"] and each["replay_padding_unrecorded"]
+            assert each["replay_free_differs"]
+            assert each["replay_takes_recorded"] and each["replay_tokens_checked"] > 0
 
 
 @needs_megatron
@@ -786,7 +801,9 @@ def test_moe_actor_engine_matches_hf(tmp_path, model_type, world_size, tp, pp, e
     """Mixture-of-experts models: the actor's logits, log-probs, 3 AdamW steps, gradient
     norms, export, resume and offline merge against Hugging Face's model (the same
     checks as the dense layouts); experts spread over expert-parallel ranks, and sliced
-    over their expert-tensor-parallel ranks."""
+    over their expert-tensor-parallel ranks. Then MoE routing replay through Megatron-core's
+    RouterReplay (megatron_replay_checks.py): the routing recorded is HF's, and after
+    the routers moved the replayed forward takes it and gives HF's replayed log-probs."""
     model_dir = _tiny_moe(tmp_path / "model", model_type)
     out = str(tmp_path / "result")
     sp = tp > 1

@@ -303,6 +303,8 @@ actor_rollout_ref:
     entropy_from_logits_with_chunking: false
     entropy_from_logits_chunk_size: 2048
     entropy_checkpointing: false
+    router_replay:
+      mode: disabled
   rollout:
     name: vllm
     placement: colocate
@@ -359,6 +361,7 @@ actor_rollout_ref:
       vllm: {}
       sglang: {}
       trtllm: {}
+    enable_rollout_routing_replay: false
   ref:
     strategy: null
     log_prob_micro_batch_size_per_gpu: 16
