@@ -1,7 +1,9 @@
 """What the launcher (rlctl) may use of the engine, in one place: the config schema and
 its rules, what each advantage estimator needs, the config error, the Megatron parallel
 rules, a saved LoRA adapter's settings, the Ulysses sizes against a model's heads and the model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
-Megatron backend converts) that the planner and ``rlctl validate`` need. Torch-free,
+Megatron backend converts) that the planner and ``rlctl validate`` need; the supervisor's
+command line and record and the exit codes in words, for the job scripts and ``rlctl
+status``. Torch-free,
 Ray-free: rlctl imports the engine through this module only
 (tests/rlctl/test_import_graph.py checks both)."""
 
@@ -16,7 +18,10 @@ from engine.config import (
 )
 from engine.config.train import quantized_model_problems, ulysses_model_problems
 from engine.errors import ConfigError
+from engine.exits import exit_words
 from engine.models.families import MODEL_TYPES, family_rules
+from engine.supervisor import RECORD_FILE as RESTARTS_FILE
+from engine.supervisor import Attempt, Restarts, read_restarts, supervisor_args
 from engine.train.lora_saved import CONFIG_FILE as ADAPTER_CONFIG_FILE
 from engine.train.lora_saved import adapter_settings
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
@@ -24,18 +29,24 @@ from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_laye
 __all__ = [
     "ADAPTER_CONFIG_FILE",
     "MODEL_TYPES",
+    "RESTARTS_FILE",
+    "Attempt",
     "ConfigError",
     "EngineConfig",
     "MegatronParallel",
+    "Restarts",
     "adapter_settings",
     "config_keys",
     "estimator_needs",
+    "exit_words",
     "family_rules",
     "key_problems",
     "load_config",
     "pipeline_stage_layers",
     "quantized_model_problems",
+    "read_restarts",
     "schema_leaf",
+    "supervisor_args",
     "to_yaml",
     "ulysses_model_problems",
 ]
