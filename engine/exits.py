@@ -94,6 +94,12 @@ class ExitRecord:
         return REASONS[self.reason].words
 
 
+def reason_words(name: str | None) -> str:
+    """A reason in words; an unknown one (a newer engine's) as itself."""
+    reason = REASONS.get(name or "")
+    return reason.words if reason else (name or "unknown")
+
+
 def signal_name(number: int) -> str:
     with contextlib.suppress(ValueError):
         return signal.Signals(number).name

@@ -18,7 +18,7 @@ from engine.config import (
 )
 from engine.config.train import quantized_model_problems, ulysses_model_problems
 from engine.errors import ConfigError
-from engine.exits import exit_words
+from engine.exits import exit_words, reason_words
 from engine.models.families import MODEL_TYPES, family_rules
 from engine.supervisor import RECORD_FILE as RESTARTS_FILE
 from engine.supervisor import Attempt, Restarts, read_restarts, supervisor_args
@@ -45,6 +45,7 @@ __all__ = [
     "pipeline_stage_layers",
     "quantized_model_problems",
     "read_restarts",
+    "reason_words",
     "schema_leaf",
     "supervisor_args",
     "to_yaml",

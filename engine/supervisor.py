@@ -42,7 +42,6 @@ from typing import Any
 
 from engine.exits import (
     EXIT_RECORD_ENV,
-    REASONS,
     ExitRecord,
     classify,
     read_exit_record,
@@ -132,7 +131,7 @@ def decide(
     if outcome.reason == "finished":
         return Decision(STOP, "finished")
     if not outcome.retry:
-        return Decision(STOP, f"not retried: {REASONS[outcome.reason].words}")
+        return Decision(STOP, "not retried: not a fault a restart cures")
     if stopped and not (requeue and outcome.reason == "preempted" and not user_stop):
         return Decision(STOP, "stopped from outside (rlctl stop, or the scheduler)")
     if used >= max_restarts:
