@@ -116,7 +116,7 @@ def by_code(code: int) -> ExitRecord:
         name = signal_name(number)
         if number == signal.SIGINT:
             return ExitRecord(code, "interrupted", name)
-        hint = " (out of memory, or killed by hand)" if number == signal.SIGKILL else ""
+        hint = ": out of memory, or killed by hand" if number == signal.SIGKILL else ""
         return ExitRecord(code, "killed", f"{name}{hint}")
     return ExitRecord(code, "error", f"exit code {code}")
 

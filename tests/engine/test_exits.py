@@ -79,8 +79,8 @@ def test_the_message_says_what_happened():
         (75, "preempted", ""),
         (76, "hung", ""),
         (1, "error", ""),
-        (137, "killed", "SIGKILL (out of memory, or killed by hand)"),
-        (-9, "killed", "SIGKILL (out of memory, or killed by hand)"),
+        (137, "killed", "SIGKILL: out of memory, or killed by hand"),
+        (-9, "killed", "SIGKILL: out of memory, or killed by hand"),
         (143, "killed", "SIGTERM"),
         (130, "interrupted", "SIGINT"),
         (3, "error", "exit code 3"),
@@ -97,7 +97,7 @@ def test_exit_codes_in_words():
     assert "a worker died or raised" in exit_words(1)
     assert (
         exit_words(137)
-        == "killed by a signal it could not handle (SIGKILL (out of memory, or killed by hand))"
+        == "killed by a signal it could not handle (SIGKILL: out of memory, or killed by hand)"
     )
     assert exit_words(0) == "finished"
     assert exit_words(3) == "failed"
