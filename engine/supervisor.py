@@ -17,9 +17,10 @@ temporary file renamed over it), so that a reader never sees half a record. The 
 says why it ended in a record of its own beside it (``ENGINE_EXIT_RECORD``), removed
 before each start so that a stale one is never read.
 
-Signals: SIGTERM or SIGINT to the supervisor go on to the engine (which saves and exits
-75) and no restart follows: the stop came from outside (``rlctl stop``, or the scheduler
-taking the allocation back). With ``--requeue-marker`` (Slurm with requeue on), such a stop
+Signals: SIGTERM to the supervisor goes on to the engine (which saves and exits 75) and
+no restart follows: the stop came from outside (``rlctl stop``, or the scheduler taking
+the allocation back). SIGINT only ends the restarts (a terminal's Ctrl-C reaches the
+engine too). With ``--requeue-marker`` (Slurm with requeue on), such a stop
 that exited 75 is left to the scheduler, budget permitting, unless ``--stop-marker``
 exists (the user's stop): the supervisor records it as a requeue and creates the marker,
 and the batch script requeues the job. A job the scheduler requeued by itself (a node
@@ -196,9 +197,11 @@ class Supervisor:
         write_json_atomically(self.record, self.restarts.to_json())
 
     def on_signal(self, signum: int, _frame: Any) -> None:
-        """A stop from outside: passed on to the engine; no restart after it."""
+        """A stop from outside: no restart after it. SIGTERM is passed on to the engine
+        (it saves and exits 75); SIGINT is not: a terminal's Ctrl-C reaches the whole
+        process group, the engine included, and a second one would cut its exit short."""
         self.stopped = True
-        if self.child is not None and self.child.poll() is None:
+        if signum == signal.SIGTERM and self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
     def run(self) -> int:

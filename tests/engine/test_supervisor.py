@@ -181,6 +181,16 @@ def test_a_stop_from_outside_reaches_the_engine_and_is_not_restarted(tmp_path):
     assert (tmp_path / "starts").read_text() == "1"
 
 
+def test_sigint_ends_the_restarts_and_leaves_the_engine_to_its_own(tmp_path):
+    """A terminal's Ctrl-C reaches the engine by itself: the supervisor passes nothing on,
+    and restarts nothing after it."""
+    code = run_signalled(tmp_path, [(76, "hung", 3.0), (0, None)], sig=signal.SIGINT)
+    assert code == 76
+    restarts = read_restarts(tmp_path / "restarts.json")
+    assert restarts is not None and summary(restarts) == [(76, "hung", STOP)]
+    assert (tmp_path / "starts").read_text() == "1"
+
+
 def test_a_preemption_is_left_to_the_scheduler_to_requeue(tmp_path):
     marker = tmp_path / "requeue"
     code = run_signalled(tmp_path, [(0, None, 30.0)], requeue_marker=marker)
