@@ -167,7 +167,8 @@ class Supervisor:
         self.restarts = Restarts(max_restarts, previous.attempts if previous else [])
         self._count_scheduler_restarts(scheduler_restarts)
         self.child: subprocess.Popen | None = None
-        self.stopped = False
+        self.stopped = False  # a stop from outside: no restart after it
+        self.terminate = False  # ... by SIGTERM, which the engine gets too
 
     def _count_scheduler_restarts(self, scheduler_restarts: int) -> None:
         """A requeued job: the attempt its allocation took with it ended there; and a
@@ -201,6 +202,7 @@ class Supervisor:
         (it saves and exits 75); SIGINT is not: a terminal's Ctrl-C reaches the whole
         process group, the engine included, and a second one would cut its exit short."""
         self.stopped = True
+        self.terminate = self.terminate or signum == signal.SIGTERM
         if signum == signal.SIGTERM and self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
@@ -222,10 +224,19 @@ class Supervisor:
                 self.requeue_marker.touch()
             if attempt.next != RESTART:
                 return code
-            time.sleep(self.delay_s)  # a signal meanwhile ends it before the next start
+            self.pause(self.delay_s)
             if self.stopped:
-                self.say("stopped from outside before the restart")
+                attempt.next, attempt.why = STOP, "stopped from outside before the restart"
+                self.save()
+                self.say(attempt.why)
                 return code
+
+    def pause(self, seconds: float) -> None:
+        """Between attempts; a stop from outside ends it (short sleeps: nothing a signal
+        handler could deadlock on)."""
+        deadline = time.monotonic() + seconds
+        while not self.stopped and time.monotonic() < deadline:
+            time.sleep(min(0.1, seconds))
 
     def attempt(self, attempt: Attempt) -> int:
         """One start of the engine, recorded before it and after."""
@@ -235,6 +246,8 @@ class Supervisor:
             self.say(f"attempt {attempt.number}: starting the engine again")
         env = {**os.environ, EXIT_RECORD_ENV: str(self.exit_record)}
         self.child = subprocess.Popen(self.command, env=env)
+        if self.terminate:  # it came while the engine was being started
+            self.child.send_signal(signal.SIGTERM)
         code = self.child.wait()
         code = 128 - code if code < 0 else code  # killed by signal N: 128+N, as a shell says
         outcome = classify(code, read_exit_record(self.exit_record))

@@ -181,6 +181,28 @@ def test_a_stop_from_outside_reaches_the_engine_and_is_not_restarted(tmp_path):
     assert (tmp_path / "starts").read_text() == "1"
 
 
+def test_a_stop_between_attempts_ends_the_job_without_the_restart(tmp_path):
+    record = tmp_path / "restarts.json"
+    script = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+        "from pathlib import Path\n"
+        "from engine.supervisor import Supervisor\n"
+        f"sys.exit(Supervisor({fake(tmp_path, (76, 'hung'), (0, None))!r},"
+        f" Path({str(record)!r}), 3, delay_s=600).run())\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the supervisor's line: attempt 1 ended, restart next
+        if line.startswith("supervisor: attempt 1 ended"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 76  # not the 600 s pause
+    restarts = read_restarts(record)
+    assert restarts is not None and summary(restarts) == [(76, "hung", STOP)]
+    assert restarts.attempts[0].why == "stopped from outside before the restart"
+    assert (tmp_path / "starts").read_text() == "1"
+
+
 def test_sigint_ends_the_restarts_and_leaves_the_engine_to_its_own(tmp_path):
     """A terminal's Ctrl-C reaches the engine by itself: the supervisor passes nothing on,
     and restarts nothing after it."""
