@@ -10,13 +10,20 @@ from collections.abc import Iterator
 # The engine's exit codes: 0 done; 1 a failure (a worker died or raised); 2 a
 # configuration or usage error (EXIT_USER_ERROR); 75 stopped on SIGTERM, requeue me
 # (engine.trainer.Preempted); 76 a phase ran past the hang watchdog's bound, every
-# worker's stacks are in the log (EXIT_HUNG, engine.watchdog). docs/training.md, "Faults".
+# worker's stacks are in the log (EXIT_HUNG, engine.watchdog). Which of them a restart
+# may cure: engine.exits. docs/training.md, "Faults".
+EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL
 EXIT_HUNG = 76
 
 
 class EngineError(Exception):
-    """An error the user can fix; the message says what to change."""
+    """An error the user can fix; the message says what to change. ``reason`` names it
+    for the exit record (engine.exits: whether a restart may cure it)."""
+
+    exit_code = EXIT_USER_ERROR
+    reason = "config"
 
 
 class ConfigError(EngineError):
@@ -43,4 +50,4 @@ def user_errors() -> Iterator[None]:
         if os.environ.get("ENGINE_DEBUG"):
             raise
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))
+        sys.exit(exc.exit_code)

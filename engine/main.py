@@ -16,7 +16,8 @@ here is told so in one line at start.
 
 Configuration errors print every problem with its fix and exit with code 2
 (``engine.errors.user_errors``); so does ``--help`` with a key the schema does not have
-(with the close matches).
+(with the close matches). With ``ENGINE_EXIT_RECORD`` set (``engine.supervisor`` sets
+it), the command also writes why it ended there (``engine.exits``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from engine.config import EngineConfig, load, to_yaml, verl_yaml
 from engine.config.given import start_note
 from engine.config.notes import notes
 from engine.errors import EngineError, user_errors
+from engine.exits import exit_recorded
 from engine.startup import StartupClock, process_start_time
 
 
@@ -90,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     started = process_start_time() if argv is None else None  # a command, not a call
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    with user_errors():
+    # the exit record (under the supervisor) is written inside the error boundary: it
+    # sees the error itself, before the boundary turns it into an exit code
+    with user_errors(), exit_recorded():
         if args.help is not None:
             explain(args.help)
             return

@@ -28,6 +28,7 @@ from engine.config import EngineConfig
 from engine.config.verl_sections import ray_init_args
 from engine.errors import ConfigError, EngineError
 from engine.startup import StartupClock, gc_paused
+from engine.watchdog import Hung
 
 if TYPE_CHECKING:
     from engine.controller.dispatch import ModelParallelLayout
@@ -436,6 +437,7 @@ def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
     # their roles (models) only once the data has passed its checks.
     starting = ThreadPoolExecutor(1, thread_name_prefix="engine-data")
     workers = None
+    grace_s = 10.0  # for each worker to close (WorkerGroup.shutdown)
     try:
         reading = starting.submit(read_data, cfg, agent_files, clock)
         warming = starting.submit(reward.start) if not cfg.reward_model.enable else None
@@ -454,11 +456,14 @@ def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
             warming.result()  # its error, if it had one
         mark_worker_milestones(workers, clock)
         train(cfg, workers, reward, data, clock)
+    except Hung:
+        grace_s = 2.0  # its stuck ranks never run close(): the restart need not wait
+        raise
     finally:
         starting.shutdown(cancel_futures=True)  # first: the thread may start the rewards
         reward.close()
         if workers is not None:
-            workers.shutdown()
+            workers.shutdown(grace_s)
     if cfg.trainer.export_hf_dir:
         from engine.export import export_checkpoint
 

@@ -4,7 +4,9 @@ rules, a saved LoRA adapter's settings, the supported backend versions and the
 pre-flight checks ``rlctl doctor`` makes from the launching machine (engine.doctor), the
 Ulysses sizes against a model's heads, MoE routing replay against a dense model and the
 model families' shape rules (``family_rules``; ``MODEL_TYPES``: those the
-Megatron backend converts) that the planner and ``rlctl validate`` need. Torch-free,
+Megatron backend converts) that the planner and ``rlctl validate`` need; the supervisor's
+command line and record and the exit codes in words, for the job scripts and ``rlctl
+status``. Torch-free,
 Ray-free: rlctl imports the engine through this module only
 (tests/rlctl/test_import_graph.py checks both)."""
 
@@ -21,8 +23,11 @@ from engine.config.routing_replay import model_problems as routing_replay_model_
 from engine.config.train import quantized_model_problems, ulysses_model_problems
 from engine.doctor import check_bucket, check_secrets
 from engine.errors import ConfigError
+from engine.exits import exit_words, reason_words
 from engine.models.families import MODEL_TYPES, family_rules
 from engine.rollout.versions import SUPPORTED, version_tuple
+from engine.supervisor import RECORD_FILE as RESTARTS_FILE
+from engine.supervisor import Attempt, Restarts, read_restarts, supervisor_args
 from engine.train.lora_saved import CONFIG_FILE as ADAPTER_CONFIG_FILE
 from engine.train.lora_saved import adapter_settings
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
@@ -30,22 +35,29 @@ from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_laye
 __all__ = [
     "ADAPTER_CONFIG_FILE",
     "MODEL_TYPES",
+    "RESTARTS_FILE",
     "SUPPORTED",
+    "Attempt",
     "ConfigError",
     "EngineConfig",
     "MegatronParallel",
+    "Restarts",
     "adapter_settings",
     "check_bucket",
     "check_secrets",
     "config_keys",
     "estimator_needs",
+    "exit_words",
     "family_rules",
     "key_problems",
     "load_config",
     "pipeline_stage_layers",
     "quantized_model_problems",
+    "read_restarts",
+    "reason_words",
     "routing_replay_model_problems",
     "schema_leaf",
+    "supervisor_args",
     "to_yaml",
     "ulysses_model_problems",
     "version_tuple",

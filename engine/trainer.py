@@ -34,7 +34,7 @@ from engine.controller.dispatch import concat, take
 from engine.controller.worker_group import WorkerGroup
 from engine.data.dataset import PromptDataset, PromptSample
 from engine.data.loader import PromptLoader
-from engine.errors import EngineError
+from engine.errors import EXIT_PREEMPTED, EngineError
 from engine.generations import generation_rows, pick_samples, write_generations
 from engine.memory_peaks import near_limit, peak_metrics
 from engine.metrics import (
@@ -65,12 +65,20 @@ WEIGHTS_VERSION = "weights_version"  # in the trainer state's extra: the actor's
 class Preempted(EngineError):
     """The run stopped on SIGTERM; a launcher should requeue it (exit code 75)."""
 
-    exit_code = 75  # EX_TEMPFAIL
+    exit_code = EXIT_PREEMPTED
+    reason = "preempted"
 
     def __init__(self, step: int) -> None:
         super().__init__(
             f"stopped on SIGTERM after step {step}; resume continues from the last checkpoint"
         )
+
+
+class UpdatesDiverged(EngineError):
+    """The actor's updates kept being NaN/inf: the run stops (exit code 2); the same data
+    and weights would diverge again, so no restart (engine.exits)."""
+
+    reason = "nan_updates"
 
 
 class Trainer:
@@ -147,7 +155,7 @@ class Trainer:
             problem = self.update_problem(metrics)
             if problem:
                 self.tracker.log(self.step, metrics)  # the failing step is on record
-                raise EngineError(problem)
+                raise UpdatesDiverged(problem)
             test_freq = self.cfg.trainer.test_freq
             if self.val_dataset is not None and (
                 self.step == self.total_steps or (test_freq > 0 and self.step % test_freq == 0)

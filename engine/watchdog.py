@@ -54,6 +54,7 @@ class Hung(EngineError):
     """A phase ran past its bound; the stacks are in the log."""
 
     exit_code = EXIT_HUNG
+    reason = "hung"
 
     def __init__(self, summary: str) -> None:
         super().__init__(f"{summary}; every worker's stacks are in the log above")

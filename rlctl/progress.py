@@ -4,7 +4,8 @@ Read from the files a job writes where this machine can read them: the local bac
 job directory, or a Slurm job root on a shared file system (Slurm without ``--ssh``).
 The engine writes one JSON object per step to ``<run_dir>/metrics.jsonl``
 (``engine/tracking.py``) and its console lines (``step k/N | score ...``, ``resumed
-from PATH at step k``) to the job's log.
+from PATH at step k``) to the job's log; its supervisor records every attempt (exit code,
+reason, what followed) in the job's ``restarts.json`` (``engine/supervisor.py``).
 
 Reading is cheap and never fails ``status``: only the last ``TAIL_BYTES`` of the metrics
 file and ``LOG_TAIL_BYTES`` of the log are read, a torn or corrupt line is skipped, and
@@ -25,7 +26,14 @@ from typing import Any
 
 from rlctl.jobs import Job
 
-__all__ = ["Progress", "format_duration", "format_progress", "read_progress", "sparkline"]
+__all__ = [
+    "Progress",
+    "Restarts",
+    "format_duration",
+    "format_progress",
+    "read_progress",
+    "sparkline",
+]
 
 METRICS_FILE = "metrics.jsonl"  # engine/tracking.py:METRICS_FILE (the engine is not imported)
 SCORE_KEY = "critic/score/mean"
@@ -34,12 +42,69 @@ TAIL_BYTES = 64 * 1024  # of metrics.jsonl: a few hundred steps
 LOG_TAIL_BYTES = 256 * 1024
 RECENT_STEPS = 10  # seconds per step: the median over this many of the last steps
 SPARK_WIDTH = 40  # the sparkline shows at most this many of the last steps
+SHOWN_ATTEMPTS = 5  # the last attempts status lists, one line each
+MESSAGE_WIDTH = 160  # of an attempt's message, on its line
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 # the engine's console line (engine/tracking.py:console_line) and resume line
 # (engine/trainer.py:resume)
 _CONSOLE_STEP = re.compile(r"^step (\d+)/(\d+)(?: \||$)", re.MULTILINE)
 _RESUMED = re.compile(r"^resumed from .* at step (\d+)$", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One start of the engine, as its supervisor recorded it."""
+
+    number: int
+    running: bool
+    exit_code: int | None
+    reason: str  # in words (engine.exits)
+    message: str
+    next: str | None  # restart, requeue, stop; None while it runs
+    why: str
+
+    def text(self) -> str:
+        """What happened and what followed: ``exit 76, hung: ... (message); why``."""
+        if self.running:
+            return "running"
+        code = "no exit code seen" if self.exit_code is None else f"exit {self.exit_code}"
+        message = self.message
+        if len(message) > MESSAGE_WIDTH:
+            message = message[: MESSAGE_WIDTH - 1] + "…"
+        detail = f" ({message})" if message else ""
+        why = f"; {self.why}" if self.why and self.exit_code != 0 else ""
+        return f"{code}, {self.reason}{detail}{why}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Restarts:
+    """The supervisor's record: restarts used of the limit, and the attempts."""
+
+    used: int
+    limit: int
+    attempts: tuple[Attempt, ...]
+
+    def lines(self) -> list[str]:
+        if not self.attempts:
+            return []
+        last = self.attempts[-1]
+        if self.used == 0:  # one attempt: said only when it ended and not in success
+            if last.running or last.exit_code == 0:
+                return []
+            return [f"ended: {last.text()}"]
+        shown = self.attempts[-SHOWN_ATTEMPTS:]
+        head = f"restarts: {self.used} of {self.limit} (trainer.max_restarts)"
+        if len(shown) < len(self.attempts):
+            head += f", the last {len(shown)} attempts:"
+        return [head, *(f"  {a.number}. {a.text()}" for a in shown)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "used": self.used,
+            "max_restarts": self.limit,
+            "attempts": [dataclasses.asdict(a) for a in self.attempts],
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +122,7 @@ class Progress:
     resumes_partial: bool = False  # the log is longer than its read tail: "at least"
     last_resume_step: int | None = None
     scores: tuple[tuple[int, float], ...] = ()  # (step, score) of the last SPARK_WIDTH steps
+    restarts: Restarts | None = None  # the supervisor's record; None: none readable
 
     @property
     def readable(self) -> bool:
@@ -80,6 +146,7 @@ class Progress:
             "sparkline": sparkline(values),
             "score_min": min(values) if values else None,
             "score_max": max(values) if values else None,
+            "restarts": self.restarts.to_json() if self.restarts else None,
         }
 
 
@@ -119,6 +186,7 @@ def _read(root: Path, log: Path, finished: bool) -> Progress:
         resumes=len(resumed) if log.is_file() else None,
         resumes_partial=not log_whole,
         last_resume_step=resumed[-1] if resumed else None,
+        restarts=_restarts(root, finished),
     )
     records = _records(metrics) if metrics.is_file() else []
     if not records:
@@ -142,6 +210,30 @@ def _read(root: Path, log: Path, finished: bool) -> Progress:
         eta_s=eta,
         scores=scores,
     )
+
+
+def _restarts(root: Path, finished: bool) -> Restarts | None:
+    """The supervisor's ``restarts.json`` in the job's directory (written whole, so
+    never torn), in words; None without one. An attempt still open in a job that is
+    over ended unrecorded (its supervisor was killed: ``rlctl stop`` past its grace)."""
+    from engine.schema import RESTARTS_FILE, read_restarts, reason_words
+
+    record = read_restarts(root / RESTARTS_FILE)
+    if record is None:
+        return None
+    attempts = tuple(
+        Attempt(
+            number=a.number,
+            running=a.running and not finished,
+            exit_code=a.exit_code,
+            reason=reason_words(a.reason) if a.reason else "its end was not recorded",
+            message=a.message,
+            next=a.next,
+            why=a.why,
+        )
+        for a in record.attempts
+    )
+    return Restarts(record.used, record.max_restarts, attempts)
 
 
 def _tail(path: Path, max_bytes: int) -> tuple[str, bool]:
@@ -245,8 +337,9 @@ def format_duration(seconds: float) -> str:
 
 def format_progress(p: Progress) -> list[str]:
     """The lines ``rlctl status JOB`` prints under the job's row."""
+    restarts = p.restarts.lines() if p.restarts else []
     if not p.readable:
-        return [f"progress: {p.note}"]
+        return [f"progress: {p.note}", *restarts]
     parts = [f"step {p.step}/{p.total_steps}" if p.total_steps else f"step {p.step}"]
     if p.score is not None:
         parts.append(f"score {p.score:.4g}")
@@ -265,4 +358,4 @@ def format_progress(p: Progress) -> list[str]:
             f"score:    {sparkline(values)}  min {min(values):.4g} max {max(values):.4g}"
             f" (steps {first}-{last})"
         )
-    return lines
+    return lines + restarts

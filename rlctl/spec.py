@@ -53,6 +53,13 @@ class JobPaths:
         return f"{self.root}/engine.yaml"
 
     @property
+    def restarts(self) -> str:
+        """The supervisor's record of the run's attempts (engine.supervisor)."""
+        from engine.schema import RESTARTS_FILE
+
+        return f"{self.root}/{RESTARTS_FILE}"
+
+    @property
     def wheel(self) -> str:
         """The rlctl wheel shipped with the job (rlctl/wheel.py)."""
         return f"{self.root}/{WHEEL_NAME}"
@@ -90,6 +97,7 @@ class JobSpec:
     setup: tuple[tuple[str, ...], ...]  # argv of each step before training (python is "python")
     image: JobImage  # the plan's default image (a backend may run another: image:, profiles)
     extras: tuple[str, ...]  # rlctl's extras the job needs (what the image lacks is installed)
+    max_restarts: int  # the engine config's trainer.max_restarts (engine.supervisor)
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     files: tuple[JobFile, ...] = ()  # shipped into paths.root, by their relative names
@@ -100,8 +108,30 @@ class JobSpec:
         return {f.name: f.text for f in self.files}
 
     @property
+    def engine_args(self) -> tuple[str, ...]:
+        """What follows ``python -m engine.main``: the config travels as a file."""
+        return ("--config", self.paths.engine_config)
+
+    @property
     def engine_command(self) -> tuple[str, ...]:
-        return ("python", "-m", "engine.main", "--config", self.paths.engine_config)
+        return ("python", "-m", "engine.main", *self.engine_args)
+
+    def supervised_command(
+        self, requeue_marker: str | None = None, stop_marker: str | None = None
+    ) -> tuple[str, ...]:
+        """The engine under its supervisor (``engine.supervisor``), which starts it again
+        after a failure worth retrying, at most ``max_restarts`` times, and records each
+        attempt in ``paths.restarts``; the markers as the Slurm job script passes them."""
+        from engine.schema import supervisor_args
+
+        args = supervisor_args(
+            self.max_restarts,
+            self.paths.restarts,
+            self.engine_args,
+            requeue_marker=requeue_marker,
+            stop_marker=stop_marker,
+        )
+        return ("python", *args)
 
     @property
     def install_command(self) -> tuple[str, ...]:
@@ -201,6 +231,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         setup=tuple(setup),
         image=default_image(layout.hardware, recipe.rollout),
         extras=extras_needed(cfg),
+        max_restarts=trainer.max_restarts,
         env=dict(recipe.env),
         secrets=recipe.secrets,
         files=files,

@@ -93,6 +93,15 @@ class TrainerConfig:
         " a phase not measured yet (the first steps compile and warm up); the process"
         " group's collective timeout is twice this.",
     )
+    max_restarts: int = setting(
+        3,
+        "Times the job starts the run again, from its last complete checkpoint, after it"
+        " stopped for a reason worth retrying: preempted (75), hung (76), a worker's"
+        " process or node died; never after a configuration error (2), the NaN stop or an"
+        " error that would recur. The job's supervisor restarts it (engine.supervisor:"
+        " local, and Slurm within its allocation or by requeue), SkyPilot's managed jobs"
+        " through max_restarts_on_errors. 0: never.",
+    )
     export_hf_dir: str | None = setting(
         None,
         "Export the final checkpoint to this folder as a Hugging Face model (needs save_freq).",
@@ -206,6 +215,8 @@ def rules(cfg: EngineConfig) -> list[str]:
             "trainer.hang_timeout_factor must be 0 (the hang watchdog off) or at least 1,"
             f" got {t.hang_timeout_factor}"
         )
+    if t.max_restarts < 0:
+        p.append(f"trainer.max_restarts must be >= 0 (0: never restart), got {t.max_restarts}")
     if not t.hang_timeout_floor_s > 0:
         p.append(f"trainer.hang_timeout_floor_s must be > 0 seconds, got {t.hang_timeout_floor_s}")
     if t.export_hf_dir and t.save_freq < 1:

@@ -27,7 +27,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from engine.controller import dispatch
-from engine.errors import EngineError
+from engine.errors import EXIT_FAILED, EngineError
 from engine.watchdog import NoWatch, Watch
 
 
@@ -46,10 +46,12 @@ class PoolSpec:
 class WorkerFailure(EngineError):
     """A worker raised or died; the run stops instead of waiting on the others."""
 
-    exit_code = 1  # not a configuration problem
+    exit_code = EXIT_FAILED  # not a configuration problem
 
-    def __init__(self, rank: int, reason: str, group: str = "") -> None:
+    def __init__(self, rank: int, reason: str, group: str = "", died: bool = False) -> None:
         self.rank = rank
+        # engine.exits: a dead process or node is worth a restart; a raised error recurs
+        self.reason = "worker_died" if died else "worker_error"
         of = f" of the {group} group" if group else ""
         super().__init__(f"worker rank {rank}{of} failed: {reason}")
 
@@ -199,7 +201,9 @@ class WorkerGroup:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            raise WorkerFailure(rank, f"its process died ({_cause(exc)})", self.label) from exc
+            raise WorkerFailure(
+                rank, f"its process died ({_cause(exc)})", self.label, died=True
+            ) from exc
         except ray.exceptions.RayTaskError as exc:
             raise WorkerFailure(rank, _cause(exc), self.label) from exc
 

@@ -2,9 +2,12 @@
 
 The job runs as ``bash run.sh`` in a new session (so it survives the terminal and
 the CLI), with its output in ``job.log`` and its exit code written to ``exit_code``
-when it ends. The engine starts its own local Ray cluster inside that session.
-``stop`` sends SIGTERM to the session (the engine finishes its step, saves, exits),
-waits, then SIGKILLs whatever is left of it.
+when it ends. ``run.sh`` runs the engine under its supervisor (``engine.supervisor``),
+which starts it again after a failure worth retrying, at most ``trainer.max_restarts``
+times, each attempt recorded in ``restarts.json``. The engine starts its own local Ray
+cluster inside that session. ``stop`` sends SIGTERM to the supervisor (it passes it on:
+the engine finishes its step, saves, exits; no restart follows), waits, then SIGKILLs
+whatever is left of the session.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class LocalBackend:
             root=spec.paths.root,
             # the job runs with the same Python as this rlctl (where the engine is installed)
             setup=[spec.with_python(step, sys.executable) for step in spec.setup],
-            engine_command=spec.with_python(spec.engine_command, sys.executable),
+            engine_command=spec.with_python(spec.supervised_command(), sys.executable),
         )
         return {"run.sh": script, "engine.yaml": spec.engine_yaml, **spec.file_texts}
 
@@ -115,7 +118,10 @@ class LocalBackend:
                 return Observed(JobState.SUCCEEDED, "exit code 0", 0)
             if code == PREEMPTED:
                 return Observed(JobState.FAILED, "stopped on SIGTERM (exit code 75)", code)
-            return Observed(JobState.FAILED, f"exit code {code}: {_last_error(root / LOG)}", code)
+            from engine.schema import exit_words
+
+            why = f"exit code {code}, {exit_words(code)}"
+            return Observed(JobState.FAILED, f"{why}: {_last_error(root / LOG)}", code)
         if _session_pids(job.handle["sid"]):
             return Observed(JobState.RUNNING)
         return Observed(JobState.FAILED, "the job's processes ended without an exit code")
@@ -126,8 +132,9 @@ class LocalBackend:
 
     def stop(self, job: Job, grace_s: float) -> None:
         sid = job.handle["sid"]
-        # SIGTERM to the engine's driver only (the runner's child): it finishes its
-        # step, saves and exits. Its Ray workers must not get it, or the step fails.
+        # SIGTERM to the runner's child only, the engine's supervisor: it passes it on to
+        # the engine's driver, which finishes its step, saves and exits; no restart
+        # follows. Its Ray workers must not get it, or the step fails.
         for pid in _session_pids(sid, parent=sid):
             _kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s

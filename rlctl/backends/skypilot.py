@@ -18,7 +18,8 @@ which cloud offers which accelerator); SkyPilot provisions, runs and recovers it
     prelude run first in setup and run (e.g. a Slurm cluster without Pyxis)
 
 Two modes: a managed job (the default; ``sky.jobs.launch``, recovered after a
-preemption and restarted up to ``max_restarts_on_errors`` times after a failure), or a
+preemption and restarted up to ``max_restarts_on_errors`` times after a failure: the
+engine config's ``trainer.max_restarts``), or a
 cluster (``cluster=NAME``: ``sky.launch``, with autostop or down). The SDK is imported
 lazily: ``rlctl plan`` renders and validates without it.
 """
@@ -67,7 +68,6 @@ class SkyPilotOptions:
     ports: tuple[int, ...] = ()
     fallbacks: bool = True  # ordered fallback accelerators where the plan allows
     recovery: str = "FAILOVER"  # managed jobs: FAILOVER | EAGER_NEXT_REGION
-    max_restarts_on_errors: int = 1  # managed jobs: restarts after a non-preemption failure
     idle_minutes_to_autostop: int | None = None  # cluster mode
     down: bool = False  # cluster mode: tear the cluster down when idle (or right after)
     remote_root: str = REMOTE_ROOT
@@ -83,8 +83,6 @@ class SkyPilotOptions:
                 f"disk size {self.disk_size_gb} GB is too small for the image and a model",
                 hint="give at least 50 GB",
             )
-        if self.max_restarts_on_errors < 0:
-            raise RlctlError("max_restarts_on_errors must be 0 or more")
         if self.cluster is not None and not _CLUSTER_NAME.fullmatch(self.cluster):
             raise RlctlError(
                 f"cluster name {self.cluster!r} is not valid for SkyPilot",
@@ -209,9 +207,13 @@ class SkyPilotBackend:
         if opts.ports:
             resources["ports"] = [int(p) for p in opts.ports]
         if opts.cluster is None:
+            # SkyPilot restarts a run that failed (any non-zero exit) this many times and
+            # recovers a preempted one without counting it; it cannot tell a
+            # configuration error from a crash (its recover_on_exit_codes would retry the
+            # listed codes without any limit), so every failure counts here.
             resources["job_recovery"] = {
                 "strategy": opts.recovery,
-                "max_restarts_on_errors": opts.max_restarts_on_errors,
+                "max_restarts_on_errors": spec.max_restarts,
             }
         env = dict(acc.env) if acc else {}
         env.update(spec.env)

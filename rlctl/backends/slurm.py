@@ -46,6 +46,7 @@ LOG = "job.log"
 DRIVER_LOG = "driver.log"  # the driver's output alone (also in job.log)
 EXIT_CODE = "exit_code"
 STOP_MARKER = "stop-requested"
+REQUEUE_MARKER = "requeue"  # the supervisor's: the batch script requeues the job
 PREEMPTED = 75  # the engine's "stopped on SIGTERM, requeue me"
 TAIL_LINES = 5
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=20")
@@ -215,7 +216,6 @@ class SlurmBackend:
             ray_resource="CPU" if cpu else (acc.ray_resource if acc else "GPU"),
             devices_per_node=0 if cpu else per_node,
             ray_wait_s=p.ray_wait_s,
-            requeue=p.requeue,
             container=p.container,
             image=image,
             mounts=",".join((f"{root}:{root}", *p.container_mounts)),
@@ -224,7 +224,12 @@ class SlurmBackend:
             ray=f"{spec.paths.env}/bin/ray",
             install_command=spec.install_command,
             setup=[spec.on_node(step) for step in spec.setup],
-            engine_command=spec.on_node(spec.engine_command),
+            engine_command=spec.on_node(
+                spec.supervised_command(
+                    requeue_marker=f"{root}/{REQUEUE_MARKER}" if p.requeue else None,
+                    stop_marker=f"{root}/{STOP_MARKER}",
+                )
+            ),
         )
         library = (TEMPLATES / "ray" / "ray_cluster.sh").read_text()
         return {
@@ -381,7 +386,11 @@ class SlurmBackend:
             "OUT_OF_MEMORY": "ran out of memory",
             "BOOT_FAIL": "a node failed to boot",
             "DEADLINE": "missed its deadline",
-        }.get(state, f"exit code {code}")
+        }.get(state)
+        if why is None:
+            from engine.schema import exit_words
+
+            why = f"exit code {code}, {exit_words(code)}"
         if code == PREEMPTED:
             why = "stopped on SIGTERM (exit code 75)"
         return Observed(JobState.FAILED, f"Slurm {state}: {why}: {tail}", code)

@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,17 +266,28 @@ def engine_main(kept_workers):
 
 @pytest.fixture(scope="session")
 def engine_process():
-    """``engine_process(*overrides, popen=False, timeout=600, **kwargs)``: ``python -m
-    engine.main`` with ``BASE`` and ``overrides`` as a process of its own (its own Ray
-    cluster, workers and imports): finished (``subprocess.run``, its output captured as
-    text), or running with ``popen=True`` (stdout and stderr together in its stdout).
-    ``kwargs`` go to ``subprocess``; ``env`` adds to this process's environment, with
-    ``THREADS`` (its processes on one thread, as an in-process run's)."""
+    """``engine_process(*overrides, popen=False, timeout=600, supervisor=None,
+    **kwargs)``: ``python -m engine.main`` with ``BASE`` and ``overrides`` as a process of
+    its own (its own Ray cluster, workers and imports): finished (``subprocess.run``, its
+    output captured as text), or running with ``popen=True`` (stdout and stderr together
+    in its stdout). With ``supervisor`` (its options), the engine runs under ``python -m
+    engine.supervisor``, as a job script runs it. ``kwargs`` go to ``subprocess``;
+    ``env`` adds to this process's environment, with ``THREADS`` (its processes on one
+    thread, as an in-process run's)."""
 
-    def start(*overrides: str, popen: bool = False, timeout: float = 600, **kwargs: Any):
+    def start(
+        *overrides: str,
+        popen: bool = False,
+        timeout: float = 600,
+        supervisor: Sequence[str] | None = None,
+        **kwargs: Any,
+    ):
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, **THREADS, "PYTHONPATH": path, **kwargs.pop("env", {})}
-        args = [sys.executable, "-m", "engine.main", *BASE, *overrides]
+        command = ["-m", "engine.main"]
+        if supervisor is not None:
+            command = ["-m", "engine.supervisor", *supervisor, "--"]
+        args = [sys.executable, *command, *BASE, *overrides]
         if popen:
             return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, env=env, **kwargs)  # fmt: skip

@@ -51,7 +51,7 @@ def test_quickstart_through_the_cli(rlctl, tmp_path, job_state, wait_state):
     assert rlctl("validate", "quickstart").returncode == 0
     plan = rlctl("plan", "quickstart")
     assert plan.returncode == 0, plan.stderr
-    assert "engine.main" in plan.stdout  # the job script is shown
+    assert "-m engine.supervisor --max-restarts 3" in plan.stdout  # the job script is shown
 
     recipe = short_quickstart(tmp_path, steps=3)
     launched = rlctl("launch", str(recipe))
@@ -91,6 +91,15 @@ def test_quickstart_through_the_cli(rlctl, tmp_path, job_state, wait_state):
     from rlctl.backends.local import _session_pids
 
     assert _session_pids(handle_sid) == []  # nothing of the job survives, Ray included
+    # the engine ran under its supervisor: the stop reached the engine (75) and no
+    # restart followed it; the finished job's one attempt finished
+    jobs = tmp_path / "home" / "jobs"
+    attempts = json.loads((jobs / second / "restarts.json").read_text())["attempts"]
+    assert [(a["exit_code"], a["reason"], a["next"]) for a in attempts] == [
+        (75, "preempted", "stop")
+    ], attempts
+    first = json.loads((jobs / job_id / "restarts.json").read_text())["attempts"]
+    assert [(a["exit_code"], a["next"]) for a in first] == [(0, "stop")]
 
     listed = rlctl("list", "--json")
     states = {j["id"]: j["state"] for j in json.loads(listed.stdout)}

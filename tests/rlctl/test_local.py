@@ -33,6 +33,7 @@ def submit(tmp_path: Path, monkeypatch, script: str) -> dict:
         setup=(),
         image=default_image(None, "hf"),
         extras=("engine",),
+        max_restarts=0,
     )
     return LocalBackend().submit(SimpleNamespace(id="t-1"), spec, {})  # type: ignore[arg-type]
 

@@ -145,6 +145,7 @@ def test_status_of_one_job_shows_its_progress(tmp_path):
     root = tmp_path / "jobs" / "q"
     write_run(root, TEN, total=40, log="resumed from /r/global_step_4 at step 4\n")
     job = local_job(JobStore(tmp_path / "jobs.db"), root)
+    write_restarts(root, 3, HUNG, {})
 
     shown = run_cli(["status", job.id], tmp_path)
     assert shown.returncode == 0, shown.stderr
@@ -154,6 +155,9 @@ def test_status_of_one_job_shows_its_progress(tmp_path):
         in shown.stdout
     )
     assert "score:    ▁▂▃▃▄▅▆▆▇█  min 0.1 max 1 (steps 1-10)" in shown.stdout
+    assert (
+        "restarts: 1 of 3 (trainer.max_restarts)\n  1. exit 76, hung: see the log" in shown.stdout
+    )
     assert shown.stderr.rstrip().endswith("HEAVY="), [m for m in HEAVY if m in shown.stderr]
 
     as_json = run_cli(["status", job.id, "--json"], tmp_path)
@@ -201,3 +205,93 @@ def test_resumes_in_a_log_longer_than_its_read_tail_are_a_lower_bound(tmp_path):
     p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path))
     assert (p.resumes, p.resumes_partial, p.last_resume_step) == (1, True, 6)
     assert "resumed ≥1x (last at step 6)" in format_progress(p)[0]
+
+
+def write_restarts(root, max_restarts, *attempts):
+    """The supervisor's record (engine/supervisor.py), through its own types."""
+    from engine.schema import RESTARTS_FILE, Attempt, Restarts
+
+    restarts = Restarts(
+        max_restarts, [Attempt(i + 1, 1000.0 + i, **a) for i, a in enumerate(attempts)]
+    )
+    (root / RESTARTS_FILE).write_text(json.dumps(restarts.to_json()))
+
+
+HUNG = {
+    "ended_at": 1001.0,
+    "exit_code": 76,
+    "reason": "hung",
+    "message": "the run hung at step 3: rollout.generate ran 16 s, past its bound of 15 s",
+    "next": "restart",
+    "why": "restart 1 of 3: from the last complete checkpoint",
+}
+
+
+def test_restarts_and_their_reasons(tmp_path):
+    write_run(tmp_path, TEN, total=40)
+    died = {**HUNG, "exit_code": 1, "reason": "worker_died", "message": "worker rank 1 failed"}
+    died["why"] = "restart 2 of 3: from the last complete checkpoint"
+    write_restarts(tmp_path, 3, HUNG, died, {})
+    p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path))
+    assert format_progress(p)[2:] == [
+        "restarts: 2 of 3 (trainer.max_restarts)",
+        "  1. exit 76, hung: see the log for every worker's stacks (the run hung at step 3:"
+        " rollout.generate ran 16 s, past its bound of 15 s); restart 1 of 3: from the last"
+        " complete checkpoint",
+        "  2. exit 1, a worker's process or its node died (worker rank 1 failed); restart 2 of"
+        " 3: from the last complete checkpoint",
+        "  3. running",
+    ]
+    got = p.to_json()["restarts"]
+    assert (got["used"], got["max_restarts"], len(got["attempts"])) == (2, 3, 3)
+    assert got["attempts"][0]["exit_code"] == 76 and got["attempts"][2]["running"]
+
+
+def test_a_failure_that_is_not_retried_says_why_without_metrics(tmp_path):
+    (tmp_path / "job.log").write_text("")
+    config = {
+        "ended_at": 1001.0,
+        "exit_code": 2,
+        "reason": "config",
+        "message": "invalid engine config: data.train_files: no such file",
+        "next": "stop",
+        "why": "not retried: not a fault a restart cures",
+    }
+    write_restarts(tmp_path, 3, config)
+    p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path, running=False))
+    assert format_progress(p) == [
+        f"progress: no metrics yet ({tmp_path / 'run' / 'metrics.jsonl'})",
+        "ended: exit 2, configuration or usage error: fix it and launch again (invalid engine"
+        " config: data.train_files: no such file); not retried: not a fault a restart cures",
+    ]
+
+
+def test_one_attempt_running_or_finished_adds_nothing(tmp_path):
+    write_run(tmp_path, TEN, total=40)
+    write_restarts(tmp_path, 3, {})
+    job = local_job(JobStore(tmp_path / "jobs.db"), tmp_path)
+    assert len(format_progress(read_progress(job))) == 2
+    write_restarts(tmp_path, 3, {"ended_at": 1001.0, "exit_code": 0, "reason": "finished",
+                                 "next": "stop", "why": "finished"})  # fmt: skip
+    assert len(format_progress(read_progress(job))) == 2
+
+
+def test_an_attempt_open_in_a_job_that_is_over_ended_unrecorded(tmp_path):
+    """rlctl stop past its grace SIGKILLs the supervisor: its last attempt stays open."""
+    write_run(tmp_path, TEN, total=40)
+    write_restarts(tmp_path, 3, HUNG, {})
+    store = JobStore(tmp_path / "jobs.db")
+    job = local_job(store, tmp_path, running=False)
+    assert format_progress(read_progress(job))[-1] == "  2. running"  # as far as it knows
+    job = store.transition(job.id, JobState.CANCELLED, reason="stopped by the user")
+    assert format_progress(read_progress(job))[-1] == (
+        "  2. no exit code seen, its end was not recorded"
+    )
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"max_restarts": 3}', '{"attempts": [{"x": 1}]}'])
+def test_an_unreadable_restarts_record_is_left_out(tmp_path, text):
+    write_run(tmp_path, TEN, total=40)
+    (tmp_path / "restarts.json").write_text(text)
+    p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path))
+    assert p.restarts is None and p.step == 10

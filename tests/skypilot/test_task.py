@@ -230,6 +230,20 @@ def test_checkpoint_bucket_is_mounted_and_the_engine_resumes_from_it(url, source
     assert CHECKPOINT_MOUNT in task.storage_mounts
 
 
+@pytest.mark.parametrize("restarts", [0, 5])
+def test_managed_job_restarts_are_the_engines_trainer_max_restarts(restarts):
+    """One key for every backend: SkyPilot's max_restarts_on_errors is the engine
+    config's trainer.max_restarts, and SkyPilot's own parser reads it so."""
+    base = RECIPES["grpo-qwen05b-gsm8k"]
+    recipe = dataclasses.replace(base, engine={**base.engine, "trainer.max_restarts": restarts})
+    backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
+    config = backend.task_config("job-1", _spec(recipe, backend))
+    recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": restarts}
+    assert config["resources"]["job_recovery"] == recovery
+    task = sky.Task.from_yaml_config(config, secrets_overrides=[(RAY_TOKEN, "t")])
+    assert all(r.job_recovery == recovery for r in task.resources)
+
+
 def test_bucket_scheme_skypilot_cannot_mount_is_refused():
     recipe = dataclasses.replace(RECIPES["ppo-qwen7b-gsm8k"], checkpoints="hdfs://x/y")
     backend = SkyPilotBackend(SkyPilotOptions(cloud="aws"))

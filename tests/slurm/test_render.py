@@ -4,6 +4,7 @@ library, the profile loader, and how Slurm's answers map to job states."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,12 @@ def sbatch_lines(script: str) -> list[str]:
     ]
 
 
+def driver_command(script: str) -> list[str]:
+    """The driver step's command, as bash will split it: the engine under its supervisor."""
+    (line,) = [x for x in script.splitlines() if x.strip().startswith("exec ") and "engine." in x]
+    return shlex.split(line)[1:]
+
+
 CPU2 = 'hardware: {accelerators: "cpu:1", nodes: 2}\n'
 
 
@@ -66,6 +73,13 @@ def test_cpu_job_sbatch_lines(tmp_path):
     assert "srun --overlap --nodes=1 --ntasks=1 -w" in script
     assert files["ray_cluster.sh"] == LIBRARY.read_text()
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    # the engine under its supervisor, its restarts from the engine config, its record in
+    # the job's directory; no requeue without --requeue
+    assert driver_command(script) == [
+        f"{root}/env/bin/python", "-m", "engine.supervisor", "--max-restarts", "3",
+        "--record", f"{root}/restarts.json", "--stop-marker", f"{root}/stop-requested",
+        "--", "--config", f"{root}/engine.yaml",
+    ]  # fmt: skip
 
 
 def test_every_profile_option(tmp_path):
@@ -102,7 +116,11 @@ def test_every_profile_option(tmp_path):
     ):
         assert expected in lines, (expected, lines)
     assert "--no-requeue" not in lines
-    assert "REQUEUE=1" in files["job.sbatch"]
+    # requeue on: the supervisor may leave a preempted run to Slurm, through the marker
+    root = tmp_path / "jobs" / JOB_ID
+    command = driver_command(files["job.sbatch"])
+    assert command[command.index("--requeue-marker") + 1] == f"{root}/requeue"
+    assert 'if [ -e "$REQUEUE_MARKER" ]; then' in files["job.sbatch"]
     assert "export NCCL_DEBUG=WARN" in files["job.sbatch"]  # the catalog's env fragment
     assert "RAY_RESOURCE=GPU" in files["job.sbatch"] and "DEVICES_PER_NODE=8" in files["job.sbatch"]
 

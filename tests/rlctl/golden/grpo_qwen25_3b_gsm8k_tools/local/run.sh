@@ -7,4 +7,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd /golden/home/.rlctl/jobs/golden
 
 /opt/venv/bin/python -m engine.data.prepare gsm8k_tools --out /golden/home/.rlctl/jobs/golden/data
-exec /opt/venv/bin/python -m engine.main --config /golden/home/.rlctl/jobs/golden/engine.yaml
+# the engine (python -m engine.main, the arguments after --) under its supervisor: started
+# again after a failure worth retrying (preempted, hung, a worker died), at most
+# trainer.max_restarts times; restarts.json records each attempt (engine/supervisor.py)
+exec /opt/venv/bin/python -m engine.supervisor --max-restarts 3 --record /golden/home/.rlctl/jobs/golden/restarts.json -- --config /golden/home/.rlctl/jobs/golden/engine.yaml

@@ -533,6 +533,7 @@ trainer:
   max_consecutive_skipped_updates: 5
   hang_timeout_factor: 5.0
   hang_timeout_floor_s: 3600.0
+  max_restarts: 3
   export_hf_dir: null
   seed: 1
   balance_batch: false
