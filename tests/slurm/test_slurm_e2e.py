@@ -193,8 +193,9 @@ def _pending_reason(slurm_id: str) -> str:
 
 def test_preempted_job_requeues_and_resumes(rlctl, tmp_path, job_state, find_processes):
     """SIGTERM to the batch shell (what Slurm's --signal=B:TERM@... sends before a time limit
-    or preemption): the engine saves and exits 75, the script requeues the job, and the
-    requeued run resumes from the checkpoint; then `rlctl stop` ends it for good."""
+    or preemption): the engine saves and exits 75, its supervisor records a requeue, the
+    script requeues the job, and the requeued run resumes from the checkpoint; then `rlctl
+    stop` ends it for good, and `rlctl status` lists the two attempts."""
     write_profile(rlctl.home, tmp_path / "jobs", requeue="true")
     path = recipe(tmp_path, "slurmrq", steps=500, **{"trainer.save_freq": 1})
     job_id = launch(rlctl, path)
@@ -229,3 +230,14 @@ def test_preempted_job_requeues_and_resumes(rlctl, tmp_path, job_state, find_pro
     logs = rlctl("logs", job_id).stdout
     assert logs.count("rlctl: stopping the engine (SIGTERM)") == 2, logs[-3000:]  # preempt, stop
     assert (root / "exit_code").read_text().strip() == "75", logs[-3000:]
+    # The supervisor's record: the preemption requeued (within trainer.max_restarts), the
+    # user's stop not; rlctl status lists both with their reasons.
+    attempts = json.loads((root / "restarts.json").read_text())["attempts"]
+    assert [(a["exit_code"], a["reason"], a["next"]) for a in attempts] == [
+        (75, "preempted", "requeue"),
+        (75, "preempted", "stop"),
+    ], attempts
+    assert attempts[0]["why"] == "restart 1 of 3: the scheduler requeues the job"
+    status = rlctl("status", job_id).stdout
+    assert "restarts: 1 of 3 (trainer.max_restarts)" in status, status
+    assert "  1. exit 75, preempted: stopped on SIGTERM after saving" in status, status
