@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.config.aliases import aliases_of, schema_key
+from engine.config.aliases import PPO_NAMES, Names, aliases_of, schema_key
+from engine.config.engine import EngineConfig
 from engine.config.keys import Leaf, config_keys, leaf, leaves, sections
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -217,22 +218,25 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def key_help(keys: Sequence[str]) -> tuple[str, list[str]]:
+def key_help(
+    keys: Sequence[str], root: type = EngineConfig, names: Names = PPO_NAMES
+) -> tuple[str, list[str]]:
     """``--help KEY ...``: each key's type, default and help, or for a section the keys
     under it with their defaults and help; and a problem (with close matches) for each
-    key the schema does not have."""
-    described = sections()
+    key the schema does not have. ``root`` and ``names``: the trainer's schema (the RL
+    trainer's by default; engine.sft passes SFT's)."""
+    described = sections(root)
     blocks, unknown = [], []
     for key in keys:
         key = key.rstrip(".")
-        target = schema_key(key)
-        found = leaf(target)
+        target = schema_key(key, names)
+        found = leaf(target, root)
         alias = f"{key}\n  verl's spelling of {target}, which it sets:\n" if target != key else ""
         if found is not None:
-            blocks.append(alias + _leaf_text(found))
+            blocks.append(alias + _leaf_text(found, names))
         elif target and target in described:
-            blocks.append(alias + _section_text(target, described[target]))
-        elif (inside := _inside_mapping(target)) is not None:
+            blocks.append(alias + _section_text(target, described[target], root))
+        elif (inside := _inside_mapping(target, root)) is not None:
             blocks.append(inside)
         elif key == "hydra" or key.startswith("hydra."):
             blocks.append(
@@ -240,23 +244,21 @@ def key_help(keys: Sequence[str]) -> tuple[str, list[str]]:
                 " and changes nothing: the engine does not run under Hydra's app runner."
             )
         else:
-            unknown.append(_unknown_key(key, described))
+            unknown.append(_unknown_key(key, described, root))
     return "\n\n".join(blocks), unknown
 
 
-def _inside_mapping(key: str) -> str | None:
+def _inside_mapping(key: str, root: type) -> str | None:
     """Help for a key inside a mapping field (a subtree of verl's keys, or keyword
     arguments passed on): the field's help, and the key's default there."""
     from engine.config.given import field_at
     from engine.config.verl_features import value_at
 
-    found = field_at(key)
+    found = field_at(key, root())
     if found is None or found[1] == key:
         return None
     field, owner = found
-    from engine.config.engine import EngineConfig
-
-    default = value_at(EngineConfig(), key)
+    default = value_at(root(), key)
     inert = " (changes nothing here)" if field.metadata.get("inert") else ""
     return (
         f"{key}\n  part of {owner}{inert}\n  default: {format_value(default)}\n"
@@ -264,19 +266,19 @@ def _inside_mapping(key: str) -> str | None:
     )
 
 
-def _leaf_text(item: Leaf) -> str:
+def _leaf_text(item: Leaf, names: Names) -> str:
     text = (
         f"{item.key}\n  type:    {item.type_name}\n"
         f"  default: {format_value(item.default)}\n  {item.help}"
     )
-    others = aliases_of(item.key)
+    others = aliases_of(item.key, names)
     return text + (f"\n  also spelt (verl): {', '.join(others)}" if others else "")
 
 
-def _section_text(section: str, description: str) -> str:
+def _section_text(section: str, description: str, root: type) -> str:
     rows = [
         (item.key.removeprefix(f"{section}."), format_value(item.default), item.help)
-        for item in leaves(section)
+        for item in leaves(section, root)
     ]
     key_width = max(len(key) for key, _, _ in rows)
     default_width = min(max(len(default) for _, default, _ in rows), 24)
@@ -288,8 +290,8 @@ def _section_text(section: str, description: str) -> str:
     return "\n".join(lines)
 
 
-def _unknown_key(key: str, described: dict[str, str]) -> str:
-    known = [*config_keys(), *(s for s in described if s)]
+def _unknown_key(key: str, described: dict[str, str], root: type) -> str:
+    known = [*config_keys(root), *(s for s in described if s)]
     ending = [k for k in known if k.endswith(f".{key}")]
     close = ending[:5] or difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     if close:
