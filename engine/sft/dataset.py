@@ -103,6 +103,7 @@ def _conversations(
         [cfg.messages_key],
         " (data.messages_key names the column of chat messages; verl's default: messages)",
     )
+    _refuse_media(path, columns)
     messages = columns[cfg.messages_key]
     tools = columns.get(cfg.tools_key)
     thinking = columns.get(cfg.enable_thinking_key)
@@ -125,6 +126,22 @@ def _conversations(
             yield row, chats(chat, row_tools or None, flag)
         except ConversationError as exc:
             raise DataError(f"{path}: row {row}: {exc}") from None
+
+
+MEDIA_COLUMNS = ("images", "videos")  # verl's multi-turn SFT dataset's image_key, video_key
+
+
+def _refuse_media(path: str, columns: dict[str, list[Any]]) -> None:
+    """SFT here is text-only: a row with images or videos is refused, not trained on its
+    text alone."""
+    for column in MEDIA_COLUMNS:
+        for row, value in enumerate(columns.get(column, ())):
+            if value is not None and len(value) > 0:
+                raise DataError(
+                    f"{path}: row {row} has {column} (verl's vision-language SFT): SFT here"
+                    " trains on text only and would drop them; give conversations without"
+                    " media"
+                )
 
 
 def _json(text: str, path: str, row: int, key: str) -> Any:

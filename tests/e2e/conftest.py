@@ -86,7 +86,7 @@ def one_thread():
     module, so the environment is the session's again outside tests/e2e (GNU nproc reads
     OMP_NUM_THREADS: the Slurm tests' nodes once got one CPU each from it).
     (Torch's pool here is set at one thread for the runs only, ``_in_process``: a
-    fixture's own training, the tool task's warm start, takes both cores.)"""
+    fixture's own work in this process takes both cores.)"""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in THREADS.items():
             patch.setenv(name, value)
