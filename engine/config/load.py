@@ -216,39 +216,40 @@ def _delete(cfg: Any, key: str, schema: Schema) -> list[str]:
 _MISSING = object()
 
 
-def key_problems(dotted: Mapping[str, Any]) -> list[str]:
+def key_problems(dotted: Mapping[str, Any], schema: Schema | None = None) -> list[str]:
     """Each dotted key checked alone against the schema (it exists, and its value has the
     key's type; no cross-field rules), one problem a line as ``load_config`` words them
     for a base mapping: every bad key, not only the first one a merge meets."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    schema = schema or PPO
     try:
-        renamed = dotted_to_schema(list(dotted.items()), "base config")
+        renamed = dotted_to_schema(list(dotted.items()), "base config", schema.names)
     except ConfigError as exc:
         return list(exc.problems)
     # All keys in one merge first (one copy of the schema: a valid mapping, the common
     # case, costs that alone); only when it fails, each key alone, to name every bad one.
-    together = _merge_all(renamed)
+    together = _merge_all(renamed, schema.root)
     problems = []
     for key, value in renamed:
         try:
             merged = (
                 together
                 if together is not None
-                else OmegaConf.merge(_schema(), nest([(key, value)]))
+                else OmegaConf.merge(_schema(schema.root), nest([(key, value)]))
             )
             if isinstance(value, str) and "${" in value:  # an interpolation: resolved here
                 OmegaConf.select(merged, key, throw_on_resolution_failure=True)
         except OmegaConfBaseException as exc:
-            problems.append(_omegaconf_problem(exc, "base config"))
+            problems.append(_omegaconf_problem(exc, "base config", schema))
             continue
-        if key in _PATH_KEYS and (problem := _paths_problem(key, value)):
+        if key in schema.path_keys and (problem := _paths_problem(key, value)):
             problems.append(f"base config: {problem}")
     return problems
 
 
-def _merge_all(renamed: list[tuple[str, Any]]) -> Any:
+def _merge_all(renamed: list[tuple[str, Any]], root: type) -> Any:
     """The schema with every key merged, or None if any key fails (or two overlap, when
     a later one would hide an earlier one's value)."""
     from omegaconf import OmegaConf
@@ -258,7 +259,7 @@ def _merge_all(renamed: list[tuple[str, Any]]) -> Any:
     if len(set(keys)) < len(keys) or any(b.startswith(a + ".") for a in keys for b in keys):
         return None
     try:
-        return OmegaConf.merge(_schema(), nest(renamed))
+        return OmegaConf.merge(_schema(root), nest(renamed))
     except OmegaConfBaseException:
         return None
 

@@ -238,7 +238,7 @@ def trainer_rules(cfg: SFTConfig) -> list[str]:
     t = cfg.trainer
     p = choice(t.device, DEVICES, "trainer.device", "device")
     p += choice(t.resume_mode, RESUME_MODES, "trainer.resume_mode", "resume mode")
-    for logger in TrainerConfig(logger=t.logger).loggers:
+    for logger in t.loggers:
         p += choice(logger, LOGGERS, "trainer.logger", "logger")
     p += positive(
         [

@@ -14,7 +14,7 @@ from engine.config import verl_trees
 from engine.config.fields import as_list, inert, mapping, one_of, setting, tree
 from engine.config.megatron import MegatronConfig
 from engine.config.train import FSDPConfig, MixedPrecisionConfig, ModelConfig, OptimConfig
-from engine.config.trainer import DEVICES, LOGGERS, RESUME_MODES
+from engine.config.trainer import DEVICES, LOGGERS, RESUME_MODES, TrainerConfig
 
 SFT_STRATEGIES = ("fsdp", "fsdp2", "megatron")
 PAD_MODES = ("no_padding", "right")
@@ -427,6 +427,11 @@ class SFTTrainerConfig:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.n_gpus_per_node
+
+    @property
+    def loggers(self) -> list[str]:
+        """``logger`` as a list of names, verl's file read as jsonl (as the RL trainer's)."""
+        return TrainerConfig(logger=self.logger).loggers
 
 
 @dataclass
