@@ -139,10 +139,33 @@ class SFTModelConfig(ModelConfig):
     """The model to fine-tune (verl's ``hf_model`` group): where it is, how it is loaded,
     packing (``use_remove_padding``) and LoRA (``lora_rank``, FSDP only)."""
 
+    # ModelConfig's fields, with what they mean in SFT (the RL roles' words otherwise).
+    path: str = setting("", "Hugging Face model id or local folder to fine-tune (required).")
     use_remove_padding: bool = setting(
         True,
-        "Pack each micro-batch's conversations end to end, no padding (verl's default here);"
-        " false: each micro-batch drops the columns that are padding in all its rows.",
+        "Pack each micro-batch's conversations end to end, no padding (verl's default here;"
+        " FSDP2: Megatron pads); false: each micro-batch drops the columns that are padding"
+        " in all its rows.",
+    )
+    use_fused_kernels: bool = setting(
+        False,
+        "Log-probs from the hidden states chunk by chunk, never the whole tokens ×"
+        " vocabulary logits (FSDP2; fused_kernel_options).",
+    )
+    lora_rank: int = setting(
+        0, "LoRA rank r of the adapter that trains (FSDP2); 0: every weight trains."
+    )
+    lora_adapter_path: str | None = setting(
+        None,
+        "A saved PEFT adapter folder the LoRA starts from (its rank, alpha and targets are"
+        " the run's; set here, they must agree); FSDP2.",
+    )
+    override_config: dict[str, Any] = setting(
+        help="Fields of the model's Hugging Face config replaced when it is built, e.g."
+        " {max_position_embeddings: 32768} (verl's key); a field the config lacks is"
+        " refused before the workers start.",
+        factory=dict,
+        kind="mapping",
     )
     dtype: str = inert(
         "bfloat16", "The RL trainer's Megatron dtype key; SFT's is engine.dtype (verl's)."

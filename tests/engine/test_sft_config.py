@@ -168,3 +168,17 @@ def test_check_help_and_print_config(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["--check", *REQUIRED, "engine.strategy=veomni"])
     assert exited.value.code == 2
+
+
+def test_every_key_has_help_and_docs_sft_md_lists_them():
+    from engine.config.docs import SFT_DOC_PATH, render_sft_page
+    from engine.config.keys import config_keys, sections
+
+    missing = [k for k in config_keys(SFTConfig) if not leaf(k, SFTConfig).help.strip()]
+    assert not missing, f"give these fields help text: {missing}"
+    assert all(text for section, text in sections(SFTConfig).items()), "a section lacks a docstring"
+    page = SFT_DOC_PATH.read_text(encoding="utf-8")
+    assert page == render_sft_page(page), (
+        "docs/sft.md's key tables are out of date: run"
+        " `python -m engine.config.docs --sft --write` and commit it"
+    )
