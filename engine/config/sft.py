@@ -380,7 +380,7 @@ def summary(cfg: SFTConfig) -> str:
         f" data-parallel rank(s), {micro}, up to {d.max_length} tokens each\n"
         f"  on {cfg.trainer.world_size} device(s) ({cfg.trainer.nnodes} node(s) ×"
         f" {cfg.trainer.n_gpus_per_node}), {backend},"
-        f" packed: {'yes' if cfg.model.use_remove_padding else 'no'}"
+        f" packed: {'yes' if cfg.model.use_remove_padding and not cfg.megatron else 'no'}"
     )
 
 
