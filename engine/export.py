@@ -1,6 +1,6 @@
 """Export a trained role of a checkpoint as a Hugging Face model folder.
 
-    python -m engine.export CKPT OUT [--role actor|critic] [--dtype float32|bfloat16|float16]
+    python -m engine.export CKPT OUT [--role actor|critic|sft] [--dtype float32|bfloat16|float16]
                                      [--adapter-only] [--push-to-hub REPO_ID [--private]]
 
 CKPT is a checkpoint ``.../global_step_<k>`` (it must have its ``COMPLETE`` marker), a
@@ -55,7 +55,7 @@ from engine.errors import EngineError, user_errors
 
 log = logging.getLogger(__name__)
 
-ROLES = ("actor", "critic")
+ROLES = ("actor", "critic", "sft")  # sft: engine.sft's runs
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 MAX_SHARD_SIZE = "5GB"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")

@@ -1,5 +1,6 @@
 """What the launcher (rlctl) may use of the engine, in one place: the config schema and
-its rules, what each advantage estimator needs, the config error, the Megatron parallel
+its rules (the RL trainer's, and ``SFT``: engine.sft's, loaded with ``load(...,
+schema=SFT)``), what each advantage estimator needs, the config error, the Megatron parallel
 rules, a saved LoRA adapter's settings, the supported backend versions and the
 pre-flight checks ``rlctl doctor`` makes from the launching machine (engine.doctor), the
 Ulysses sizes against a model's heads, MoE routing replay against a dense model and the
@@ -19,8 +20,15 @@ from engine.config import (
     schema_leaf,
     to_yaml,
 )
+from engine.config.load import load
 from engine.config.routing_replay import model_problems as routing_replay_model_problems
-from engine.config.train import quantized_model_problems, ulysses_model_problems
+from engine.config.sft import SFT
+from engine.config.sft_sections import SFTConfig
+from engine.config.train import (
+    quantized_model_problems,
+    ulysses_heads_problems,
+    ulysses_model_problems,
+)
 from engine.doctor import check_bucket, check_secrets
 from engine.errors import ConfigError
 from engine.exits import exit_words, reason_words
@@ -36,12 +44,14 @@ __all__ = [
     "ADAPTER_CONFIG_FILE",
     "MODEL_TYPES",
     "RESTARTS_FILE",
+    "SFT",
     "SUPPORTED",
     "Attempt",
     "ConfigError",
     "EngineConfig",
     "MegatronParallel",
     "Restarts",
+    "SFTConfig",
     "adapter_settings",
     "check_bucket",
     "check_secrets",
@@ -50,6 +60,7 @@ __all__ = [
     "exit_words",
     "family_rules",
     "key_problems",
+    "load",
     "load_config",
     "pipeline_stage_layers",
     "quantized_model_problems",
@@ -59,6 +70,7 @@ __all__ = [
     "schema_leaf",
     "supervisor_args",
     "to_yaml",
+    "ulysses_heads_problems",
     "ulysses_model_problems",
     "version_tuple",
 ]

@@ -275,10 +275,13 @@ def supervisor_args(
     engine_args: Sequence[str],
     requeue_marker: str | None = None,
     stop_marker: str | None = None,
+    module: str = "engine.main",
 ) -> list[str]:
     """The arguments of ``python -m engine.supervisor`` (what a job script runs after its
-    Python) for the engine's ``engine_args``."""
+    Python) for the engine's ``engine_args`` (``module``: engine.main, or engine.sft)."""
     args = ["-m", "engine.supervisor", "--max-restarts", str(max_restarts), "--record", record]
+    if module != "engine.main":
+        args += ["--module", module]
     if requeue_marker is not None:
         args += ["--requeue-marker", requeue_marker]
     if stop_marker is not None:
@@ -293,6 +296,9 @@ def _parser() -> argparse.ArgumentParser:
         " failure worth retrying (preempted, hung, a worker or node died).",
     )
     parser.add_argument("--max-restarts", type=int, required=True, metavar="N")
+    parser.add_argument(
+        "--module", default="engine.main", choices=("engine.main", "engine.sft"), help="the run"
+    )
     parser.add_argument("--record", default=RECORD_FILE, metavar="FILE")
     parser.add_argument("--delay-s", type=float, default=DELAY_S, metavar="S")
     parser.add_argument("--requeue-marker", type=Path, metavar="FILE")
@@ -307,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error("--max-restarts must be 0 or more")
     count = os.environ.get(SCHEDULER_RESTARTS_ENV, "")
     return Supervisor(
-        [sys.executable, "-m", "engine.main", *args.engine_args],
+        [sys.executable, "-m", args.module, *args.engine_args],
         Path(args.record),
         args.max_restarts,
         delay_s=args.delay_s,

@@ -188,6 +188,9 @@ def _require(module: str, logger: str) -> ModuleType:
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"),
     ("val/score/mean", "val"),
+    ("train/loss", "loss"),  # engine.sft's runs
+    ("val/loss", "val_loss"),
+    ("train/grad_norm", "grad_norm"),
     ("actor/pg_loss", "pg_loss"),
     ("actor/entropy", "entropy"),
     ("actor/ppo_kl", "ppo_kl"),

@@ -68,30 +68,60 @@ def validate(ref: str) -> Recipe:
 
 
 def plan_recipe(recipe: Recipe) -> Any:
+    if recipe.is_sft:
+        from rlctl.planner.sft import plan_sft
+
+        return plan_sft(sft_request(recipe))
     from rlctl.plan import make_plan
 
     return make_plan(plan_request(recipe))
+
+
+def _hardware(recipe: Recipe) -> tuple[str | None, int, int | None]:
+    """(accelerator, devices per node, devices in all or None: the planner picks)."""
+    from rlctl.hardware import parse_accelerator_spec
+
+    hw = recipe.hardware
+    if hw.is_cpu:  # cpu:N is N workers per node; hardware.nodes of them
+        return None, hw.cpu_workers, hw.cpu_workers * (hw.nodes or 1)
+    if hw.accelerators == "auto":
+        return "H100", 8, None
+    acc, per_node = parse_accelerator_spec(hw.accelerators)
+    return acc.name, per_node, per_node * hw.nodes if hw.nodes else None
+
+
+def sft_request(recipe: Recipe) -> Any:
+    """What the SFT planner needs (rlctl/planner/sft.py): the model, the hardware, the
+    typed SFT config of the recipe's keys and the keys it pinned."""
+    from engine.schema import SFT, ConfigError, load
+    from rlctl.planner.sft import SFTRequest
+    from rlctl.recipe import RecipeError
+    from rlctl.spec import nest
+
+    try:
+        cfg = load(base=nest(recipe.engine_overrides()), check=False, schema=SFT).config
+    except ConfigError as exc:
+        problems = [p.replace("base config: ", "engine.", 1) for p in exc.problems]
+        raise RecipeError(f"recipe {recipe.source}: " + "; ".join(problems)) from None
+    accelerator, per_node, _ = _hardware(recipe)
+    return SFTRequest(
+        model=recipe.model,
+        accelerator=accelerator,
+        devices_per_node=per_node,
+        nodes=recipe.hardware.nodes,
+        config=cfg,
+        pinned=frozenset(recipe.engine),
+    )
 
 
 def plan_request(recipe: Recipe) -> Any:
     """What the planner needs to know about a recipe: the model, the hardware, and the
     engine's typed config the recipe makes with the keys the person pinned in it."""
     from engine.schema import estimator_needs
-    from rlctl.hardware import parse_accelerator_spec
     from rlctl.plan import PlanRequest
 
     cfg = _typed_engine_config(recipe)
-    hw = recipe.hardware
-    if hw.is_cpu:
-        # cpu:N is N workers per node; hardware.nodes of them
-        per_node = hw.cpu_workers
-        accelerator, devices = None, per_node * (hw.nodes or 1)
-    elif hw.accelerators == "auto":
-        accelerator, per_node, devices = "H100", 8, None
-    else:
-        acc, per_node = parse_accelerator_spec(hw.accelerators)
-        accelerator = acc.name
-        devices = per_node * hw.nodes if hw.nodes else None
+    accelerator, per_node, devices = _hardware(recipe)
     actor = cfg.actor_rollout_ref.actor
     return PlanRequest(
         model=recipe.model,

@@ -4,6 +4,10 @@ Each preset is data (dotted engine keys), applied before the recipe's own
 ``engine:`` overrides, so a recipe can change any of them. The settings follow the
 papers and the configurations their authors published; ``docs/algorithms.md`` has
 the formulas.
+
+``sft`` is not an RL preset: a recipe with ``algorithm: sft`` runs supervised
+fine-tuning (``python -m engine.sft``, docs/sft.md), and its ``engine:`` keys are verl's
+SFT trainer's (``rlctl.recipe_sft``).
 """
 
 from __future__ import annotations
@@ -97,3 +101,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_NO_KL,
     },
 }
+
+SFT = "sft"  # supervised fine-tuning: engine.sft's keys, not a preset of RL ones
+ALGORITHMS = (*PRESETS, SFT)

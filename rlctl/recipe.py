@@ -3,7 +3,7 @@
     name: grpo-qwen7b-gsm8k
     description: GRPO on GSM8K, Qwen2.5-7B-Instruct, one 8×H100 node
     extends: base.yaml                 # optional: a recipe this one refines
-    algorithm: grpo                    # a preset (rlctl.presets)
+    algorithm: grpo                    # a preset (rlctl.presets), or sft (python -m engine.sft)
     model: Qwen/Qwen2.5-7B-Instruct    # Hugging Face id, a local folder, or rlctl:tiny
     data:
       prepare: gsm8k                   # made on the cluster: gsm8k | gsm8k_tools | math | synthetic
@@ -37,7 +37,7 @@ import yaml
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.images import check_image
 from rlctl.jobfiles import rebase
-from rlctl.presets import PRESETS
+from rlctl.presets import ALGORITHMS, PRESETS, SFT
 from rlctl.recipe_engine import engine_key_problems, flatten, short
 from rlctl.recipe_lora import DOC as LORA_DOC
 from rlctl.recipe_lora import LORA_KEYS, lora_engine_keys, lora_problems
@@ -45,6 +45,7 @@ from rlctl.yamlfile import load_yaml_file
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
 PREPARATIONS = ("gsm8k", "gsm8k_tools", "math", "synthetic")
+SFT_PREPARATIONS = ("gsm8k_sft",)  # conversations (a messages column), for algorithm: sft
 ROLLOUTS = ("vllm", "sglang", "hf")
 TRAINERS = ("fsdp", "fsdp2", "megatron")
 # The schema's fields, with what each takes: the parser checks against these, and
@@ -59,14 +60,19 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
         "path",
         "a recipe this one refines (relative to this file); mappings merge, the child wins",
     ),
-    "algorithm": ("preset name", "an algorithm preset (below); its engine keys apply first"),
+    "algorithm": (
+        "preset name, or sft",
+        "an algorithm preset (below), whose engine keys apply first; or sft: supervised"
+        " fine-tuning (`python -m engine.sft`, docs/sft.md), whose engine keys are verl's SFT"
+        " trainer's",
+    ),
     "model": (
         "HF id, folder, or rlctl:tiny",
         "the policy to train (`rlctl:tiny` is built where the job runs)",
     ),
     "data": (
         "mapping",
-        "`prepare:` one of the preparations below, or `train:`/`val:` files (parquet/jsonl) as seen where the job runs",
+        "`prepare:` one of the preparations below, or `train:`/`val:` files (parquet/jsonl) as seen where the job runs (for sft: conversations in a messages column)",
     ),
     "reward": (
         "mapping",
@@ -76,7 +82,7 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
         "mapping",
         "`accelerators:` NAME:COUNT per node (catalog below), `cpu:N` or `auto`; `nodes:` a count or `auto`",
     ),
-    "rollout": ("vllm, sglang or hf", "the generation backend (hf on CPU)"),
+    "rollout": ("vllm, sglang or hf", "the generation backend (hf on CPU); none for sft"),
     "trainer": ("fsdp, fsdp2 or megatron", "the training backend"),
     "lora": ("mapping", LORA_DOC),
     "checkpoints": (
@@ -154,9 +160,18 @@ class Recipe:
     engine: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # rank, alpha, target_modules
 
+    @property
+    def is_sft(self) -> bool:
+        """Supervised fine-tuning: engine.sft runs it, with its own keys."""
+        return self.algorithm == SFT
+
     def engine_overrides(self) -> dict[str, Any]:
         """The engine keys this recipe sets (before sizing), in the order they apply:
         the algorithm preset, then the recipe's fields, then its ``engine:`` block."""
+        if self.is_sft:
+            from rlctl.recipe_sft import sft_engine_overrides
+
+            return sft_engine_overrides(self)
         keys: dict[str, Any] = dict(PRESETS[self.algorithm])
         keys["actor_rollout_ref.rollout.name"] = self.rollout
         keys["actor_rollout_ref.actor.strategy"] = self.trainer
@@ -195,7 +210,8 @@ class Recipe:
         hw: dict[str, Any] = {"accelerators": self.hardware.accelerators}
         if self.hardware.nodes is not None:
             hw["nodes"] = self.hardware.nodes
-        data |= {"hardware": hw, "rollout": self.rollout, "trainer": self.trainer}
+        data |= {"hardware": hw} | ({} if self.is_sft else {"rollout": self.rollout})
+        data["trainer"] = self.trainer
         if self.lora:
             data["lora"] = dict(self.lora)
         if self.checkpoints:
@@ -279,13 +295,14 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         if key not in _FIELDS:
             errors.append(f"{key}: unknown field; {closest_or_all(key, _FIELDS)}")
     name = p.string("name", required=True, pattern=_NAME, what="a name of letters, digits, . _ -")
-    algorithm = p.choice("algorithm", tuple(PRESETS), required=True)
+    algorithm = p.choice("algorithm", ALGORITHMS, required=True)
+    sft = algorithm == SFT
     model = p.string("model", required=True)
     recipe = Recipe(
         name=name or "",
         algorithm=algorithm or "grpo",
         model=model or "",
-        data=p.data(),
+        data=p.data(SFT_PREPARATIONS if sft else PREPARATIONS),
         source=source,
         description=p.string("description") or "",
         custom_reward=p.reward(),
@@ -296,13 +313,17 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         image=p.image(),
         env=p.env(),
         secrets=p.secrets(),
-        engine=p.engine(),
+        engine=p.engine(sft),
         lora=p.lora(),
     )
     p.resolvers()
+    if sft:
+        from rlctl.recipe_sft import sft_field_problems
+
+        errors.extend(sft_field_problems(raw))
     if recipe.lora:
         errors.extend(lora_problems(recipe.lora, recipe.trainer))
-    if recipe.hardware.is_cpu and recipe.rollout != "hf" and "rollout" in raw:
+    if recipe.hardware.is_cpu and recipe.rollout != "hf" and "rollout" in raw and not sft:
         errors.append(
             f"rollout: {recipe.rollout} needs GPUs; with hardware.accelerators=cpu use rollout: hf"
         )
@@ -391,13 +412,14 @@ class _Parser:
         self.errors.append(f"{key}: expected a path or a list of paths, got {value!r}")
         return ()
 
-    def data(self) -> DataSpec:
+    def data(self, preparations: tuple[str, ...] = PREPARATIONS) -> DataSpec:
         data = self._mapping("data")
         self._unknown("data", data, ("prepare", "train", "val"))
         prepare = data.get("prepare")
-        if prepare is not None and prepare not in PREPARATIONS:
+        if prepare is not None and prepare not in preparations:
             self.errors.append(
-                f"data.prepare: unknown preparation {prepare!r}; valid: {', '.join(PREPARATIONS)}"
+                f"data.prepare: unknown preparation {prepare!r} for this algorithm; valid:"
+                f" {', '.join(preparations)}"
             )
         spec = DataSpec(
             prepare=prepare,
@@ -407,7 +429,7 @@ class _Parser:
         if "data" in self.raw and not spec.prepare and not spec.train:
             self.errors.append(
                 "data: give data.train (parquet/jsonl files) or data.prepare"
-                f" ({', '.join(PREPARATIONS)})"
+                f" ({', '.join(preparations)})"
             )
         if "data" not in self.raw:
             self.errors.append("data: required (data.train files or data.prepare)")
@@ -504,9 +526,9 @@ class _Parser:
                 names.append(item)
         return tuple(names)
 
-    def engine(self) -> dict[str, Any]:
+    def engine(self, sft: bool = False) -> dict[str, Any]:
         engine = flatten(self._mapping("engine"), errors=self.errors)
-        self.errors.extend(engine_key_problems(engine))
+        self.errors.extend(engine_key_problems(engine, sft))
         return engine
 
     def resolvers(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rlctl.hardware import ACCELERATORS
 from rlctl.presets import PRESETS
-from rlctl.recipe import FIELD_DOCS, PREPARATIONS, TINY_MODEL
+from rlctl.recipe import FIELD_DOCS, PREPARATIONS, SFT_PREPARATIONS, TINY_MODEL
 
 
 def generate() -> str:
@@ -41,6 +41,7 @@ def generate() -> str:
         "",
     ]
     out += [f"- `{name}`" for name in PREPARATIONS]
+    out += [f"- `{name}` (for `algorithm: sft`: conversations)" for name in SFT_PREPARATIONS]
     out += [
         "",
         "## Algorithm presets",
@@ -57,6 +58,11 @@ def generate() -> str:
         "",
         "`dapo` also sets `reward_model.overlong_buffer.len` to a fifth of",
         "`data.max_response_length` unless the recipe sets it.",
+        "",
+        "`sft` is supervised fine-tuning (`python -m engine.sft`, docs/sft.md), not a preset:",
+        "its `engine:` keys are verl's SFT trainer's (`data.max_length`, `optim.lr`, ...);",
+        "`trainer:` sets `engine.strategy`, `lora:` `model.lora_*`; `rollout:` and `reward:`",
+        "are refused; the plan sizes the training alone (rlctl/planner/sft.py).",
         "",
         "## Accelerators",
         "",

@@ -8,30 +8,38 @@ import difflib
 from typing import Any
 
 
-def engine_key_problems(keys: dict[str, Any]) -> list[str]:
-    """Each engine key checked against the engine's schema: that it exists, names a value
-    (not a section of keys), and that the value has the key's type. One line per problem,
-    ``engine.<key>: ...``, naming the value and what to give instead."""
-    from engine.schema import config_keys, key_problems, schema_leaf
+def engine_key_problems(keys: dict[str, Any], sft: bool = False) -> list[str]:
+    """Each engine key checked against the engine's schema (``sft``: engine.sft's): that
+    it exists, names a value (not a section of keys), and that the value has the key's
+    type. One line per problem, ``engine.<key>: ...``, naming the value and what to give
+    instead."""
+    import functools
 
+    import engine.schema as engine_schema
+
+    root = engine_schema.SFTConfig if sft else engine_schema.EngineConfig
+    schema_leaf = functools.partial(engine_schema.schema_leaf, root=root)
+    known = engine_schema.config_keys(root)
     problems: list[str] = []
     typed: dict[str, Any] = {}
     for key, value in keys.items():
         if schema_leaf(key) is not None or _inside_a_mapping(key, schema_leaf):
             typed[key] = value  # a key inside a mapping: its shape is checked by the engine
             continue
-        inside = [k for k in config_keys() if k.startswith(f"{key}.")]
+        inside = [k for k in known if k.startswith(f"{key}.")]
         if inside:
             problems.append(
                 f"engine.{key}: a section of keys, not a value; set the keys in it, e.g."
                 f" {inside[0]}"
             )
             continue
-        close = difflib.get_close_matches(key, config_keys(), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?" if close else "docs/configuration.md lists them"
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        where = "docs/sft.md" if sft else "docs/configuration.md"
+        hint = f"did you mean {close[0]!r}?" if close else f"{where} lists them"
         problems.append(f"engine.{key}: unknown engine key; {hint}")
 
-    problems += [p.replace("base config: ", "engine.", 1) for p in key_problems(typed)]
+    checked = engine_schema.key_problems(typed, engine_schema.SFT if sft else None)
+    problems += [p.replace("base config: ", "engine.", 1) for p in checked]
     return problems
 
 

@@ -43,5 +43,8 @@ def lora_problems(lora: dict[str, Any], trainer: str | None) -> list[str]:
     return p
 
 
-def lora_engine_keys(lora: dict[str, Any]) -> dict[str, Any]:
-    return {f"actor_rollout_ref.model.{LORA_KEYS[name]}": value for name, value in lora.items()}
+def lora_engine_keys(
+    lora: dict[str, Any], model: str = "actor_rollout_ref.model"
+) -> dict[str, Any]:
+    """The engine keys of ``lora:``, under ``model`` (an SFT recipe's is ``model``)."""
+    return {f"{model}.{LORA_KEYS[name]}": value for name, value in lora.items()}

@@ -6,8 +6,9 @@ recipe + plan + where the job runs  ──►  JobSpec
     the environment (plain values) and the names of the secrets to pass
     the files the recipe names on this machine that ship with the job (rlctl/jobfiles.py)
 
-The engine config travels as a YAML file (``python -m engine.main --config``):
-recipe values never become words of a shell command line.
+The engine config travels as a YAML file (``python -m engine.main --config``, or
+``python -m engine.sft --config`` for a recipe with ``algorithm: sft``): recipe values
+never become words of a shell command line.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     files: tuple[JobFile, ...] = ()  # shipped into paths.root, by their relative names
+    engine_module: str = "engine.main"  # engine.sft for algorithm: sft
 
     @property
     def file_texts(self) -> dict[str, str]:
@@ -109,12 +111,13 @@ class JobSpec:
 
     @property
     def engine_args(self) -> tuple[str, ...]:
-        """What follows ``python -m engine.main``: the config travels as a file."""
+        """What follows ``python -m engine.main`` (or ``engine.sft``): the config travels
+        as a file."""
         return ("--config", self.paths.engine_config)
 
     @property
     def engine_command(self) -> tuple[str, ...]:
-        return ("python", "-m", "engine.main", *self.engine_args)
+        return ("python", "-m", self.engine_module, *self.engine_args)
 
     def supervised_command(
         self, requeue_marker: str | None = None, stop_marker: str | None = None
@@ -130,6 +133,7 @@ class JobSpec:
             self.engine_args,
             requeue_marker=requeue_marker,
             stop_marker=stop_marker,
+            module=self.engine_module,
         )
         return ("python", *args)
 
@@ -163,34 +167,66 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
     """Resolve the recipe and its plan for ``paths`` and check it against the engine's
     schema."""
     from engine.schema import to_yaml
+    from rlctl.recipe_sft import FIELD_KEYS
 
+    field_key = FIELD_KEYS[recipe.is_sft]
     keys: dict[str, Any] = {}
     setup: list[tuple[str, ...]] = []
     if recipe.model == TINY_MODEL:
         setup.append(("python", "-m", "engine.models.tiny", paths.model_dir))
-        keys["actor_rollout_ref.model.path"] = paths.model_dir
+        keys[field_key["model"]] = paths.model_dir
     else:
-        keys["actor_rollout_ref.model.path"] = recipe.model
+        keys[field_key["model"]] = recipe.model
     if recipe.data.prepare:
         setup.append(
             ("python", "-m", "engine.data.prepare", recipe.data.prepare, "--out", paths.data_dir)
         )
-        keys["data.train_files"] = [f"{paths.data_dir}/train.parquet"]
-        keys["data.val_files"] = [f"{paths.data_dir}/val.parquet"]
+        keys[field_key["train"]] = [f"{paths.data_dir}/train.parquet"]
+        keys[field_key["val"]] = [f"{paths.data_dir}/val.parquet"]
     else:
-        keys["data.train_files"] = list(recipe.data.train)
-        keys["data.val_files"] = list(recipe.data.val)
-    keys["trainer.default_local_dir"] = recipe.checkpoints or paths.run_dir
+        keys[field_key["train"]] = list(recipe.data.train)
+        keys[field_key["val"]] = list(recipe.data.val)
+    keys[field_key["run_dir"]] = recipe.checkpoints or paths.run_dir
     # Order: what the recipe's fields mean, then the plan's sizing, then the recipe's
     # own engine keys (a person's explicit choice wins; the planner checked them).
     merged = {**keys, **recipe.engine_overrides(), **plan.engine_overrides(), **recipe.engine}
     files, shipped = ship_files(merged, recipe.source, paths.root)
     merged.update(shipped)  # the engine reads the shipped copies
     model = None if recipe.model == TINY_MODEL else recipe.model
-    cfg = engine_config(merged, recipe.source, model)
+    cfg = engine_config(merged, recipe.source, model, sft=recipe.is_sft)
     trainer = cfg.trainer
     cpu = trainer.device == "cpu" or recipe.hardware.is_cpu
     nodes, per_node = trainer.nnodes, trainer.n_gpus_per_node
+    if not recipe.is_sft:  # the RL roles' pools of their own
+        nodes, per_node = _rl_job_nodes(cfg, plan, nodes, per_node)
+    layout = Layout(
+        nodes=nodes,
+        devices_per_node=per_node,
+        accelerator=None if cpu else plan.accelerator,
+        accelerator_named=not cpu and recipe.hardware.accelerators != "auto",
+        cpus_per_worker=trainer.cpus_per_worker,
+    )
+    return JobSpec(
+        recipe=recipe,
+        paths=paths,
+        layout=layout,
+        engine_yaml=to_yaml(cfg, compact=True),
+        setup=tuple(setup),
+        image=default_image(layout.hardware, recipe.rollout),
+        extras=extras_needed(cfg),
+        # SFT's trainer has no restarts of its own: its run goes once under the supervisor
+        max_restarts=getattr(trainer, "max_restarts", 0),
+        env=dict(recipe.env),
+        secrets=recipe.secrets,
+        files=files,
+        engine_module="engine.sft" if recipe.is_sft else "engine.main",
+    )
+
+
+def _rl_job_nodes(cfg: Any, plan: Plan, nodes: int, per_node: int) -> tuple[int, int]:
+    """The job's nodes and devices per node with the rollout's, the reward model's and
+    the teachers' own pools beside the training's."""
+    trainer = cfg.trainer
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.placement == "separate":  # the rollout's own devices too, on shared nodes or not
         from rlctl.planner.model import job_nodes
@@ -216,34 +252,18 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         nodes, per_node = job_nodes(
             nodes, per_node, distill.nnodes, distill.n_gpus_per_node, node_size
         )
-    layout = Layout(
-        nodes=nodes,
-        devices_per_node=per_node,
-        accelerator=None if cpu else plan.accelerator,
-        accelerator_named=not cpu and recipe.hardware.accelerators != "auto",
-        cpus_per_worker=trainer.cpus_per_worker,
-    )
-    return JobSpec(
-        recipe=recipe,
-        paths=paths,
-        layout=layout,
-        engine_yaml=to_yaml(cfg, compact=True),
-        setup=tuple(setup),
-        image=default_image(layout.hardware, recipe.rollout),
-        extras=extras_needed(cfg),
-        max_restarts=trainer.max_restarts,
-        env=dict(recipe.env),
-        secrets=recipe.secrets,
-        files=files,
-    )
+    return nodes, per_node
 
 
 def extras_needed(cfg: Any) -> tuple[str, ...]:
-    """rlctl's extras (pyproject) this engine config uses: on a node, pip installs the
-    ones the image lacks."""
+    """rlctl's extras (pyproject) this engine config uses (an RL or an SFT config): on a
+    node, pip installs the ones the image lacks."""
     extras = ["engine"]
-    roles = cfg.actor_rollout_ref
-    strategies = {roles.actor.strategy, roles.ref.strategy, cfg.critic.strategy}
+    if hasattr(cfg, "actor_rollout_ref"):
+        roles = cfg.actor_rollout_ref
+        strategies = {roles.actor.strategy, roles.ref.strategy, cfg.critic.strategy}
+    else:
+        strategies = {cfg.engine.strategy}
     if "megatron" in strategies:
         extras.append("megatron")
     if set(cfg.trainer.loggers) - {"console"}:
@@ -256,15 +276,22 @@ def extras_needed(cfg: Any) -> tuple[str, ...]:
     return tuple(extras)
 
 
-def engine_config(dotted: dict[str, Any], source: str, model: str | None = None) -> Any:
+def engine_config(
+    dotted: dict[str, Any], source: str, model: str | None = None, sft: bool = False
+) -> Any:
     """The engine's typed config for these keys, validated; errors name the recipe's keys.
     With ``model``, the Megatron roles' and the Ulysses sizes are also checked against its
-    config (``model_problems``): what the engine would refuse once the cluster is up."""
-    from engine.schema import ConfigError, load_config
+    config (``model_problems``): what the engine would refuse once the cluster is up.
+    ``sft``: engine.sft's config (``sft_model_problems``)."""
+    from engine.schema import SFT, ConfigError, load, load_config
 
     try:
-        cfg = load_config(base=nest(dotted))
-        problems = model_problems(cfg, model) if model is not None else []
+        if sft:
+            cfg = load(base=nest(dotted), schema=SFT).config
+            problems = sft_model_problems(cfg, model) if model is not None else []
+        else:
+            cfg = load_config(base=nest(dotted))
+            problems = model_problems(cfg, model) if model is not None else []
     except ConfigError as exc:
         problems = [p.replace("base config: ", "engine.") for p in exc.problems]
     if problems:
@@ -300,6 +327,21 @@ def model_problems(cfg: Any, model: str) -> list[str]:
         ),
     )
     return problems
+
+
+def sft_model_problems(cfg: Any, model: str) -> list[str]:
+    """An SFT run's Megatron sizes and Ulysses size against the model's config."""
+    from types import SimpleNamespace
+
+    from engine.schema import MegatronParallel, ulysses_heads_problems
+    from rlctl.models import model_config
+
+    fields = SimpleNamespace(**model_config(model))
+    e = cfg.engine
+    if cfg.megatron:
+        return MegatronParallel.of(e.megatron()).model_problems(fields, "engine")
+    key = "engine.ulysses_sequence_parallel_size"
+    return ulysses_heads_problems(e.ulysses_sequence_parallel_size, key, fields)
 
 
 def megatron_problems(cfg: Any, model: str) -> list[str]:

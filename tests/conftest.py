@@ -23,7 +23,7 @@ os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 # the subset under 2. The subset covers TP × PP with SP, expert parallelism with a
 # shared expert, expert tensor parallelism apart from TP, DeepSeek's multi-latent
 # attention, every model family built and matched against Hugging Face, one whole engine
-# run, and a Megatron actor feeding the vLLM rollout.
+# run, a Megatron actor feeding the vLLM rollout, and an SFT run against FSDP2's.
 MEGATRON_SMOKE = (
     "tests/engine/train/test_megatron_backend.py::test_actor_engine_matches_hf[ws4-tp2-pp2-sp]",
     "tests/engine/train/test_megatron_backend.py::test_moe_actor_engine_matches_hf[qwen2-tp2-ep2-sp]",
@@ -32,6 +32,7 @@ MEGATRON_SMOKE = (
     "tests/engine/train/test_megatron_backend.py::test_every_family_matches_hf",
     "tests/e2e/test_megatron_cpu.py::test_megatron_moe_grpo_takes_the_fsdp_update[deepseek_v3-8]",
     "tests/e2e/test_engine_cpu.py::test_algorithm_runs[grpo_megatron_tp2_vllm]",
+    "tests/e2e/test_sft_cpu.py::test_megatron_takes_the_fsdp_losses[dp2]",
 )  # fmt: skip
 
 

@@ -32,7 +32,10 @@ engine lacks (refused by name); a key that changes nothing here is declared with
 key, ``dump`` writes the config back as YAML.
 
 ``engine.py`` holds ``EngineConfig`` (the sections together, and what is derived from
-them). Each section's module holds its rules too; ``rules.validate`` runs them all (its
+them). ``sft_sections.py`` and ``sft.py`` are ``python -m engine.sft``'s own schema
+(verl's SFT trainer's keys, its rules, the ``SFT`` ``load.Schema`` the loader takes), which
+reuses the sections' classes where verl's keys are the same (``ModelConfig``,
+``OptimConfig``). Each section's module holds its rules too; ``rules.validate`` runs them all (its
 docstring says where the rules that span sections live: ``batches.py`` for batch sizes,
 ``train.megatron_rules`` for the Megatron layout). ``load.py`` composes a config from a
 YAML file and Hydra-style ``key=value`` overrides; ``keys.py`` lists the schema's keys

@@ -9,54 +9,71 @@ different values is refused naming both, since which one wins would be a guess.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from engine.config.verl_names import ALIASES, PREFIX_ALIASES, VALUE_ALIASES
 from engine.errors import ConfigError
 
-__all__ = ["ALIASES", "PREFIX_ALIASES", "VALUE_ALIASES"]
+__all__ = ["ALIASES", "PPO_NAMES", "PREFIX_ALIASES", "VALUE_ALIASES", "Names"]
 
 
-def schema_key(key: str) -> str:
+@dataclass(frozen=True)
+class Names:
+    """One trainer's table of verl's other spellings: exact aliases, prefix aliases (a
+    key under the prefix is the key under the target) and value names, each schema key
+    -> verl's name of a value -> the schema's."""
+
+    aliases: Mapping[str, str]
+    prefixes: Mapping[str, str]
+    values: Mapping[str, Mapping[str, str]]
+
+
+PPO_NAMES = Names(ALIASES, PREFIX_ALIASES, VALUE_ALIASES)  # the RL trainer's (verl_names)
+
+
+def schema_key(key: str, names: Names = PPO_NAMES) -> str:
     """The schema's spelling of ``key`` (itself when it has no other): exact aliases
     first, then the longest prefix alias, until neither applies."""
     for _ in range(4):  # chains are at most two long (critic.fsdp.X -> critic.fsdp_config.X -> ...)
-        if key in ALIASES:
-            key = ALIASES[key]
+        if key in names.aliases:
+            key = names.aliases[key]
             continue
-        prefix = max((p for p in PREFIX_ALIASES if key.startswith(p)), key=len, default=None)
+        prefix = max((p for p in names.prefixes if key.startswith(p)), key=len, default=None)
         if prefix is None:
             return key
-        key = PREFIX_ALIASES[prefix] + key[len(prefix) :]
+        key = names.prefixes[prefix] + key[len(prefix) :]
     return key
 
 
-def aliases_of(key: str) -> list[str]:
+def aliases_of(key: str, names: Names = PPO_NAMES) -> list[str]:
     """The other spellings of a schema key (for its help text): exact ones, and the
     key under each prefix alias that leads to it."""
-    found = [alias for alias in ALIASES if schema_key(alias) == key]
-    for prefix, target in PREFIX_ALIASES.items():
+    found = [alias for alias in names.aliases if schema_key(alias, names) == key]
+    for prefix, target in names.prefixes.items():
         if key.startswith(target):
             found.append(prefix + key[len(target) :])
     return found
 
 
-def canonical_value(key: str, value: Any) -> Any:
+def canonical_value(key: str, value: Any, names: Names = PPO_NAMES) -> Any:
     """verl's name of a value as the schema's (``bf16`` -> ``bfloat16``)."""
-    names = VALUE_ALIASES.get(key)
-    if names and isinstance(value, str):
-        return names.get(value, value)
+    values = names.values.get(key)
+    if values and isinstance(value, str):
+        return values.get(value, value)
     return value
 
 
-def dotted_to_schema(pairs: Sequence[tuple[str, Any]], source: str) -> list[tuple[str, Any]]:
+def dotted_to_schema(
+    pairs: Sequence[tuple[str, Any]], source: str, names: Names = PPO_NAMES
+) -> list[tuple[str, Any]]:
     """``(key, value)`` pairs with every alias renamed to its key; two spellings of one
     key with different values raise ``ConfigError`` naming both."""
     seen: dict[str, tuple[str, Any]] = {}
     problems = []
     renamed = []
     for key, value in pairs:
-        target = schema_key(key)
+        target = schema_key(key, names)
         if target in seen and key != seen[target][0] and seen[target][1] != value:
             problems.append(_conflict(source, seen[target], (key, value)))
         seen[target] = (key, value)
@@ -66,10 +83,12 @@ def dotted_to_schema(pairs: Sequence[tuple[str, Any]], source: str) -> list[tupl
     return renamed
 
 
-def nested_to_schema(layer: Mapping[str, Any], source: str) -> dict[str, Any]:
+def nested_to_schema(
+    layer: Mapping[str, Any], source: str, names: Names = PPO_NAMES
+) -> dict[str, Any]:
     """A nested mapping (a YAML file, a base config) with every alias's value moved to
     its key."""
-    return nest(dotted_to_schema(list(flatten(layer).items()), source))
+    return nest(dotted_to_schema(list(flatten(layer).items()), source, names))
 
 
 def flatten(layer: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

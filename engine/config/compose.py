@@ -81,6 +81,20 @@ BUNDLED: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
+class Groups:
+    """One trainer's Hydra config groups: group -> choice -> preset (dotted schema keys),
+    the choices of verl's that name what this engine lacks (-> why), and verl's bundled
+    top-level configs (name -> preset)."""
+
+    groups: Mapping[str, Mapping[str, Mapping[str, Any]]]
+    lacking: Mapping[str, str]
+    bundled: Mapping[str, Mapping[str, Any]]
+
+
+PPO_GROUPS = Groups(GROUPS, _LACKING_CHOICES, BUNDLED)  # the RL trainer's
+
+
+@dataclass(frozen=True)
 class Layer:
     """Keys from one source, nested; a ``preset`` stands for a choice of verl's configs
     (a group choice, a bundled config), which the user's own keys override."""
@@ -90,42 +104,46 @@ class Layer:
     preset: bool = False
 
 
-def is_group(name: str) -> bool:
-    return name in GROUPS
+def is_group(name: str, known: Groups = PPO_GROUPS) -> bool:
+    return name in known.groups
 
 
-def group_preset(group: str, package: str | None, choice: Any, source: str) -> dict[str, Any]:
+def group_preset(
+    group: str, package: str | None, choice: Any, source: str, known: Groups = PPO_GROUPS
+) -> dict[str, Any]:
     """The schema keys verl's ``group@package=choice`` sets (a ConfigError for a choice
     this engine does not have, with the ones it has)."""
-    choices = GROUPS.get(group)
+    choices = known.groups.get(group)
     if choices is None:
         raise ConfigError([f"{source}: {group}: no config group of verl's by this name"])
     where = f"{group}@{package}" if package else group
     if choice in choices:
         return dict(choices[choice])
-    for marker, why in _LACKING_CHOICES.items():
+    for marker, why in known.lacking.items():
         if isinstance(choice, str) and marker in choice:
             raise ConfigError([f"{source}: {where}={choice}: {why}"])
     valid = ", ".join(choices)
     raise ConfigError([f"{source}: {where}={choice!r} is not one of verl's choices here: {valid}"])
 
 
-def compose_file(config_path: str | None, config_name: str) -> list[Layer]:
+def compose_file(
+    config_path: str | None, config_name: str, known: Groups = PPO_GROUPS
+) -> list[Layer]:
     """The layers a ``--config-path``/``--config-name`` pair stands for, lowest first."""
     name = config_name.removesuffix(".yaml").removesuffix(".yml")
     folder = Path(config_path or ".").expanduser()
     path = _find(folder, name)
     if path is None:
-        if name in BUNDLED:
-            return [Layer(f"verl's {name}", _nest(BUNDLED[name]), preset=True)]
+        if name in known.bundled:
+            return [Layer(f"verl's {name}", _nest(known.bundled[name]), preset=True)]
         raise ConfigError(
             [
                 f"--config-name {config_name}: no {name}.yaml in {folder}, and it is none of"
-                f" verl's bundled configs ({', '.join(BUNDLED)}): give the folder of your"
-                " config file as --config-path"
+                f" verl's bundled configs ({', '.join(known.bundled)}): give the folder of"
+                " your config file as --config-path"
             ]
         )
-    return _compose(path, seen=())
+    return _compose(path, (), known)
 
 
 def _find(folder: Path, name: str) -> Path | None:
@@ -136,7 +154,7 @@ def _find(folder: Path, name: str) -> Path | None:
     return None
 
 
-def _compose(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
+def _compose(path: Path, seen: tuple[Path, ...], known: Groups) -> list[Layer]:
     from omegaconf import OmegaConf
 
     if path in seen:
@@ -154,14 +172,14 @@ def _compose(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
             layers.append(own)
             placed_self = True
         elif isinstance(entry, str):
-            layers += _base(path, entry.removeprefix("/"), seen)
+            layers += _base(path, entry.removeprefix("/"), seen, known)
         elif isinstance(entry, Mapping) and len(entry) == 1:
             ((group, choice),) = entry.items()
             group = str(group).removeprefix("override ").strip()
             name, _, package = group.partition("@")
             if choice is None:  # "group: null" drops a default
                 continue
-            preset = group_preset(name, package or None, choice, str(path))
+            preset = group_preset(name, package or None, choice, str(path), known)
             layers.append(Layer(f"{path} ({group}={choice})", _nest(preset), preset=True))
         else:
             raise ConfigError([f"{path}: defaults entry {entry!r} is not one this engine reads"])
@@ -170,17 +188,18 @@ def _compose(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
     return layers
 
 
-def _base(path: Path, name: str, seen: tuple[Path, ...]) -> list[Layer]:
+def _base(path: Path, name: str, seen: tuple[Path, ...], known: Groups) -> list[Layer]:
     """A defaults entry naming a whole config: a file beside ``path``, or verl's own."""
     found = _find(path.parent, name.removesuffix(".yaml"))
     if found is not None:
-        return _compose(found, (*seen, path))
-    if name.removesuffix(".yaml") in BUNDLED:
-        return [Layer(f"verl's {name}", _nest(BUNDLED[name.removesuffix(".yaml")]), preset=True)]
+        return _compose(found, (*seen, path), known)
+    bundled = known.bundled.get(name.removesuffix(".yaml"))
+    if bundled is not None:
+        return [Layer(f"verl's {name}", _nest(bundled), preset=True)]
     raise ConfigError(
         [
             f"{path}: defaults names {name!r}, which is no file beside it nor one of verl's"
-            f" bundled configs ({', '.join(BUNDLED)})"
+            f" bundled configs ({', '.join(known.bundled)})"
         ]
     )
 

@@ -39,13 +39,14 @@ def _yaml_dumper() -> type:
     return Dumper
 
 
-def to_yaml(cfg: EngineConfig, compact: bool = False) -> str:
-    """The config as YAML (OmegaConf's layout), every string read back as written.
-    ``compact``: without the keys that change nothing here, where they have their
-    defaults (a job's engine YAML, which people read)."""
+def to_yaml(cfg: Any, compact: bool = False) -> str:
+    """The config (``EngineConfig``, or another trainer's: SFT's) as YAML (OmegaConf's
+    layout), every string read back as written. ``compact``: without the keys that
+    change nothing here, where they have their defaults (a job's engine YAML, which
+    people read)."""
     container = _container(cfg)
     if compact:
-        _drop_inert_defaults(container, EngineConfig())
+        _drop_inert_defaults(container, type(cfg)())
     return dump(container)
 
 
@@ -60,7 +61,7 @@ def verl_yaml(cfg: EngineConfig) -> str:
     return dump(_merge(container, nest(extra)))
 
 
-def _container(cfg: EngineConfig) -> dict[str, Any]:
+def _container(cfg: Any) -> dict[str, Any]:
     """The config as plain data, as OmegaConf's ``to_container(structured(cfg),
     enum_to_str=True)`` gives it, walked directly: OmegaConf builds a node per key first,
     which made this most of a job's render (0.16 s of 0.26)."""

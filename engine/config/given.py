@@ -31,25 +31,27 @@ def field_at(key: str, root: Any = None) -> tuple[Field, str] | None:
     return None
 
 
-def inert_keys(keys: Iterable[str]) -> list[str]:
-    """The keys among ``keys`` that change nothing here."""
+def inert_keys(keys: Iterable[str], root: Any = None) -> list[str]:
+    """The keys among ``keys`` that change nothing here (``root``: a config of the
+    trainer's schema; the RL trainer's when None)."""
+    root = EngineConfig() if root is None else root
     out = []
     for key in keys:
-        found = field_at(key)
+        found = field_at(key, root)
         if found is not None and found[0].metadata.get("inert"):
             out.append(key)
     return out
 
 
-def start_note(loaded: Loaded) -> str | None:
+def start_note(loaded: Loaded, program: str = "python -m engine.main") -> str | None:
     """The line a run prints at start about the keys it set that change nothing here
     (and Hydra's own settings); None when there are none."""
-    keys = inert_keys(loaded.given)
+    keys = inert_keys(loaded.given, type(loaded.config)())
     keys += [line.split("=", 1)[0] for line in loaded.hydra]
     if not keys:
         return None
     return (
         f"note: {len(keys)} key(s) set change nothing in this engine (verl's, accepted so"
-        f" that its command lines run; `python -m engine.main --help KEY` says why):"
+        f" that its command lines run; `{program} --help KEY` says why):"
         f" {', '.join(keys)}"
     )

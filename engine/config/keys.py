@@ -31,35 +31,36 @@ class Leaf:
 
 
 def config_keys(cls: type = EngineConfig, prefix: str = "") -> list[str]:
-    """Every dotted leaf key of the schema (for suggestions and docs)."""
-    if cls is EngineConfig and not prefix:
-        return [leaf.key for leaf in _leaves()]
+    """Every dotted leaf key of the schema whose root is ``cls`` (for suggestions and
+    docs): ``EngineConfig``, the RL trainer's, or another trainer's root (SFT's)."""
+    if not prefix:
+        return [leaf.key for leaf in _leaves(cls)]
     return [leaf.key for leaf in _walk(cls(), prefix)]
 
 
-def schema_leaf(key: str) -> tuple[Any, Any] | None:
+def schema_leaf(key: str, root: type = EngineConfig) -> tuple[Any, Any] | None:
     """(type, default) of the schema's value at a dotted key; None where the key names
     no value (unknown, or a section of keys)."""
-    found = leaf(key)
+    found = leaf(key, root)
     return None if found is None else (found.kind, found.default)
 
 
-def leaf(key: str) -> Leaf | None:
+def leaf(key: str, root: type = EngineConfig) -> Leaf | None:
     """The leaf at a dotted key; None where the key names no value."""
-    return _by_key().get(key)
+    return _by_key(root).get(key)
 
 
-def leaves(prefix: str = "") -> list[Leaf]:
+def leaves(prefix: str = "", root: type = EngineConfig) -> list[Leaf]:
     """The leaves under a section (``actor_rollout_ref.rollout``), in schema order; all
     of them for an empty prefix."""
     start = f"{prefix}." if prefix else ""
-    return [leaf for leaf in _leaves() if leaf.key.startswith(start)]
+    return [leaf for leaf in _leaves(root) if leaf.key.startswith(start)]
 
 
-def sections() -> dict[str, str]:
+def sections(root: type = EngineConfig) -> dict[str, str]:
     """Every section's dotted key ("" for the whole config) -> its description (the first
     paragraph of its class's docstring), in schema order."""
-    return dict(_sections())
+    return dict(_sections(root))
 
 
 def type_name(kind: Any) -> str:
@@ -91,18 +92,18 @@ def _type_in_words(kind: Any, short: bool) -> str:
 
 
 @functools.cache
-def _leaves() -> tuple[Leaf, ...]:
-    return tuple(_walk(EngineConfig(), ""))
+def _leaves(root: type) -> tuple[Leaf, ...]:
+    return tuple(_walk(root(), ""))
 
 
 @functools.cache
-def _by_key() -> dict[str, Leaf]:
-    return {leaf.key: leaf for leaf in _leaves()}
+def _by_key(root: type) -> dict[str, Leaf]:
+    return {leaf.key: leaf for leaf in _leaves(root)}
 
 
 @functools.cache
-def _sections() -> tuple[tuple[str, str], ...]:
-    found = [("", _description(EngineConfig))]
+def _sections(root: type) -> tuple[tuple[str, str], ...]:
+    found = [("", _description(root))]
 
     def visit(node: Any, prefix: str) -> None:
         for f in fields(node):
@@ -111,7 +112,7 @@ def _sections() -> tuple[tuple[str, str], ...]:
                 found.append((prefix + f.name, _description(type(value))))
                 visit(value, f"{prefix}{f.name}.")
 
-    visit(EngineConfig(), "")
+    visit(root(), "")
     return tuple(found)
 
 

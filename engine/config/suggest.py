@@ -27,8 +27,11 @@ FOREIGN_SECTIONS = {
 NEAR_MISS = 0.8
 
 
-def unknown_key_message(key: str, known: list[str], source: str) -> str:
-    """One line for an unknown dotted ``key``, given every key the schema knows."""
+def unknown_key_message(
+    key: str, known: list[str], source: str, program: str = "python -m engine.main"
+) -> str:
+    """One line for an unknown dotted ``key``, given every key the schema knows
+    (``program``: the command whose ``--help`` lists a section's keys)."""
     for section, what in FOREIGN_SECTIONS.items():
         if key == section or key.startswith(f"{section}."):
             return f"{source}: {key}: {what}"
@@ -48,5 +51,5 @@ def unknown_key_message(key: str, known: list[str], source: str) -> str:
             f"{source}: unknown key {key!r}: no section {top!r} here nor in verl's schema;"
             f" the sections are {', '.join(tops)}"
         )
-    hint = f" (python -m engine.main --help {parent} lists its keys)" if parent else ""
+    hint = f" ({program} --help {parent} lists its keys)" if parent else ""
     return f"{source}: unknown key {key!r}{hint}"

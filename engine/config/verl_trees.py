@@ -47,6 +47,21 @@ PROFILER = {
     "finish_hook_all_ranks": False,
     "finish_hook_ranks": [],
 }
+# verl's SFT trainer's profiler group (profiler/profiler.yaml): the roles' shape, with
+# its own defaults and each tool's name
+SFT_PROFILER = {
+    **PROFILER,
+    "tool": "torch",
+    "save_path": "outputs/profile",
+    "tool_config": {
+        name: {**settings, "name": label}
+        for (name, settings), label in zip(
+            PROFILER["tool_config"].items(),
+            ("nsight", "npu", "torch", "torch_memory", "precision_debugger"),
+            strict=True,
+        )
+    },
+}
 _NSIGHT = {
     "trace": "cuda,nvtx,cublas,ucx",
     "cuda-memory-usage": "true",

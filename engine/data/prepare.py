@@ -2,6 +2,7 @@
 
     python -m engine.data.prepare gsm8k --out data/gsm8k                  # from the hub
     python -m engine.data.prepare gsm8k_tools --out data/gsm8k_tools      # the prompt offers Python
+    python -m engine.data.prepare gsm8k_sft --out data/gsm8k_sft          # conversations, for SFT
     python -m engine.data.prepare gsm8k --out data/gsm8k --local-dir DIR  # offline
     python -m engine.data.prepare math --out data/math --local-dir DIR
     python -m engine.data.prepare synthetic --out data/synthetic --train-size 2048

@@ -73,3 +73,42 @@ def sample_problems(n: int, *, seed: int = 0) -> list[tuple[str, str]]:
     """``n`` (question, answer) pairs, e.g. as text for training a tokenizer."""
     rng = random.Random(f"{DATA_SOURCE}:sample:{seed}")
     return [make_problem(rng) for _ in range(n)]
+
+
+SYSTEM = "You add small numbers. Answer with the sum alone."
+
+
+def make_chat_rows(n: int, *, split: str, seed: int, turns: int = 2) -> list[dict[str, Any]]:
+    """``n`` conversations for supervised fine-tuning (verl's SFT layout: a ``messages``
+    column): a system prompt, then ``turns`` sums asked and answered, deterministic in
+    (split, seed)."""
+    rng = random.Random(f"{DATA_SOURCE}:chat:{split}:{seed}")
+    rows = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": SYSTEM}]
+        for _ in range(turns):
+            question, answer = make_problem(rng)
+            messages += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": answer},
+            ]
+        rows.append({"messages": messages})
+    return rows
+
+
+def write_synthetic_chats(
+    out_dir: str | Path, *, n_train: int = 512, n_val: int = 64, seed: int = 0, turns: int = 2
+) -> tuple[Path, Path]:
+    """Write the conversations' ``train.parquet`` and ``val.parquet`` under ``out_dir``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, n in (("train", n_train), ("val", n_val)):
+        path = out / f"{split}.parquet"
+        rows = make_chat_rows(n, split=split, seed=seed, turns=turns)
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        paths.append(path)
+    return paths[0], paths[1]

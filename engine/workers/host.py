@@ -23,10 +23,10 @@ from engine.memory_peaks import PhasePeaks
 from engine.startup import gc_paused
 from engine.watchdog import StackFile, hang_forever_for_test, hang_point_for_test
 
-# The role classes, in the order they are built on a host.
-ROLE_ORDER = ("actor", "rollout", "ref", "teacher", "critic", "rm")
+# The role classes, in the order they are built on a host (sft: engine.sft's runs).
+ROLE_ORDER = ("actor", "rollout", "ref", "teacher", "critic", "rm", "sft")
 # The roles with state that changes during training (and so goes into checkpoints).
-TRAINED_ROLES = ("actor", "critic")
+TRAINED_ROLES = ("actor", "critic", "sft")
 
 
 def _role_class(role: str) -> type:
@@ -55,6 +55,10 @@ def _role_class(role: str) -> type:
         from engine.workers.reward_model import reward_model_role
 
         return reward_model_role
+    if role == "sft":
+        from engine.workers.sft import SFTWorker
+
+        return SFTWorker
     raise ValueError(f"unknown role {role!r}; valid: {', '.join(ROLE_ORDER)}")
 
 

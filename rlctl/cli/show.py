@@ -27,16 +27,28 @@ def show_plan(prepared) -> None:
     params = plan.model.num_params
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.2f}M"
     typer.echo(f"  model:    {size} parameters ({plan.model.source})")
-    typer.echo(
-        f"  rollout:  {recipe.rollout}, tensor parallel {plan.rollout_tp}, "
-        f"memory fraction {plan.rollout_memory_fraction}"
+    offloaded = (", params offloaded" if plan.param_offload else "") + (
+        ", optimizer offloaded" if plan.optimizer_offload else ""
     )
-    typer.echo(
-        f"  training: {plan.train_backend}, mini-batch {plan.ppo_mini_batch_size} prompts, "
-        f"micro-batch {plan.micro_batch_size_per_device}/device"
-        + (", params offloaded" if plan.param_offload else "")
-        + (", optimizer offloaded" if plan.optimizer_offload else "")
-    )
+    if recipe.is_sft:  # supervised fine-tuning: no rollout (rlctl/planner/sft.py)
+        micro = (
+            f"{plan.max_token_len_per_device} tokens"
+            if plan.use_dynamic_bsz
+            else f"{plan.micro_batch_size_per_device} conversations"
+        )
+        typer.echo(
+            f"  training: {plan.train_backend} (engine.sft), {plan.train_batch_size}"
+            f" conversations a step, micro-batches of {micro}/device{offloaded}"
+        )
+    else:
+        typer.echo(
+            f"  rollout:  {recipe.rollout}, tensor parallel {plan.rollout_tp}, "
+            f"memory fraction {plan.rollout_memory_fraction}"
+        )
+        typer.echo(
+            f"  training: {plan.train_backend}, mini-batch {plan.ppo_mini_batch_size} prompts, "
+            f"micro-batch {plan.micro_batch_size_per_device}/device{offloaded}"
+        )
     for line in prepared.software:
         typer.echo(f"  {line}")
     memory = plan.to_json().get("memory")

@@ -86,7 +86,7 @@ def one_thread():
     module, so the environment is the session's again outside tests/e2e (GNU nproc reads
     OMP_NUM_THREADS: the Slurm tests' nodes once got one CPU each from it).
     (Torch's pool here is set at one thread for the runs only, ``_in_process``: a
-    fixture's own training, the tool task's warm start, takes both cores.)"""
+    fixture's own work in this process takes both cores.)"""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in THREADS.items():
             patch.setenv(name, value)
@@ -174,8 +174,11 @@ class KeptWorkers:
     builds its roles again from the new config. A run of another key ends it first, and
     so does a run that fails (a rank may be left waiting in a collective)."""
 
-    def __init__(self, spawn: Callable[[Any], Any]) -> None:
-        self._spawn = spawn  # engine.runtime.spawn_workers
+    def __init__(
+        self, spawn: Callable[[Any], Any], key: Callable[[Any], tuple | None] = reuse_key
+    ) -> None:
+        self._spawn = spawn  # engine.runtime.spawn_workers (engine.sft.runtime's for SFT)
+        self._key = key  # a config's reuse key (None: never kept)
         self.key: tuple | None = None
         self.group: Any = None
         self.starts = 0  # runs that got worker processes, kept or new (tests count them)
@@ -184,7 +187,7 @@ class KeptWorkers:
 
     def spawn(self, cfg: Any) -> Any:
         self.starts += 1
-        key = reuse_key(cfg)
+        key = self._key(cfg)
         if key is not None and key == self.key:
             self.reused += 1
             return _Held(self, self.group, fresh=False, kept=True)
@@ -210,12 +213,14 @@ def kept_workers(ray_cluster):
     kept.release()
 
 
-def _in_process(kept: KeptWorkers, call: Callable[[], Any]) -> Any:
+def _in_process(kept: KeptWorkers, call: Callable[[], Any], runtime: Any = None) -> Any:
     """``call()``, a run of the engine here: its workers from ``kept`` (ended if the run
-    fails once it has them), torch's pool here at one thread (``THREADS``) meanwhile."""
+    fails once it has them), torch's pool here at one thread (``THREADS``) meanwhile.
+    ``runtime``: the module whose ``spawn_workers`` the run calls (engine.runtime's)."""
     import torch
 
-    from engine import runtime
+    if runtime is None:
+        from engine import runtime
 
     threads, starts = torch.get_num_threads(), kept.starts
     with pytest.MonkeyPatch.context() as patch:
@@ -245,6 +250,46 @@ def run_engine(kept_workers, read_metrics):
         return Run(cfg, read_metrics(run_dir(cfg)))
 
     return run
+
+
+# An SFT run on two CPU workers (engine.sft), as BASE is the RL runs'.
+SFT_BASE = (
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=2",
+    "trainer.logger=[console]",
+    "data.max_length=64",
+)
+
+
+def sft_reuse_key(cfg: Any) -> tuple | None:
+    """An SFT run's workers are kept for the next on the same devices (FSDP2: a host
+    rebuilds its role from each run's config; Megatron keeps its parallel state)."""
+    t = cfg.trainer
+    if cfg.megatron:
+        return None
+    return ("sft", t.nnodes, t.n_gpus_per_node, t.cpus_per_worker, t.device,
+            cfg.engine.ulysses_sequence_parallel_size)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_sft(ray_cluster, read_metrics):
+    """``run_sft(*overrides, stop=None) -> Run``: an SFT run (engine.sft.runtime.run_sft)
+    in this process from ``SFT_BASE`` and ``overrides``, its workers kept between the
+    module's runs; ``stop`` as run_sft's."""
+    from engine.config.load import load
+    from engine.config.sft import SFT, engine_view
+    from engine.runtime import run_dir
+    from engine.sft import runtime
+
+    kept = KeptWorkers(runtime.spawn_workers, sft_reuse_key)
+
+    def run(*overrides: str, stop: Callable | None = None) -> Run:
+        cfg = load([*SFT_BASE, *overrides], schema=SFT).config
+        _in_process(kept, lambda: runtime.run_sft(cfg, stop), runtime)
+        return Run(cfg, read_metrics(run_dir(engine_view(cfg, 1))))
+
+    yield run
+    kept.release()
 
 
 @pytest.fixture(scope="module")

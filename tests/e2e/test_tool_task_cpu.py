@@ -21,7 +21,9 @@ EDGE = 3  # steps averaged at each end
 
 
 @pytest.fixture(scope="module")
-def secret_task(tmp_path_factory):
+def secret_task(tmp_path_factory, ray_cluster):
+    """The warm-started model (an SFT run on a worker of the shared cluster) and the
+    task's files."""
     from engine.data.secret import write_secret_task
     from engine.data.secret_warmup import warm_start
     from engine.models.tiny import build_tiny_model

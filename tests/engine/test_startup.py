@@ -118,7 +118,7 @@ class StandInWorkers:
         self.seen["cfg"] = cfg
         raise Started
 
-    def shutdown(self):
+    def shutdown(self, grace_s: float = 10.0):
         self.seen["shut_down"] = True
 
 

@@ -32,5 +32,6 @@ def sources() -> dict[str, Source]:
     return {
         "gsm8k": gsm8k.SOURCE,
         "gsm8k_tools": gsm8k.TOOLS_SOURCE,
+        "gsm8k_sft": gsm8k.SFT_SOURCE,  # conversations for engine.sft
         "math": math_lighteval.SOURCE,
     }

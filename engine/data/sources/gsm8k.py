@@ -3,6 +3,8 @@
 Each answer ends with ``#### <number>``; that number, without thousands separators,
 is the ground truth. ``gsm8k_tools`` is the same data whose prompt also tells the model
 it may run Python (a multi-turn rollout with the code interpreter, docs/agents.md).
+``gsm8k_sft`` is it as conversations for supervised fine-tuning (``engine.sft``): the
+question with the instruction, and the worked answer as the assistant's turn.
 """
 
 from __future__ import annotations
@@ -59,3 +61,19 @@ def make_tool_row(raw: dict[str, Any], split: str, index: int) -> dict[str, Any]
 
 
 TOOLS_SOURCE = dataclasses.replace(SOURCE, make_row=make_tool_row)
+
+
+def make_sft_row(raw: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+    """A conversation in verl's SFT layout (a ``messages`` column): the prompt the RL rows
+    ask, answered with the dataset's own worked solution (its ``#### <number>`` line
+    last, the format the RL reward reads)."""
+    row = make_row(raw, split, index)
+    answer = str(raw["answer"])
+    return {
+        "messages": [*row["prompt"], {"role": "assistant", "content": answer}],
+        "data_source": DATA_SOURCE,
+        "extra_info": row["extra_info"],
+    }
+
+
+SFT_SOURCE = dataclasses.replace(SOURCE, make_row=make_sft_row)

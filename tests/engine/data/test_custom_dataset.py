@@ -177,7 +177,7 @@ def test_a_run_builds_its_data_with_the_class(tmp_path, tiny_model_dir, monkeypa
         def start(self, cfg):
             seen["started"] = True
 
-        def shutdown(self):
+        def shutdown(self, grace_s: float = 10.0):
             seen["shut_down"] = True
 
     monkeypatch.setattr(runtime, "init_ray", lambda cfg: None)

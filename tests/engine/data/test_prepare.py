@@ -93,6 +93,20 @@ def test_gsm8k_tools_offers_python_in_the_prompt_and_scores_as_gsm8k(tmp_path):
     assert "code_interpreter" in content and '"####"' in content
 
 
+def test_gsm8k_sft_is_conversations_with_the_worked_answer(tmp_path):
+    """engine.sft's data: the RL rows' prompt, answered with GSM8K's own solution."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GSM8K_TRAIN))
+    (src / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GSM8K_TEST))
+    out = tmp_path / "out"
+    res = prepare("gsm8k_sft", "--local-dir", src, "--out", out)
+    assert res.returncode == 0, res.stderr
+    user, assistant = read(out / "train.parquet")[1]["messages"]
+    assert user["role"] == "user" and user["content"].startswith("Ana has 3 pens and buys 4.")
+    assert assistant == {"role": "assistant", "content": GSM8K_TRAIN[1]["answer"]}
+
+
 def test_gsm8k_from_hub_layout_parquet_with_size_limit(tmp_path):
     # A copy of the hub repository: main/ and socratic/ configs, sharded parquet files.
     for config in ("main", "socratic"):

@@ -4,8 +4,6 @@ transcripts tokenized as the rollout builds trajectories, the loss on the model'
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from engine.data.secret import (
@@ -69,23 +67,31 @@ def test_the_score_reads_only_the_last_words(response, score):
 
 
 def test_warm_start_transcripts_train_on_the_models_turns_only(tiny_model_dir):
+    """A warm-start transcript as the SFT run tokenizes it: the rollout's own prompt (the
+    chat template with the tool), the tool's reply as the rollout continues after a turn,
+    and the loss on the call, the answer and their end-of-turn tokens alone."""
     from transformers import AutoTokenizer
 
     from engine.agents.chat import ChatFormat
-    from engine.data.secret_warmup import CALL, IGNORE, Transcripts
+    from engine.data.secret_warmup import CALL, transcript
+    from engine.sft.conversation import ConversationTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     chat = ChatFormat(tokenizer, [tool_schema()])
-    transcripts = Transcripts(chat)
-    rng = random.Random(0)
-    ids, labels = transcripts.sample(rng, use_tool=True)
-    text = tokenizer.decode(ids)
-    trained = tokenizer.decode([t for t, label in zip(ids, labels, strict=True) if label != IGNORE])
-    secret = text.rsplit(tokenizer.eos_token, 2)[-2].rsplit("\n", 1)[-1]
-    assert trained == f"{CALL}{tokenizer.eos_token}{secret}{tokenizer.eos_token}"
-    assert tool_answer(secret) in text and text.count(secret) >= REPEAT + 1
-    # the prompt is the dataset's: the chat template with the tool
-    assert any(ids[: len(p)] == p for p in transcripts.prompts)
-    ids, labels = transcripts.sample(rng, use_tool=False)
-    assert CALL not in tokenizer.decode(ids)
-    assert sum(label != IGNORE for label in labels) == 2  # a digit and the end of the turn
+    eos = tokenizer.eos_token
+    messages = transcript("What is the secret number?", 7, use_tool=True, guess=3)
+    got = ConversationTokenizer(tokenizer)(messages, tools=[tool_schema()])
+    trained = [t for t, m in zip(got.ids, got.loss_mask, strict=True) if m]
+    assert tokenizer.decode(trained) == f"{CALL}{eos}7{eos}"
+    call = tokenizer.encode(CALL + eos, add_special_tokens=False)
+    reply = chat.continuation_ids([messages[2]])
+    answer = tokenizer.encode(f"7{eos}", add_special_tokens=False)
+    rollout = chat.prompt_ids(messages[:1]) + call + reply + answer
+    assert got.ids[: len(rollout)] == rollout  # then the template's newline, no loss
+    assert tool_answer("7") in tokenizer.decode(got.ids)
+    assert tokenizer.decode(got.ids).count("7") >= REPEAT + 1
+    guessed = ConversationTokenizer(tokenizer)(
+        transcript("What is the secret number?", 7, use_tool=False, guess=3), tools=[tool_schema()]
+    )
+    assert CALL not in tokenizer.decode(guessed.ids)
+    assert sum(guessed.loss_mask) == 2  # a digit and the end of the turn
