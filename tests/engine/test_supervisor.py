@@ -302,3 +302,13 @@ def test_the_key_is_checked_once_up_front():
     assert load_config([*base, "trainer.max_restarts=0"]).trainer.max_restarts == 0
     with pytest.raises(ConfigError, match=r"trainer\.max_restarts must be >= 0"):
         load_config([*base, "trainer.max_restarts=-1"])
+
+
+def test_an_sft_run_goes_under_the_supervisor_with_its_module():
+    from engine.supervisor import _parser, supervisor_args
+
+    args = supervisor_args(0, "r.json", ["--config", "e.yaml"], module="engine.sft")
+    assert args[:2] == ["-m", "engine.supervisor"] and "--module" in args
+    parsed = _parser().parse_args(args[2:])
+    assert (parsed.module, parsed.engine_args) == ("engine.sft", ["--config", "e.yaml"])
+    assert "--module" not in supervisor_args(0, "r.json", [])  # engine.main by default

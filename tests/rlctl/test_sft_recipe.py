@@ -24,7 +24,9 @@ def prepared(**changes):
 def test_the_job_runs_engine_sft_with_its_own_keys():
     p = prepared(lora={"rank": 16}, engine={"optim.lr": 1e-5, "data.max_length": 2048})
     assert p.spec.engine_command[:3] == ("python", "-m", "engine.sft")
-    assert "-m engine.sft --config" in p.files["run.sh"]
+    # under the supervisor, which runs engine.sft (SFT has no restarts of its own)
+    assert "-m engine.supervisor --max-restarts 0" in p.files["run.sh"]
+    assert "--module engine.sft -- --config" in p.files["run.sh"]
     from engine.schema import SFT as SCHEMA
     from engine.schema import load
 
