@@ -166,10 +166,12 @@ def run_once(
 
 def trained(run_dir: Path) -> list[dict]:
     """What the run computed, step by step (the validation before it, the step, the
-    validation after it), without what the machine decides (``timing_s/``, ``perf/``)."""
+    validation after it), without what the machine decides (times, throughput, memory)."""
+    from engine.metrics import MACHINE_METRICS
+
     path = run_dir / "metrics.jsonl"
     return [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("timing_s/", "perf/"))}
+        {k: v for k, v in json.loads(line).items() if not k.startswith(MACHINE_METRICS)}
         for line in path.read_text().splitlines()
     ]
 

@@ -13,6 +13,9 @@ from engine.algo.masked import masked_mean
 
 # policy versions between the sampler and the update (async_training's modes)
 STALENESS = "training/staleness"
+# Metrics that measure the machine, not the run (times, throughput, memory peaks): two
+# runs of the same seed agree on every other metric.
+MACHINE_METRICS = ("timing_s/", "perf/", "memory/")
 
 
 class StageTimer:

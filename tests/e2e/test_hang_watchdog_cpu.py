@@ -12,13 +12,13 @@ import re
 import pytest
 
 from engine.errors import EXIT_HUNG
+from engine.metrics import MACHINE_METRICS  # times, throughput, memory
 from engine.watchdog import TEST_HANG_ENV
 
 pytestmark = pytest.mark.slow
 
 FLOOR_S = 15  # low for a test (each second of it is CI time); first steps here take 1-5 s
 # Metrics that measure the machine, not the run: they differ between two identical runs.
-MACHINE_METRICS = ("timing_s/", "perf/")
 
 
 @pytest.fixture(scope="module")

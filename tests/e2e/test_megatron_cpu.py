@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.metrics import MACHINE_METRICS  # times, throughput, memory
+
 
 def _has_megatron() -> bool:
     try:
@@ -36,7 +38,6 @@ pytestmark = [
 
 MEGATRON = ["actor_rollout_ref.actor.strategy=megatron"]
 # Metrics that measure the machine, not the run.
-MACHINE_METRICS = ("timing_s/", "perf/")
 
 
 @pytest.fixture(scope="module")
