@@ -225,33 +225,21 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
 
 def _rl_job_nodes(cfg: Any, plan: Plan, nodes: int, per_node: int) -> tuple[int, int]:
     """The job's nodes and devices per node with the rollout's, the reward model's and
-    the teachers' own pools beside the training's."""
-    trainer = cfg.trainer
-    rollout = cfg.actor_rollout_ref.rollout
-    if rollout.placement == "separate":  # the rollout's own devices too, on shared nodes or not
-        from rlctl.planner.model import job_nodes
+    the teachers' own pools beside the training's (each placed as the planner places it:
+    on shared nodes when one node holds both, else nodes of its own)."""
+    from rlctl.planner.model import job_nodes
 
-        nodes, per_node = job_nodes(
-            trainer.nnodes,
-            trainer.n_gpus_per_node,
-            rollout.separate_nnodes,
-            rollout.separate_n_gpus_per_node,
-            plan.split.node_size if plan.split is not None else plan.devices_per_node,
-        )
-    rm = cfg.reward_model
-    if rm.enable and rm.enable_resource_pool:  # its own devices too (planner/reward_model.py)
-        from rlctl.planner.model import job_nodes
-
-        node_size = plan.split.node_size if plan.split is not None else plan.devices_per_node
-        nodes, per_node = job_nodes(nodes, per_node, rm.nnodes, rm.n_gpus_per_node, node_size)
-    distill = cfg.distillation
-    if distill.enabled and distill.nnodes > 0:  # the teachers' own pool (docs/distillation.md)
-        from rlctl.planner.model import job_nodes
-
-        node_size = plan.split.node_size if plan.split is not None else plan.devices_per_node
-        nodes, per_node = job_nodes(
-            nodes, per_node, distill.nnodes, distill.n_gpus_per_node, node_size
-        )
+    rollout, rm, distill = cfg.actor_rollout_ref.rollout, cfg.reward_model, cfg.distillation
+    pools = []  # (nodes, devices per node) of each role's own pool, in the planner's order
+    if rollout.placement == "separate":
+        pools.append((rollout.separate_nnodes, rollout.separate_n_gpus_per_node))
+    if rm.enable and rm.enable_resource_pool:  # planner/reward_pool.py
+        pools.append((rm.nnodes, rm.n_gpus_per_node))
+    if distill.enabled and distill.nnodes > 0:  # planner/teacher_pool.py
+        pools.append((distill.nnodes, distill.n_gpus_per_node))
+    node_size = plan.split.node_size if plan.split is not None else plan.devices_per_node
+    for pool_nodes, pool_per_node in pools:
+        nodes, per_node = job_nodes(nodes, per_node, pool_nodes, pool_per_node, node_size)
     return nodes, per_node
 
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.config.distillation import Teacher
+from engine.controller.dispatch import take
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.train.forward import micro_batches, response_topk
@@ -81,7 +82,7 @@ class TeacherWorker:
         if rows == 0:
             return empty_scores(0, r_len, self.k)
         parts = [
-            response_topk(self.model, _rows(tokens, sl), self.device.torch_device(), self.k)
+            response_topk(self.model, take(tokens, sl), self.device.torch_device(), self.k)
             for sl in micro_batches(rows, self.micro_batch_size)
         ]
         logp = torch.cat([p[0] for p in parts]).float().cpu()
@@ -117,12 +118,6 @@ class TeacherWorker:
         close = getattr(self.engine, "close", None)
         if callable(close):
             close()
-
-
-def _rows(tokens: TokenBatch, rows: slice) -> TokenBatch:
-    from engine.controller.dispatch import take
-
-    return take(tokens, rows)
 
 
 def _check_vocabulary(cfg: EngineConfig, teacher: Teacher) -> None:
