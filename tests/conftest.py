@@ -96,6 +96,14 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_vl_model_dir(tmp_path_factory):
+    """A tiny random Qwen2.5-VL model and its processor's parts, built once per session."""
+    from engine.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(tmp_path_factory.mktemp("tiny_vl_model"), seed=0)
+
+
 # Helpers of the tests that drive jobs through the CLI (tests/e2e, tests/slurm,
 # tests/skypilot), given to them as fixtures: a conftest is not a module to import, and
 # `tests` is a namespace package a site-packages `tests` would shadow. Each takes
