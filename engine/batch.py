@@ -9,7 +9,7 @@ import functools
 import torch
 
 from engine.controller.dispatch import concat, split
-from engine.types import SampleMeta, TokenBatch
+from engine.types import ImageInputs, SampleMeta, TokenBatch
 
 
 @dataclasses.dataclass
@@ -33,11 +33,13 @@ class Rollout:
     response_masks: list[list[int]] | None = None
     agent_stats: list[dict[str, float]] | None = None
     prompt_index: list[int] | None = None  # each sample's prompt, in its dataset
+    # A vision-language model's: each sample's prompt's images (None: a row without)
+    images: list[ImageInputs | None] | None = None
 
     @functools.cached_property
     def tokens(self) -> TokenBatch:
         return TokenBatch.from_ragged(
-            self.prompt_ids, self.response_ids, self.pad_token_id, self.response_masks
+            self.prompt_ids, self.response_ids, self.pad_token_id, self.response_masks, self.images
         )
 
     @property

@@ -357,7 +357,8 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
         import engine.trainer  # noqa: F401  (torch and the loop's modules, imported here)
         from engine.data.custom import build_dataset
         from engine.data.loader import PromptLoader
-        from engine.models.processor import is_vision_language, load_vision_processor
+        from engine.models.hf_config import is_vision_language
+        from engine.models.processor import load_vision_processor
     clock.mark("imports")
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(
@@ -553,8 +554,7 @@ def _check_model_configs(cfg: EngineConfig) -> Any:
         ulysses_model_problems,
     )
     from engine.config.vision import vision_model_problems
-    from engine.models.hf_config import load_hf_config
-    from engine.models.processor import is_vision_language
+    from engine.models.hf_config import is_vision_language, load_hf_config
 
     problems: list[str] = []
 

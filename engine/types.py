@@ -112,15 +112,19 @@ class VisionInputs:
         return cls(images=list(images), position_ids_B3S=positions)
 
     def pixel_inputs(self) -> dict[str, torch.Tensor]:
-        """The model's image arguments for these rows: every image's patches and grids,
-        in row order; empty when no row has images."""
-        rows = [row for row in self.images if row is not None]
-        if not rows:
-            return {}
-        return {
-            "pixel_values": torch.cat([row.pixel_values_PD for row in rows]),
-            "image_grid_thw": torch.cat([row.image_grid_thw_N3 for row in rows]),
-        }
+        return pixel_inputs(self.images)
+
+
+def pixel_inputs(images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
+    """The model's image arguments for these rows: every image's patches and grids, in
+    row order (the order of their pad tokens in the batch); empty when no row has one."""
+    rows = [row for row in images if row is not None]
+    if not rows:
+        return {}
+    return {
+        "pixel_values": torch.cat([row.pixel_values_PD for row in rows]),
+        "image_grid_thw": torch.cat([row.image_grid_thw_N3 for row in rows]),
+    }
 
 
 @dataclass

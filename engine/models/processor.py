@@ -77,11 +77,6 @@ class VisionProcessor:
         )
 
 
-def is_vision_language(hf_config: Any) -> bool:
-    """A model with a vision tower (its config has a ``vision_config``)."""
-    return getattr(hf_config, "vision_config", None) is not None
-
-
 def load_vision_processor(
     path: str | Path, tokenizer: Any, hf_config: Any, kwargs: dict[str, Any] | None = None
 ) -> VisionProcessor:

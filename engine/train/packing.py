@@ -15,6 +15,7 @@ positions, and every row would attend to the rows before it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -62,11 +63,17 @@ def trim_padding(tokens: TokenBatch) -> TokenBatch:
     prompt_width = int(attention[:, :-r_len].sum(dim=1).max())
     start = attention.shape[1] - r_len - prompt_width
     stop = attention.shape[1] - r_len + response_width
+    vision = tokens.vision
+    if vision is not None:
+        vision = dataclasses.replace(
+            vision, position_ids_B3S=vision.position_ids_B3S[:, :, start:stop]
+        )
     return TokenBatch(
         input_ids_BS=tokens.input_ids_BS[:, start:stop],
         attention_mask_BS=attention[:, start:stop],
         position_ids_BS=tokens.position_ids_BS[:, start:stop],
         response_mask_BR=tokens.response_mask_BR[:, :response_width],
+        vision=vision,
     )
 
 
@@ -75,6 +82,9 @@ def model_call(
 ) -> ModelCall:
     """The call of a micro-batch; with ``ulysses`` (an ``engine.train.ulysses.UlyssesGroup``,
     packed only) this rank's slice of it, bins padded to a multiple of the group's size."""
+    if tokens.vision is not None and (packed or ulysses is not None):
+        # engine.config.vision refuses these settings for a vision-language model
+        raise ValueError("packed rows and Ulysses take no images yet")
     if ulysses is not None:
         return ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
     return _packed(model, tokens, device) if packed else _padded(model, tokens, device)
@@ -88,12 +98,16 @@ def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> Model
     kwargs: dict = {"use_cache": False}
     if takes_logits_to_keep(type(model)):
         kwargs["logits_to_keep"] = kept + 1
+    inputs = {
+        "input_ids": trimmed.input_ids_BS.to(device),
+        "attention_mask": trimmed.attention_mask_BS.to(device),
+        "position_ids": trimmed.position_ids_BS.to(device),
+    }
+    if trimmed.vision is not None:  # the images, and the positions as (3, B, S)
+        inputs["position_ids"] = trimmed.vision.position_ids_B3S.transpose(0, 1).to(device)
+        inputs |= {k: v.to(device) for k, v in trimmed.vision.pixel_inputs().items()}
     return ModelCall(
-        inputs={
-            "input_ids": trimmed.input_ids_BS.to(device),
-            "attention_mask": trimmed.attention_mask_BS.to(device),
-            "position_ids": trimmed.position_ids_BS.to(device),
-        },
+        inputs=inputs,
         kwargs=kwargs,
         targets=trimmed.responses_BR.to(device),
         select=None,
