@@ -33,7 +33,9 @@ def test_what_is_not_built_is_refused_by_its_key(tiny_vl_model_dir):
     assert all("vision-language" in p or "images" in p for p in problems)
 
 
-def test_grpo_with_the_defaults_passes_and_returns_the_vision_config(tiny_vl_model_dir, tiny_model_dir):
+def test_grpo_with_the_defaults_passes_and_returns_the_vision_config(
+    tiny_vl_model_dir, tiny_model_dir
+):
     config = _check_model_configs(_config(tiny_vl_model_dir, "algorithm.adv_estimator=grpo"))
     assert config.model_type == "qwen2_5_vl" and config.vision_config is not None
     # the same settings with a text model: no vision rule applies
