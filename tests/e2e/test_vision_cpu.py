@@ -21,10 +21,20 @@ CONTROL = os.environ.get("RLCTL_VISION_CONTROL") == "1"
 
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory):
+    """The tiny Qwen2.5-VL after its format warm start, on one thread: its steps are too
+    small for two to pay, and two spin against any other work on the cores (10 steps:
+    1.5 s on one thread, 13.6 s on two, with the 2 cores busy)."""
+    import torch
+
     from engine.data.shapes_warmup import warm_start
     from engine.models.tiny_vl import build_tiny_vl_model
 
-    return warm_start(build_tiny_vl_model(tmp_path_factory.mktemp("tiny_vl_warm"), seed=0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return warm_start(build_tiny_vl_model(tmp_path_factory.mktemp("tiny_vl_warm"), seed=0))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize(
