@@ -9,7 +9,7 @@ import functools
 import torch
 
 from engine.controller.dispatch import concat, split
-from engine.types import SampleMeta, TokenBatch
+from engine.types import ImageInputs, SampleMeta, TokenBatch
 
 
 @dataclasses.dataclass
@@ -35,6 +35,8 @@ class Rollout:
     prompt_index: list[int] | None = None  # each sample's prompt, in its dataset
     # The rollout engine's MoE routing of each sample's tokens (routing replay R3)
     routed_experts: list[torch.Tensor] | None = None
+    # A vision-language model's: each sample's prompt's images (None: a row without)
+    images: list[ImageInputs | None] | None = None
 
     @functools.cached_property
     def tokens(self) -> TokenBatch:
@@ -43,7 +45,8 @@ class Rollout:
             self.response_ids,
             self.pad_token_id,
             self.response_masks,
-            self.routed_experts,
+            routed_experts=self.routed_experts,
+            images=self.images,
         )
 
     @property

@@ -320,9 +320,14 @@ def _load_model(role_dir: Path, role: str, dtype: str) -> Any:
             config.num_labels = 1
             model = _from_config(AutoModelForTokenClassification, config, torch_dtype)
         else:
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-            model = _from_config(AutoModelForCausalLM, config, torch_dtype)
+            from engine.models.hf_config import is_vision_language
+
+            auto = (
+                AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+            )
+            model = _from_config(auto, config, torch_dtype)
     model.tie_weights()  # skipped with initialisation: tied names must share one tensor
     model.eval()
     if (role_dir / MEGATRON_META).is_file():

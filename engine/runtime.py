@@ -358,17 +358,26 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
         import engine.trainer  # noqa: F401  (torch and the loop's modules, imported here)
         from engine.data.custom import build_dataset
         from engine.data.loader import PromptLoader
+        from engine.models.hf_config import is_vision_language
+        from engine.models.processor import load_vision_processor
     clock.mark("imports")
     model = cfg.actor_rollout_ref.model
     tokenizer = AutoTokenizer.from_pretrained(
         model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code
     )
+    actor_config = _check_model_configs(cfg)
+    processor = None  # a vision-language model's, for the prompts' images
+    if is_vision_language(actor_config):
+        processor = load_vision_processor(
+            model.path, tokenizer, actor_config, cfg.data.mm_processor_kwargs
+        )
     train = build_dataset(
         cfg.data,
         cfg.data.train_file_list,
         tokenizer,
         files.schemas,
         max_samples=cfg.data.train_max_samples,
+        processor=processor,
     )
     loader = PromptLoader(
         train, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
@@ -380,6 +389,7 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
             tokenizer,
             files.schemas,
             max_samples=cfg.data.val_max_samples,
+            processor=processor,
         )
         if cfg.data.val_file_list
         else None
@@ -398,7 +408,6 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
         from engine.train.lora import check_targets
 
         check_targets(model)
-    _check_model_configs(cfg)
     clock.mark("data")
     return DriverData(tokenizer, train, loader, val, total, judge_tokenizer)
 
@@ -537,38 +546,44 @@ def _check_local_checkpoints(cfg: EngineConfig) -> None:
         raise ConfigError(problems)
 
 
-def _check_model_configs(cfg: EngineConfig) -> None:
+def _check_model_configs(cfg: EngineConfig) -> Any:
     """From the models' configs, now, not once the workers have loaded them: fields of
     ``override_config`` the config lacks, Ulysses sizes the heads cannot take (each
-    config read with its overrides), routing replay of a dense model, and a quantized
-    checkpoint trained in full where
-    the model is a hub name (a local folder's was refused before Ray started,
-    ``_check_local_checkpoints``; an override cannot add a quantization_config)."""
+    config read with its overrides), routing replay of a dense model, a quantized
+    checkpoint trained in full where the model is a hub name (a local folder's was
+    refused before Ray started, ``_check_local_checkpoints``; an override cannot add a
+    quantization_config), and what a vision-language actor cannot run with yet.
+    Returns the actor's config."""
     from engine.config.routing_replay import model_problems as routing_replay_problems
     from engine.config.train import (
         quantized_model_problems,
         selected_model,
         ulysses_model_problems,
     )
-    from engine.models.hf_config import load_hf_config
+    from engine.config.vision import vision_model_problems
+    from engine.models.hf_config import is_vision_language, load_hf_config
 
     problems: list[str] = []
 
-    def hf_config_of(model: Any) -> Any:
+    def full_config_of(model: Any) -> Any:
         key = "actor_rollout_ref.model" if model is cfg.actor_rollout_ref.model else "critic.model"
         try:
-            hf = load_hf_config(model, key)
+            return load_hf_config(model, key)
         except ConfigError as exc:
             from transformers import AutoConfig
 
             problems.extend(exc.problems)
-            hf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-        return hf.get_text_config()
+            return AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+
+    def hf_config_of(model: Any) -> Any:
+        return full_config_of(model).get_text_config()
 
     def hub_config_of(model: Any) -> Any:
         return {} if _config_file(model).is_file() else hf_config_of(model)
 
-    hf_config_of(cfg.actor_rollout_ref.model)
+    actor = full_config_of(cfg.actor_rollout_ref.model)
+    if is_vision_language(actor):
+        problems += vision_model_problems(cfg)
     if cfg.use_critic:
         hf_config_of(selected_model(cfg, "critic"))
     problems += ulysses_model_problems(cfg, hf_config_of)
@@ -576,6 +591,7 @@ def _check_model_configs(cfg: EngineConfig) -> None:
     problems += quantized_model_problems(cfg, hub_config_of)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
+    return actor
 
 
 def run_dir(cfg: EngineConfig) -> Path:

@@ -21,7 +21,7 @@ from engine.reward.judge import JudgeRewards
 from engine.reward.manager import RewardManager
 from engine.reward.model import model_rewards
 from engine.reward.types import ScoreRequest, ScoreResult
-from engine.types import GenerationOutput, SampleMeta
+from engine.types import GenerationOutput, ImageInputs, SampleMeta
 
 # Scoring that began while the rollout was generating another batch (one_step_off's
 # next): hidden behind generation, not added to the step's wait for it.
@@ -87,6 +87,7 @@ class Scorer:
             agent_stats=output.agent_stats,
             prompt_index=[p.index for p in expanded],
             routed_experts=output.routed_experts,
+            images=prompt_images(expanded),
         )
 
     def score(
@@ -121,6 +122,12 @@ class Scorer:
         if not isinstance(self.model, JudgeRewards):
             return {}
         return {prefix + k: v for k, v in self.model.take_metrics().items()}
+
+
+def prompt_images(prompts: list[PromptSample]) -> list[ImageInputs | None] | None:
+    """Each prompt's images, or None when none has any (a text-only batch)."""
+    images = [p.images for p in prompts]
+    return images if any(i is not None for i in images) else None
 
 
 def reward_components(rollout: Rollout, keys: list[str], metrics: dict[str, float]) -> torch.Tensor:

@@ -45,7 +45,7 @@ from engine.metrics import (
 )
 from engine.overlap import Generating, make_overlap
 from engine.rollout.bridge import Pushed
-from engine.scoring import Scorer, reward_components
+from engine.scoring import Scorer, prompt_images, reward_components
 from engine.startup import StartupClock
 from engine.tracking import Tracker, progress
 from engine.types import (
@@ -431,7 +431,9 @@ class Trainer:
         """Send the prompts (each ``sampling.n`` times) to the rollout; not waited for."""
         expanded = [p for p in prompts for _ in range(sampling.n)]
         multi_turn = self.cfg.actor_rollout_ref.rollout.multi_turn
-        request = GenerationRequest([p.prompt_ids for p in expanded], sampling)
+        request = GenerationRequest(
+            [p.prompt_ids for p in expanded], sampling, images=prompt_images(expanded)
+        )
         if multi_turn.enable:
             request.agent_names = [p.agent_name or multi_turn.default_agent for p in expanded]
             request.extra_info = [p.extra_info for p in expanded]
@@ -482,8 +484,9 @@ class Trainer:
         prompt_ids = rollout.prompt_ids[::n]
         with timer("gen_baseline"):
             self.push_weights()
+            images = None if rollout.images is None else rollout.images[::n]
             output = self.workers.call_split(
-                "rollout", "generate", GenerationRequest(prompt_ids, greedy)
+                "rollout", "generate", GenerationRequest(prompt_ids, greedy, images=images)
             )
         meta = SampleMeta(
             *(getattr(rollout.meta, f.name)[::n] for f in dataclasses.fields(SampleMeta))

@@ -20,6 +20,10 @@ MoE routing replay (``engine.config.routing_replay``) adds L (the model's decode
 layers) and K (experts per token): ``routed_experts_BSLK`` holds each token's experts in
 every layer, int16, -1 where none was recorded (padding; the last token of an R3 row,
 which the rollout never ran forward).
+
+A vision-language model's prompts carry their images (``ImageInputs``, one per row,
+ragged: each row's own number of patches) in a list beside the tokens, and the batch
+its multimodal rotary positions (``VisionInputs``), so that they split with the rows.
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """One prompt's images as its model's image processor made them (Qwen2-VL's
+    layout), and the prompt's multimodal rotary positions (``engine.models.mrope``)."""
+
+    pixel_values_PD: torch.Tensor  # every image's patches in order (patches, C·T·p·p)
+    image_grid_thw_N3: torch.Tensor  # each image's (t, h, w) in patches, (images, 3)
+    positions_3P: torch.Tensor  # (temporal, height, width) of each prompt token
 
 
 @dataclass
@@ -52,6 +66,8 @@ class GenerationRequest:
     # Multi-turn: each row's extra_info (its tools_kwargs, interaction_kwargs, what its
     # agent loop reads)
     extra_info: list[dict[str, Any]] | None = None
+    # A vision-language model's: each row's images (None: a row without); None: no row has
+    images: list[ImageInputs | None] | None = None
 
 
 @dataclass
@@ -73,6 +89,53 @@ class GenerationOutput:
 
 
 @dataclass
+class VisionInputs:
+    """A vision-language batch's images and its tokens' multimodal rotary positions."""
+
+    images: list[ImageInputs | None]  # each row's (None: a row without images)
+    position_ids_B3S: torch.Tensor  # (temporal, height, width) of every token; padding 0
+
+    @classmethod
+    def of_rows(
+        cls,
+        images: list[ImageInputs | None],
+        attention_mask_BS: torch.Tensor,
+        prompt_length: int,
+    ) -> VisionInputs:
+        """The positions of rows laid out as ``TokenBatch.from_ragged`` lays them: each
+        prompt's own (text-only rows: 0, 1, 2... in all three), its response after them."""
+        from engine.models.mrope import response_positions, text_positions
+
+        batch, width = attention_mask_BS.shape
+        positions = torch.zeros((batch, 3, width), dtype=torch.long)
+        for i, row in enumerate(images):
+            p_len = int(attention_mask_BS[i, :prompt_length].sum())
+            r_len = int(attention_mask_BS[i, prompt_length:].sum())
+            prompt = text_positions(p_len) if row is None else row.positions_3P
+            if prompt.shape[1] != p_len:
+                raise ValueError(f"row {i}: {prompt.shape[1]} prompt positions, {p_len} tokens")
+            positions[i, :, prompt_length - p_len : prompt_length] = prompt
+            response = response_positions(prompt, r_len)
+            positions[i, :, prompt_length : prompt_length + r_len] = response
+        return cls(images=list(images), position_ids_B3S=positions)
+
+    def pixel_inputs(self) -> dict[str, torch.Tensor]:
+        return pixel_inputs(self.images)
+
+
+def pixel_inputs(images: list[ImageInputs | None]) -> dict[str, torch.Tensor]:
+    """The model's image arguments for these rows: every image's patches and grids, in
+    row order (the order of their pad tokens in the batch); empty when no row has one."""
+    rows = [row for row in images if row is not None]
+    if not rows:
+        return {}
+    return {
+        "pixel_values": torch.cat([row.pixel_values_PD for row in rows]),
+        "image_grid_thw": torch.cat([row.image_grid_thw_N3 for row in rows]),
+    }
+
+
+@dataclass
 class TokenBatch:
     """Prompt and response tokens as the models see them."""
 
@@ -82,6 +145,8 @@ class TokenBatch:
     response_mask_BR: torch.Tensor  # 1.0 for response tokens that count in losses
     # The MoE routing the actor's forwards replay (module docstring), or None
     routed_experts_BSLK: torch.Tensor | None = None
+    # A vision-language model's images and positions (they replace position_ids_BS)
+    vision: VisionInputs | None = None
 
     @property
     def response_length(self) -> int:
@@ -102,11 +167,14 @@ class TokenBatch:
         pad_token_id: int,
         response_masks: list[list[int]] | None = None,
         routed_experts: list[torch.Tensor] | None = None,
+        images: list[ImageInputs | None] | None = None,
     ) -> TokenBatch:
         """Pad prompts on the left and responses on the right, to the longest of each.
         ``response_masks`` (multi-turn: 0 on tool tokens) narrow which response tokens
         count in the losses; the model still attends to every one. ``routed_experts``:
-        each row's (n, L, K) experts from its first prompt token on (a rollout's, R3)."""
+        each row's (n, L, K) experts from its first prompt token on (a rollout's, R3).
+        ``images`` (a vision-language model's prompts): each row's, carried with their
+        positions."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         batch = len(prompts)
@@ -138,6 +206,7 @@ class TokenBatch:
                 if routed_experts is None
                 else _pad_routing(routed_experts, prompts, responses, p_len + r_len)
             ),
+            vision=None if images is None else VisionInputs.of_rows(images, attention, p_len),
         )
 
     def without_routing(self) -> TokenBatch:

@@ -11,6 +11,10 @@ _QWEN25 = dict(model_type="qwen2", vocab_size=152064, tie_word_embeddings=False)
 _QWEN25_SMALL = dict(model_type="qwen2", vocab_size=151936, tie_word_embeddings=True)
 _QWEN3 = dict(model_type="qwen3", vocab_size=151936, head_dim=128)
 _LLAMA3 = dict(model_type="llama", vocab_size=128256)
+_QWEN25_VL_VISION = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, in_channels=3,
+    patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+)  # fmt: skip
 
 # fmt: off
 _TABLE: dict[str, dict[str, Any]] = {
@@ -47,6 +51,17 @@ _TABLE: dict[str, dict[str, Any]] = {
     "Qwen/Qwen2.5-72B": dict(
         _QWEN25, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
         num_key_value_heads=8, intermediate_size=29568,
+    ),
+    # Qwen2.5-VL: Qwen2.5's language model beside a 32-block vision tower (675M parameters)
+    "Qwen/Qwen2.5-VL-3B": dict(
+        _QWEN25_SMALL, model_type="qwen2_5_vl", hidden_size=2048, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=2, intermediate_size=11008,
+        vision_config=dict(_QWEN25_VL_VISION, out_hidden_size=2048),
+    ),
+    "Qwen/Qwen2.5-VL-7B": dict(
+        _QWEN25, model_type="qwen2_5_vl", hidden_size=3584, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
+        vision_config=dict(_QWEN25_VL_VISION, out_hidden_size=3584),
     ),
     # Qwen2-7B: the shape of Qwen2.5-7B (verl's GSM8K GRPO examples use it)
     "Qwen/Qwen2-7B": dict(

@@ -77,6 +77,9 @@ class ModelShape:
     largest_layer_params: int = 0  # the biggest decoder layer: the unit FSDP gathers
     root_params: int = 0  # outside the decoder layers: embeddings, final norm, lm_head
     model_type: str = ""
+    # A vision-language model's vision tower (in num_params; not in compute_params: its
+    # work is per image patch, not per token)
+    vision_params: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -84,8 +87,11 @@ class ModelShape:
 
     @property
     def compute_params(self) -> int:
-        """Parameters that do arithmetic for one token (all of them for a dense model)."""
-        return self.active_params if self.active_params is not None else self.num_params
+        """Parameters that do arithmetic for one token (all of the language model's for a
+        dense model)."""
+        if self.active_params is not None:
+            return self.active_params
+        return self.num_params - self.vision_params
 
     @property
     def lm_head_params(self) -> int:
@@ -226,6 +232,9 @@ def shape_from_config(config: Mapping[str, Any], name: str, source: str) -> Mode
     cfg: Mapping[str, Any] = config
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), Mapping):
         cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get("tie_word_embeddings")}
+    vision = _vision_counts(config)
+    if vision is not None:  # its language model is counted as the decoder it is
+        cfg = {**cfg, "model_type": VISION_LANGUAGE_TYPES[str(config["model_type"])]}
     h = _get(cfg, "hidden_size", "n_embd", "d_model")
     layers = _get(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _get(cfg, "num_attention_heads", "n_head")
@@ -247,6 +256,11 @@ def shape_from_config(config: Mapping[str, Any], name: str, source: str) -> Mode
         )
     _check_fields(cfg, source, name)
     counts = _count(cfg)
+    if vision is not None:  # FSDP units: its blocks; the patch embedding and merger: root
+        total, block, depth = vision
+        counts["total"] += total
+        counts["largest_layer"] = max(counts["largest_layer"], block)
+        counts["root"] += total - depth * block
     return ModelShape(
         name=name,
         num_params=counts["total"],
@@ -269,8 +283,42 @@ def shape_from_config(config: Mapping[str, Any], name: str, source: str) -> Mode
         kv_dim=counts["kv_dim"],
         largest_layer_params=counts["largest_layer"],
         root_params=counts["root"],
-        model_type=str(cfg.get("model_type", "")),
+        model_type=str((config if vision else cfg).get("model_type", "")),
+        vision_params=vision[0] if vision else 0,
     )
+
+
+# Vision-language model types whose vision tower is counted, and the decoder type their
+# language model is counted as (q/k/v biases: Qwen2's)
+VISION_LANGUAGE_TYPES = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
+
+
+def _vision_counts(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(parameters, parameters of one block, blocks) of a Qwen2-VL or Qwen2.5-VL vision
+    tower, from its ``vision_config`` as transformers builds it; None for another model.
+    A 3-D convolution makes the patches (no bias), each block is attention and an MLP
+    with biases, and the merger an MLP over each 2 x 2 group of patches."""
+    model_type = str(config.get("model_type", ""))
+    v = config.get("vision_config")
+    if model_type not in VISION_LANGUAGE_TYPES or not isinstance(v, Mapping):
+        return None
+    merge = int(v.get("spatial_merge_size", 2)) ** 2
+    channels = int(v.get("in_channels", v.get("in_chans", 3)))
+    patch = channels * int(v.get("temporal_patch_size", 2)) * int(v.get("patch_size", 14)) ** 2
+    if model_type == "qwen2_5_vl":  # RMSNorm, a gated MLP
+        e, inner = int(v["hidden_size"]), int(v["intermediate_size"])
+        norms, mlp = 2 * e, 2 * (e * inner + inner) + inner * e + e
+        norm, out = e, int(v["out_hidden_size"])
+    else:  # Qwen2-VL: LayerNorm, a plain MLP
+        e = int(v["embed_dim"])
+        inner = e * int(v.get("mlp_ratio", 4))
+        norms, mlp = 4 * e, e * inner + inner + inner * e + e
+        norm, out = 2 * e, int(v["hidden_size"])
+    block = norms + 4 * e * e + 4 * e + mlp  # attention: qkv and its output, with biases
+    wide = e * merge
+    merger = norm + wide * wide + wide + wide * out + out
+    depth = int(v["depth"])
+    return e * patch + depth * block + merger, block, depth
 
 
 # The config fields the sizes are computed from: whole numbers, at least 1 (sizes and

@@ -97,6 +97,50 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_vl_model_dir(tmp_path_factory):
+    """A tiny random Qwen2.5-VL model and its processor's parts, built once per session."""
+    from engine.models.tiny_vl import build_tiny_vl_model
+
+    return build_tiny_vl_model(tmp_path_factory.mktemp("tiny_vl_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def vl_prompts(tiny_vl_model_dir, tmp_path_factory):
+    """Prompts of the tiny Qwen2.5-VL read as a run reads them (RLDataset with its
+    processor): two of the shapes task (one image of 4 pad tokens each), one with two
+    images of other shapes, one without: ``(tokenizer, [PromptSample, ...])``."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.config import DataConfig
+    from engine.data import RLDataset
+    from engine.data.shapes import make_rows
+    from engine.models.processor import load_vision_processor
+
+    def png(size, colour):
+        out = io.BytesIO()
+        Image.new("RGB", size, colour).save(out, format="PNG")
+        return {"bytes": out.getvalue(), "path": None}
+
+    rows = make_rows(2, split="test", seed=0)
+    two = [png((28, 28), (200, 30, 30)), png((84, 56), (30, 30, 200))]
+    rows.append({**rows[0], "prompt": [{"role": "user", "content": "A <image> then <image>?"}],
+                 "images": two})  # fmt: skip
+    rows.append({**rows[0], "prompt": [{"role": "user", "content": "No image."}], "images": None})
+    path = tmp_path_factory.mktemp("vl_prompts") / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_vl_model_dir)
+    config = AutoConfig.from_pretrained(tiny_vl_model_dir)
+    processor = load_vision_processor(tiny_vl_model_dir, tokenizer, config)
+    data = RLDataset(str(path), tokenizer, DataConfig(), processor=processor)
+    return tokenizer, [data[i] for i in range(len(data))]
+
+
 # Helpers of the tests that drive jobs through the CLI (tests/e2e, tests/slurm,
 # tests/skypilot), given to them as fixtures: a conftest is not a module to import, and
 # `tests` is a namespace package a site-packages `tests` would shadow. Each takes

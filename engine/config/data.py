@@ -88,23 +88,31 @@ class DataConfig:
         "Keyword arguments of the tokenizer's chat template when prompts are rendered (e.g."
         " enable_thinking: false for Qwen3)."
     )
-    image_key: str = inert(
+    image_key: str = setting(
         "images",
-        "verl's column of a prompt's images. Models here are text-only: a row with images"
-        " in this column is refused when the data loads.",
+        "Column of each prompt's images, verl's layout: a list of {bytes, path} (or paths)"
+        " per row, `<image>` in the chat where each goes. Read for a vision-language model"
+        " (docs/vision.md); a row with images is refused for a text-only one.",
     )
     video_key: str = inert(
-        "videos", "verl's column of videos; a row with videos in it is refused when the data loads."
+        "videos",
+        "verl's column of videos; not trained on yet: a row with videos is refused when the"
+        " data loads.",
     )
     audio_key: str = inert(
         "audios", "verl's column of audio; a row with audio in it is refused when the data loads."
     )
-    image_patch_size: int = inert(14, "verl's vision patch size; text-only models here.")
-    return_multi_modal_inputs: bool = inert(True, "verl's multimodal switch; text-only here.")
-    mm_processor_kwargs: dict[str, Any] = inert(
-        help="verl's multimodal processor arguments; text-only models here.",
-        factory=dict,
-        kind="mapping",
+    image_patch_size: int = inert(
+        14,
+        "verl's resize factor for its image fetcher; changes nothing here: the model's image"
+        " processor resizes by its own patch size.",
+    )
+    return_multi_modal_inputs: bool = inert(
+        True, "verl's multimodal switch; changes nothing here: images always reach the model."
+    )
+    mm_processor_kwargs: dict[str, Any] = mapping(
+        "Keyword arguments of a vision-language model's image processor for the prompts'"
+        " images (e.g. min_pixels, max_pixels for Qwen2-VL's)."
     )
     return_raw_chat: bool = inert(
         True,

@@ -4,7 +4,9 @@ The rule is the same for every typed batch (``engine.types``): each field is a
 tensor with B rows, a list with B items, a nested batch, or something shared by
 all rows (None, a number, ``SamplingParams``), which every shard gets whole.
 Rank r receives the r-th contiguous chunk, so gathering is concatenation in
-rank order and the controller's row order survives the round trip.
+rank order and the controller's row order survives the round trip. What is ragged per
+row (a vision-language prompt's images: each its own number of patches) is a list with
+one item a row, so it splits with its rows unchanged.
 """
 
 from __future__ import annotations

@@ -60,12 +60,16 @@ def build_dataset(
     tokenizer: Any,
     tools: Sequence[dict[str, Any]] = (),
     max_samples: int = -1,
+    processor: Any = None,
 ) -> PromptDataset:
     """The dataset of ``files`` (``data.train_files`` or ``data.val_files``), of the
     configured class, with ``RLDataset``'s arguments; a class of your own has its items
-    checked."""
+    checked. ``processor``: a vision-language model's (``engine.models.processor``),
+    passed only when there is one, so that a text-only class of your own need not
+    take it."""
     cls = dataset_class(cfg)
-    dataset = cls(files, tokenizer, cfg, tools, max_samples=max_samples)
+    vision = {} if processor is None else {"processor": processor}
+    dataset = cls(files, tokenizer, cfg, tools, max_samples=max_samples, **vision)
     if cls is not RLDataset:
         _check_items(dataset, cfg)
     return dataset

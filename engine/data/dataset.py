@@ -7,21 +7,31 @@ dataset applies the tokenizer's chat template (with the assistant generation pro
 every chat at construction, then drops, truncates or rejects prompts longer than
 ``data.max_prompt_length`` as configured. Token ids live in one flat int32 array with
 offsets, so 100k prompts cost a few hundred kilobytes of index, not Python lists.
+
+A vision-language model's rows may hold images (verl's ``data.image_key`` column and
+``<image>`` placeholders, ``engine.data.images``): the model's processor
+(``engine.models.processor``) expands each image's pad token at construction, from the
+image's size alone, and makes its pixel values when the row is read, so the dataset
+holds the images' bytes, not their pixels.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from engine.config import DataConfig
-from engine.errors import EngineError
+from engine.data.errors import DataError
+
+if TYPE_CHECKING:
+    from engine.models.processor import VisionProcessor
+    from engine.types import ImageInputs
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +43,6 @@ TRUNCATION_HINT = (
     "prompts, or set data.truncation=left|right|middle to cut them"
 )
 _CHUNK = 2048  # chats rendered and tokenised per call
-
-
-class DataError(EngineError):
-    """A data file or its contents cannot be used; the message says what to fix."""
 
 
 @dataclass
@@ -51,6 +57,7 @@ class PromptSample:
     ability: str
     extra_info: dict[str, Any] = field(default_factory=dict)
     agent_name: str | None = None  # its agent loop (engine.agents); None: the default
+    images: ImageInputs | None = None  # a vision-language model's prompt: its images
 
 
 @runtime_checkable
@@ -146,11 +153,14 @@ class RLDataset:
         cfg: DataConfig,
         tools: Sequence[dict[str, Any]] = (),
         max_samples: int = -1,
+        processor: VisionProcessor | None = None,
     ):
         """``tools``: OpenAI function schemas the chat template shows the model (a
         multi-turn rollout's tools, engine.agents). ``max_samples`` > 0 keeps that many
         rows (verl's train_max_samples/val_max_samples): a random choice of them by
-        ``cfg.seed`` when ``cfg.shuffle``, else the first ones."""
+        ``cfg.seed`` when ``cfg.shuffle``, else the first ones. ``processor``: a
+        vision-language model's, for rows with images (None: rows with images are
+        refused)."""
         if isinstance(files, (str, Path)):
             files = [files]
         if not files:
@@ -163,6 +173,8 @@ class RLDataset:
         self._ground_truth: list[Any] = []
         self._extra_info: list[dict[str, Any]] = []
         self._agent_name: list[str | None] = []
+        self._images: list[list[Any] | None] = []  # each row's image cells (verl's layout)
+        self.processor = processor
         self.tools = list(tools)
         self._origins: list[tuple[str, int]] = []  # (file, row) of each sample, for messages
         for path in self.files:
@@ -178,7 +190,11 @@ class RLDataset:
             self._keep_rows([int(i) for i in keep])
 
         ids, offsets = _tokenize_chats(
-            tokenizer, self._messages, self.tools, cfg.apply_chat_template_kwargs
+            tokenizer,
+            self._template_chats(),
+            self.tools,
+            cfg.apply_chat_template_kwargs,
+            expand=self._image_tokens(),
         )
         lengths = np.diff(offsets)
         over = np.flatnonzero(lengths > cfg.max_prompt_length)
@@ -196,6 +212,15 @@ class RLDataset:
             ids, offsets = _select(ids, offsets, keep)
             self._keep_rows(keep.tolist())
         elif over.size:
+            with_images = [int(i) for i in over if self._images[i]]
+            if with_images:
+                path, row = self._origins[with_images[0]]
+                raise DataError(
+                    f"{len(with_images)} prompts with images are longer than"
+                    f" data.max_prompt_length={cfg.max_prompt_length} tokens (the first: row"
+                    f" {row} of {path}); cutting them would cut an image: raise"
+                    " data.max_prompt_length or set data.filter_overlong_prompts=true"
+                )
             if cfg.truncation == "error":
                 first = int(over[0])
                 path, row = self._origins[first]
@@ -225,8 +250,10 @@ class RLDataset:
         columns = read_columns(path)
         hint = "" if prompt_key in columns else " (the chat column is set by data.prompt_key)"
         require_columns(path, columns, (prompt_key, *REQUIRED_COLUMNS), hint)
-        _refuse_media(path, columns, cfg)
+        _refuse_media(path, columns, cfg, images=self.processor is not None)
         prompts = columns[prompt_key]
+        images = columns.get(cfg.image_key) or [None] * len(prompts)
+        self._images.extend(list(cells) if cells else None for cells in images)
         rewards = columns["reward_model"]
         extra = columns["extra_info"] if "extra_info" in columns else [None] * len(prompts)
         agents = columns["agent_name"] if "agent_name" in columns else [None] * len(prompts)
@@ -252,6 +279,7 @@ class RLDataset:
             "_ground_truth",
             "_extra_info",
             "_agent_name",
+            "_images",
             "_origins",
         ):
             values = getattr(self, name)
@@ -266,16 +294,65 @@ class RLDataset:
             raise IndexError(f"index {index} out of range for a dataset of {n} prompts")
         index %= n
         start, end = self._offsets[index], self._offsets[index + 1]
+        prompt_ids = self._ids[start:end].tolist()
         return PromptSample(
             index=index,
-            prompt_ids=self._ids[start:end].tolist(),
+            prompt_ids=prompt_ids,
             messages=self._messages[index],
             data_source=self._data_source[index],
             ground_truth=self._ground_truth[index],
             ability=self._ability[index],
             extra_info=self._extra_info[index],
             agent_name=self._agent_name[index],
+            images=self._image_inputs(index, prompt_ids),
         )
+
+    def _template_chats(self) -> list[list[dict[str, Any]]]:
+        """The chats as the template renders them: a row with images has its
+        placeholders split into image parts (their number checked)."""
+        from engine.data.images import with_image_parts
+
+        return [
+            with_image_parts(chat, len(cells), self._where(i)) if cells else chat
+            for i, (chat, cells) in enumerate(zip(self._messages, self._images, strict=True))
+        ]
+
+    def _image_tokens(self) -> Callable[[int, str], str] | None:
+        """How each rendered chat's image pad tokens are repeated (per merged patch of
+        each image, from its size); None when no row has images."""
+        if self.processor is None or not any(self._images):
+            return None
+        from engine.data.images import image_size
+
+        processor = self.processor
+        counts = [
+            processor.tokens_per_image([image_size(c, self._where(i)) for c in cells])
+            if cells
+            else None
+            for i, cells in enumerate(self._images)
+        ]
+
+        def expand(row: int, text: str) -> str:
+            return text if counts[row] is None else processor.expand(text, counts[row])
+
+        return expand
+
+    def _image_inputs(self, index: int, prompt_ids: list[int]) -> ImageInputs | None:
+        cells = self._images[index]
+        if not cells or self.processor is None:
+            return None
+        from engine.data.images import open_image
+
+        where = self._where(index)
+        images = [open_image(cell, where) for cell in cells]
+        try:
+            return self.processor.image_inputs(prompt_ids, images)
+        except ValueError as exc:  # the processor's grid against the pads laid out
+            raise DataError(f"{where}: {exc}") from exc
+
+    def _where(self, index: int) -> str:
+        path, row = self._origins[index]
+        return f"{path}: row {row}"
 
     def agent_rows(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
         """("FILE: row N", agent_name, extra_info) of each sample, for the agent checks
@@ -294,17 +371,26 @@ class RLDataset:
         return np.diff(self._offsets)
 
 
-def _refuse_media(path: str, columns: dict[str, list[Any]], cfg: DataConfig) -> None:
-    """Models here are text-only: a row with images, videos or audio (verl's
-    data.image_key, video_key, audio_key columns) is refused, not trained without them."""
-    for what, name in (("images", "image_key"), ("videos", "video_key"), ("audio", "audio_key")):
+def _refuse_media(path: str, columns: dict[str, list[Any]], cfg: DataConfig, images: bool) -> None:
+    """A row with media the model cannot take (verl's data.image_key, video_key,
+    audio_key columns) is refused, not trained without them: videos and audio always,
+    images unless the model is a vision-language one (``images``)."""
+    kinds = (("videos", "video_key"), ("audio", "audio_key"))
+    if not images:
+        kinds = (("images", "image_key"), *kinds)
+    for what, name in kinds:
         column = getattr(cfg, name)
         for row, value in enumerate(columns.get(column, ())):
             if value is not None and len(value) > 0:
+                model = (
+                    "the model (actor_rollout_ref.model.path) is text-only: give a"
+                    " vision-language one (docs/vision.md) or prompts without images"
+                    if what == "images"
+                    else f"this engine does not train on {what} yet (docs/vision.md)"
+                )
                 raise DataError(
-                    f"{path}: row {row} has {what} in column {column!r} (data.{name}): this"
-                    " engine trains text-only models and would drop them; give prompts"
-                    " without media"
+                    f"{path}: row {row} has {what} in column {column!r} (data.{name}):"
+                    f" {model}; it would drop them"
                 )
 
 
@@ -333,11 +419,14 @@ def _tokenize_chats(
     chats: list[list[dict[str, Any]]],
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    expand: Callable[[int, str], str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Render every chat with the tokenizer's template and tokenise it.
 
     Returns the ids of all prompts concatenated (int32) and their ``len + 1`` offsets.
     The rendered text already holds the template's special tokens, so none are added.
+    ``expand(row, text)``: the rendered text of row ``row`` as tokenised (its image pad
+    tokens repeated).
     """
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
@@ -355,6 +444,8 @@ def _tokenize_chats(
             **({"tools": tools} if tools else {}),  # what a plain prompt renders stays as it was
             **(template_kwargs or {}),  # data.apply_chat_template_kwargs (enable_thinking, ...)
         )
+        if expand is not None:
+            texts = [expand(start + k, text) for k, text in enumerate(texts)]
         encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
         for ids in encoded["input_ids"]:
             lengths.append(len(ids))

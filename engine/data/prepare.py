@@ -5,8 +5,10 @@
     python -m engine.data.prepare gsm8k_sft --out data/gsm8k_sft          # conversations, for SFT
     python -m engine.data.prepare gsm8k --out data/gsm8k --local-dir DIR  # offline
     python -m engine.data.prepare math --out data/math --local-dir DIR
+    python -m engine.data.prepare geo3k --out data/geo3k --local-dir DIR   # with images
     python -m engine.data.prepare synthetic --out data/synthetic --train-size 2048
     python -m engine.data.prepare secret --out data/secret   # the tool task, with its tools
+    python -m engine.data.prepare shapes --out data/shapes   # the visual task (docs/vision.md)
 
 ``--local-dir`` holds the source's own files (parquet, jsonl or json with its original
 columns), e.g. a copy of the hub repository or GSM8K's ``train.jsonl``/``test.jsonl``.
@@ -30,7 +32,7 @@ from engine.errors import EXIT_USER_ERROR, user_errors
 HUB_TIMEOUT_S = 5.0
 SPLITS = ("train", "val")
 _TRUTHY = ("1", "true", "yes", "on")
-GENERATED = ("synthetic", "secret")  # made here, not read from a source
+GENERATED = ("synthetic", "secret", "shapes")  # made here, not read from a source
 
 
 def prepare(
@@ -59,11 +61,15 @@ def prepare(
 
         sizes = {"n_train": train_size, "n_val": val_size}
         return write_secret_task(out, seed=seed, **{k: v for k, v in sizes.items() if v})
+    if name == "shapes":  # the synthetic visual task (engine.data.shapes)
+        from engine.data.shapes import write_shapes_dataset
+
+        sizes = {"n_train": train_size, "n_val": val_size}
+        train, val = write_shapes_dataset(out, seed=seed, **{k: v for k, v in sizes.items() if v})
+        return {"train": train, "val": val}
     known = sources()
     if name not in known:
-        raise DataError(
-            f"unknown dataset {name!r}; choose from synthetic, secret, {', '.join(known)}"
-        )
+        raise DataError(f"unknown dataset {name!r}; choose from {', '.join((*GENERATED, *known))}")
     source = known[name]
     limits = {"train": train_size, "val": val_size}
     out.mkdir(parents=True, exist_ok=True)
@@ -205,6 +211,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         epilog="examples:\n"
         "  python -m engine.data.prepare gsm8k --out data/gsm8k\n"
         "  python -m engine.data.prepare math --out data/math --local-dir ~/MATH-lighteval\n"
+        "  python -m engine.data.prepare geo3k --out data/geo3k --local-dir ~/geometry3k\n"
         "  python -m engine.data.prepare synthetic --out data/synthetic --train-size 512\n"
         "  python -m engine.data.prepare secret --out data/secret  # the tool task",
         formatter_class=argparse.RawDescriptionHelpFormatter,

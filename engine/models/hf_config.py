@@ -28,6 +28,12 @@ ATTN = "attn_implementation"  # transformers' loading argument, not a config fie
 VERL_LEVEL = "model_config"  # verl's Megatron workers' level of the fields
 
 
+def is_vision_language(hf_config: Any) -> bool:
+    """A model with a vision tower (its config has a ``vision_config``): it loads as
+    an image-text-to-text model and takes the prompts' images (docs/vision.md)."""
+    return getattr(hf_config, "vision_config", None) is not None
+
+
 def config_overrides(model_cfg: Any) -> dict[str, Any]:
     """The fields ``model_cfg.override_config`` sets (verl's ``model_config`` level
     unwrapped, ``attn_implementation`` left out): what the rollout engines are given."""

@@ -20,6 +20,7 @@ import argparse
 import itertools
 import random
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,8 @@ def _stdlib_text() -> list[str]:
     return texts
 
 
-def training_corpus() -> list[str]:
-    """The text the BPE is trained on (deterministic)."""
+def training_corpus(extra: Sequence[str] = ()) -> list[str]:
+    """The text the BPE is trained on (deterministic), with ``extra`` lines after it."""
     from engine.data import synthetic
 
     rng = random.Random("engine.models.tiny")
@@ -128,11 +129,19 @@ def training_corpus() -> list[str]:
     lines += _word_problems(rng, 500)
     lines += _arithmetic(rng, 1000)
     lines += _stdlib_text()
-    return lines
+    return lines + list(extra)
 
 
-def build_tokenizer(vocab_size: int = 2048):
-    """A byte-level BPE wrapped as a ``PreTrainedTokenizerFast`` (ChatML template)."""
+def build_tokenizer(
+    vocab_size: int = 2048,
+    *,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    extra_corpus: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+):
+    """A byte-level BPE wrapped as a ``PreTrainedTokenizerFast`` (ChatML template by
+    default). A model of its own may add special tokens (ids after the defaults', which
+    keep theirs), corpus lines and its template (``engine.models.tiny_vl``)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -148,18 +157,18 @@ def build_tokenizer(vocab_size: int = 2048):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(training_corpus(), trainer=trainer)
+    tok.train_from_iterator(training_corpus(extra_corpus), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         unk_token=None,
         bos_token=None,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         model_max_length=2048,
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.reward import countdown, gsm8k, math_answer, secret, synthetic
+from engine.reward import countdown, geo3k, gsm8k, math_answer, secret, shapes, synthetic
 from engine.reward.types import RewardError, Scorer
 
 _SCORERS: dict[str, Scorer] = {}
@@ -28,6 +28,8 @@ register_scorer(
 register_scorer(countdown.compute_score, "countdown", "Jiayi-Pan/Countdown-Tasks-3to4")
 register_scorer(synthetic.compute_score, synthetic.DATA_SOURCE)
 register_scorer(secret.compute_score, secret.DATA_SOURCE)
+register_scorer(shapes.compute_score, shapes.DATA_SOURCE)
+register_scorer(geo3k.compute_score, "hiyouga/geometry3k")
 
 
 def known_data_sources() -> list[str]:

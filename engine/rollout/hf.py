@@ -5,6 +5,11 @@ Slow next to vLLM/SGLang, but exact, dependency-free and runs anywhere torch
 does: the CPU quickstart, tests, and small models. Generation gathers the full
 parameters once (``full_parameters``), so ranks may stop at different lengths.
 
+A vision-language model generates with its prompts' images (``GenerationRequest.images``):
+their pixels and grids, and which tokens are images (the model computes its multimodal
+rotary positions from them, as the training forward's ``engine.models.mrope`` does). It
+never samples an image or video pad token: the forward would count one as an image's.
+
 It runs on a *twin*: the same model class built on the meta device, whose
 parameters are bound to the gathered tensors of the FSDP module (no copy). The
 wrapped module would run FSDP's pre- and post-forward hooks on every unit at every
@@ -22,12 +27,18 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor
 
 from engine.rollout.base import finish_row
 from engine.rollout.weights import checkpoint_slots
 from engine.train.fsdp import full_parameters
-from engine.types import GenerationOutput, GenerationRequest, SamplingParams
+from engine.types import (
+    GenerationOutput,
+    GenerationRequest,
+    ImageInputs,
+    SamplingParams,
+    pixel_inputs,
+)
 
 
 def eos_ids(tokenizer: Any, model: nn.Module) -> set[int]:
@@ -173,6 +184,14 @@ class HFRollout:
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids)
         self.twin = meta_twin(module)
         self._held = False  # inside session(): the weights are gathered already
+        config = getattr(module, "config", None)
+        self.image_token_id: int | None = getattr(config, "image_token_id", None)
+        # a vision-language model's pad tokens, never sampled
+        self.suppressed = [
+            i
+            for i in (self.image_token_id, getattr(config, "video_token_id", None))
+            if i is not None
+        ]
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -204,8 +223,13 @@ class HFRollout:
                 step = self.micro_batch_size or max(1, len(prompts))
                 for start in range(0, len(prompts), step):
                     chunk = prompts[start : start + step]
+                    images = (
+                        None if request.images is None else request.images[start : start + step]
+                    )
                     with self._routing_recorded(model) as tap:
-                        rows, row_logprobs = self._generate_chunk(model, chunk, request.sampling)
+                        rows, row_logprobs = self._generate_chunk(
+                            model, chunk, request.sampling, images
+                        )
                     table = None if tap is None else routing_table(tap, len(chunk)).cpu()
                     width = max(len(p) for p in chunk)
                     for i, (row, lps) in enumerate(zip(rows, row_logprobs, strict=True)):
@@ -216,8 +240,8 @@ class HFRollout:
                         finished.append(done)
                         logprobs.append(lps or [])
                         if table is not None:  # its prompt and response tokens
-                            start = width - len(chunk[i])
-                            routed.append(table[i, start : width + len(tokens)])
+                            first = width - len(chunk[i])
+                            routed.append(table[i, first : width + len(tokens)])
         finally:
             self.module.train(was_training)
         return GenerationOutput(
@@ -240,7 +264,11 @@ class HFRollout:
         return self.module if self.twin is None else bind_gathered(self.twin, self.module)
 
     def _generate_chunk(
-        self, model: nn.Module, prompts: list[list[int]], sampling: SamplingParams
+        self,
+        model: nn.Module,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        images: list[ImageInputs | None] | None = None,
     ) -> tuple[list[list[int]], list[list[float] | None]]:
         """Token rows and, with ``self.logprobs``, their sampling log-probs."""
         width = max(len(p) for p in prompts)
@@ -251,7 +279,10 @@ class HFRollout:
             attention[i, width - len(prompt) :] = 1
         recorder = SampledLogprobs() if self.logprobs else None
         processors = sampling_processors(sampling) + ([recorder] if recorder else [])
+        if self.suppressed:  # first: the recorder sees the distribution sampled from
+            processors.insert(0, SuppressTokensLogitsProcessor(self.suppressed, self.device))
         out = model.generate(
+            **self._image_inputs(input_ids, images),
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
             max_new_tokens=sampling.max_new_tokens,
@@ -269,6 +300,17 @@ class HFRollout:
         if recorder is None:
             return rows, [None] * len(rows)
         return rows, recorder.finish(out).tolist()
+
+    def _image_inputs(
+        self, input_ids: torch.Tensor, images: list[ImageInputs | None] | None
+    ) -> dict[str, torch.Tensor]:
+        """``generate``'s image arguments for these rows (none without images): the
+        pixels and grids in row order, and which tokens are images (1) or text (0)."""
+        if images is None or all(row is None for row in images):
+            return {}
+        inputs = {k: v.to(self.device) for k, v in pixel_inputs(images).items()}
+        mm_types = (input_ids == self.image_token_id).int()
+        return inputs | {"mm_token_type_ids": mm_types.to(self.device)}
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy full tensors, under Hugging Face checkpoint names, into the module this

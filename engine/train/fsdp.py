@@ -33,12 +33,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def load_hf_model(model_cfg: ModelConfig, kind: str = "causal_lm") -> nn.Module:
     """The model in fp32 on CPU (FSDP casts for compute): ``causal_lm`` for the policy
-    and reference, ``value`` (a token-classification head with one output) for the
-    critic; built from its config with ``override_config`` applied
-    (``engine.models.hf_config``)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    and reference (a vision-language model's image-text-to-text class, e.g.
+    ``Qwen2_5_VLForConditionalGeneration``), ``value`` (a token-classification head
+    with one output) for the critic; built from its config with ``override_config``
+    applied (``engine.models.hf_config``)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
-    from engine.models.hf_config import load_hf_config, loading_kwargs
+    from engine.models.hf_config import is_vision_language, load_hf_config, loading_kwargs
 
     path = model_cfg.path
     common = {
@@ -48,7 +53,8 @@ def load_hf_model(model_cfg: ModelConfig, kind: str = "causal_lm") -> nn.Module:
     }
     if kind == "causal_lm":
         config = load_hf_config(model_cfg)
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, **common)
+        auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+        model = auto.from_pretrained(path, config=config, **common)
     elif kind == "value":
         config = load_hf_config(model_cfg, num_labels=1)
         from transformers.utils import logging as hf_logging

@@ -15,6 +15,7 @@ positions, and every row would attend to the rows before it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -73,12 +74,16 @@ def trim_padding(tokens: TokenBatch) -> TokenBatch:
     kept = trimmed_columns(tokens)
     response_width = kept.stop - tokens.input_ids_BS.shape[1] + tokens.response_length
     routed = tokens.routed_experts_BSLK
+    vision = tokens.vision
+    if vision is not None:
+        vision = dataclasses.replace(vision, position_ids_B3S=vision.position_ids_B3S[:, :, kept])
     return TokenBatch(
         input_ids_BS=tokens.input_ids_BS[:, kept],
         attention_mask_BS=tokens.attention_mask_BS[:, kept],
         position_ids_BS=tokens.position_ids_BS[:, kept],
         response_mask_BR=tokens.response_mask_BR[:, :response_width],
         routed_experts_BSLK=None if routed is None else routed[:, kept],
+        vision=vision,
     )
 
 
@@ -94,6 +99,9 @@ def model_call(
 ) -> ModelCall:
     """The call of a micro-batch; with ``ulysses`` (an ``engine.train.ulysses.UlyssesGroup``,
     packed only) this rank's slice of it, bins padded to a multiple of the group's size."""
+    if tokens.vision is not None and (packed or ulysses is not None):
+        # engine.config.vision refuses these settings for a vision-language model
+        raise ValueError("packed rows and Ulysses take no images yet")
     if ulysses is not None:
         return ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
     return _packed(model, tokens, device) if packed else _padded(model, tokens, device)
@@ -108,12 +116,16 @@ def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> Model
     kwargs: dict = {"use_cache": False}
     if takes_logits_to_keep(type(model)):
         kwargs["logits_to_keep"] = kept + 1
+    inputs = {
+        "input_ids": trimmed.input_ids_BS.to(device),
+        "attention_mask": trimmed.attention_mask_BS.to(device),
+        "position_ids": trimmed.position_ids_BS.to(device),
+    }
+    if trimmed.vision is not None:  # the images, and the positions as (3, B, S)
+        inputs["position_ids"] = trimmed.vision.position_ids_B3S.transpose(0, 1).to(device)
+        inputs |= {k: v.to(device) for k, v in trimmed.vision.pixel_inputs().items()}
     return ModelCall(
-        inputs={
-            "input_ids": trimmed.input_ids_BS.to(device),
-            "attention_mask": trimmed.attention_mask_BS.to(device),
-            "position_ids": trimmed.position_ids_BS.to(device),
-        },
+        inputs=inputs,
         kwargs=kwargs,
         targets=trimmed.responses_BR.to(device),
         select=None,

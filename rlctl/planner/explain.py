@@ -265,10 +265,16 @@ def _model_line(m: ModelShape) -> str:
         if m.kv_latent_dim
         else f"{m.num_kv_heads} KV heads × {m.head_dim}"
     )
+    vision = (
+        f"; a vision tower of {_fmt_params(m.vision_params)} (counted in memory, not in the"
+        " per-token compute)"
+        if m.vision_params
+        else ""
+    )
     return (
         f"model: {m.name} — {_fmt_params(m.num_params)} parameters ({m.source}); {m.num_layers}"
         f" layers, hidden {m.hidden_size}, {m.num_attention_heads} heads / {attn}, vocab"
-        f" {m.vocab_size}{moe}"
+        f" {m.vocab_size}{moe}{vision}"
     )
 
 

@@ -396,7 +396,10 @@ class Plan:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["memory"] = MemoryEstimate.from_json(data["memory"])
         model = data["model"]
-        values["model"] = ModelShape(**{k: model[k] for k in ModelShape.__dataclass_fields__})
+        # a plan saved before a field existed (vision_params) reads its default
+        values["model"] = ModelShape(
+            **{k: model[k] for k in ModelShape.__dataclass_fields__ if k in model}
+        )
         values["reasoning"] = list(data["reasoning"])
         if data.get("split") is not None:
             values["split"] = RolloutSplit.from_json(data["split"])

@@ -25,12 +25,19 @@ def hf_counts(model_type: str, **fields):
 
 
 def counts_of(config):
+    """The units FSDP shards one by one are the decoder layers, and a vision-language
+    model's vision blocks too (``_no_split_modules``)."""
+    vision = getattr(config, "vision_config", None) is not None
+    auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     total = sum(p.numel() for p in model.parameters())
-    layers = model.model.layers
-    largest = max(sum(p.numel() for p in layer.parameters()) for layer in layers)
-    return total, largest, total - sum(p.numel() for p in layers.parameters())
+    if vision:
+        units = [*model.model.language_model.layers, *model.model.visual.blocks]
+    else:
+        units = list(model.model.layers)
+    largest = max(sum(p.numel() for p in unit.parameters()) for unit in units)
+    return total, largest, total - sum(p.numel() for u in units for p in u.parameters())
 
 
 def ours(model_type: str, **fields):
@@ -157,6 +164,8 @@ PUBLISHED = {
     "Qwen/Qwen2.5-32B": (32.5e9, None),
     "Qwen/Qwen2.5-72B": (72.7e9, None),
     "Qwen/Qwen2-7B": (7.62e9, None),
+    "Qwen/Qwen2.5-VL-3B": (3.75e9, None),
+    "Qwen/Qwen2.5-VL-7B": (8.29e9, None),
     "Qwen/Qwen3-0.6B": (0.6e9, None),
     "Qwen/Qwen3-1.7B": (1.7e9, None),
     "Qwen/Qwen3-4B": (4.0e9, None),
@@ -261,6 +270,38 @@ def test_multimodal_text_config_is_used(tmp_path):
         json.dumps({"model_type": "llava", "text_config": text, "tie_word_embeddings": False})
     )
     assert model_shape(str(tmp_path)).num_params == ours(**text).num_params
+
+
+def test_vision_towers_are_counted_exactly():
+    """Qwen2-VL's and Qwen2.5-VL's vision towers beside their language models, tiny, each
+    config saved as transformers saves it (``text_config``) and in the published layout
+    (the language model's fields at the top, as Qwen's own config.json has them)."""
+    text = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]})  # fmt: skip
+    configs = [
+        transformers.Qwen2_5_VLConfig(
+            text_config=text, tie_word_embeddings=False,
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2,
+                               out_hidden_size=64, fullatt_block_indexes=[1]),
+        ),
+        transformers.Qwen2VLConfig(
+            text_config=text, tie_word_embeddings=True,
+            vision_config=dict(depth=3, embed_dim=32, mlp_ratio=2, num_heads=2, hidden_size=64),
+        ),
+    ]  # fmt: skip
+    for config in configs:
+        expected = counts_of(config)
+        saved = config.to_dict()
+        published = {**{k: v for k, v in saved.items() if k != "text_config"}, **text}
+        for fields in (saved, published):
+            shape = shape_from_config(fields, name="tiny", source="test")
+            assert (shape.num_params, shape.largest_layer_params, shape.root_params) == expected
+            assert shape.model_type == config.model_type
+        with torch.device("meta"):
+            model = transformers.AutoModelForImageTextToText.from_config(config)
+        assert shape.vision_params == sum(p.numel() for p in model.model.visual.parameters())
+        assert shape.compute_params == shape.num_params - shape.vision_params
 
 
 def test_missing_local_config_is_an_error(tmp_path):

@@ -27,11 +27,12 @@ class Source:
 
 def sources() -> dict[str, Source]:
     """The sources by command-line name."""
-    from engine.data.sources import gsm8k, math_lighteval
+    from engine.data.sources import geo3k, gsm8k, math_lighteval
 
     return {
         "gsm8k": gsm8k.SOURCE,
         "gsm8k_tools": gsm8k.TOOLS_SOURCE,
         "gsm8k_sft": gsm8k.SFT_SOURCE,  # conversations for engine.sft
         "math": math_lighteval.SOURCE,
+        "geo3k": geo3k.SOURCE,
     }

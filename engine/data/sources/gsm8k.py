@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from engine.data.dataset import DataError
+from engine.data.errors import DataError
 from engine.data.sources import Source
 
 DATA_SOURCE = "openai/gsm8k"

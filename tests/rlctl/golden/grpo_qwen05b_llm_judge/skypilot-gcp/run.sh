@@ -219,6 +219,8 @@ data:
   train_max_samples: -1
   val_max_samples: -1
   apply_chat_template_kwargs: {}
+  image_key: images
+  mm_processor_kwargs: {}
   custom_cls:
     path: null
     name: null

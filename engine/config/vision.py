@@ -1,0 +1,52 @@
+"""What a vision-language actor can be trained with so far (docs/vision.md): the rules
+that apply once the model's config says it has a vision tower (checked with the other
+rules that need the model's config, ``engine.runtime``). Each refusal names the key and
+what to set; each goes when its part is built and tested."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config.engine import EngineConfig
+
+ARR = "actor_rollout_ref"
+
+
+def vision_model_problems(cfg: EngineConfig) -> list[str]:
+    """The settings a vision-language actor cannot run with yet."""
+    arr = cfg.actor_rollout_ref
+    why = "with a vision-language model (docs/vision.md: not built yet)"
+    p: list[str] = []
+    if arr.model.use_remove_padding:
+        p.append(
+            f"{ARR}.model.use_remove_padding=true: packed sequences {why}; set it to false"
+            " (the padded rows run with the images and their 3-D rotary positions)"
+        )
+    for key, size in (
+        (f"{ARR}.actor.ulysses_sequence_parallel_size", arr.actor.ulysses_sequence_parallel_size),
+        (f"{ARR}.ref.ulysses_sequence_parallel_size", arr.ref.ulysses_sequence_parallel_size),
+    ):
+        if size is not None and size > 1:
+            p.append(f"{key}={size}: Ulysses sequence parallelism {why}; set it to 1")
+    if arr.model.use_fused_kernels:
+        p.append(f"{ARR}.model.use_fused_kernels=true: the fused head {why}; set it to false")
+    if arr.rollout.name != "hf":
+        p.append(
+            f"{ARR}.rollout.name={arr.rollout.name}: this rollout takes no images yet; set"
+            f" {ARR}.rollout.name=hf"
+        )
+    if cfg.megatron_roles():
+        p.append(f"strategy=megatron {why}; use the fsdp/fsdp2 strategy")
+    if cfg.use_critic:
+        p.append(
+            f"a critic (algorithm.adv_estimator={cfg.algorithm.adv_estimator}) {why}; use a"
+            " critic-free estimator (grpo, rloo, reinforce_plus_plus, ...)"
+        )
+    if arr.rollout.multi_turn.enable:
+        p.append(f"{ARR}.rollout.multi_turn.enable=true: agent loops {why}; set it to false")
+    if cfg.async_training.mode != "sync":
+        p.append(f"async_training.mode={cfg.async_training.mode} {why}; use sync")
+    if cfg.distillation.enabled:
+        p.append(f"distillation.enabled=true {why}; set it to false")
+    return p
