@@ -7,6 +7,7 @@ killed run's first steps, logged by a process of its own, show to give the same 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -67,24 +68,11 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
-ROLLOUTS = [
-    pytest.param([], id="hf"),
-    # A resumed vLLM run builds a new engine and pushes the checkpoint's weights into it;
-    # it samples from the run's restored random state, as the uninterrupted run did.
-    pytest.param(
-        [
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.calculate_log_probs=true",
-        ],
-        marks=pytest.mark.vllm,
-        id="vllm",
-    ),
-]
+VLLM = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.calculate_log_probs=true"]
 
 
-@pytest.mark.parametrize("rollout", ROLLOUTS)
 def test_killed_run_resumes_exactly(
-    rollout, tiny_model_dir, synthetic_data, tmp_path, run_engine, engine_process, capsys
+    tiny_model_dir, synthetic_data, tmp_path, run_engine, engine_process, capsys
 ):
     """The run straight through here; the same run as a process of its own, killed once
     its step-4 checkpoint is complete, then resumed here. Its steps 1-4 (the process's)
@@ -92,14 +80,14 @@ def test_killed_run_resumes_exactly(
     steps 5 and 6 (the resume restored everything)."""
     train, _ = synthetic_data
     straight = tmp_path / "straight"
-    run_engine(*engine_args(tiny_model_dir, train, straight, *rollout))
+    run_engine(*engine_args(tiny_model_dir, train, straight))
     expected = by_step(straight)
     assert sorted(expected) == [1, 2, 3, 4, 5, 6]
 
     # Killed (driver, Ray and workers: the whole process group) once the step-4
     # checkpoint is complete: what a lost node looks like.
     broken = tmp_path / "broken"
-    proc = engine_process(*engine_args(tiny_model_dir, train, broken, *rollout), popen=True,
+    proc = engine_process(*engine_args(tiny_model_dir, train, broken), popen=True,
                           start_new_session=True)  # fmt: skip
     try:
         wait_for(broken / "global_step_4" / "COMPLETE", proc)
@@ -111,10 +99,36 @@ def test_killed_run_resumes_exactly(
         assert killed[step] == expected[step], f"step {step} differs in a process of its own"
 
     capsys.readouterr()
-    run_engine(*engine_args(tiny_model_dir, train, broken, *rollout))
+    run_engine(*engine_args(tiny_model_dir, train, broken))
     out = capsys.readouterr().out
     assert "resumed from" in out and "at step 4" in out
     got = by_step(broken)
+    for step in (5, 6):
+        assert got[step] == expected[step], f"step {step} differs after resume"
+
+
+@pytest.mark.vllm
+def test_a_resumed_vllm_run_samples_as_the_straight_one(
+    tiny_model_dir, synthetic_data, tmp_path, run_engine, capsys
+):
+    """A resumed vLLM run builds a new engine and pushes the checkpoint's weights into it;
+    it samples from the run's restored random state, as the uninterrupted run did. The
+    straight run's step-4 checkpoint alone in a new run folder (what a run killed after
+    it leaves: the kill itself is the test above's) resumes to its steps 5 and 6."""
+    train, _ = synthetic_data
+    straight = tmp_path / "straight"
+    run_engine(*engine_args(tiny_model_dir, train, straight, *VLLM))
+    expected = by_step(straight)
+    assert sorted(expected) == [1, 2, 3, 4, 5, 6]
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight / "global_step_4", resumed / "global_step_4")
+    capsys.readouterr()
+    run_engine(*engine_args(tiny_model_dir, train, resumed, *VLLM))
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "at step 4" in out
+    got = by_step(resumed)
+    assert sorted(got) == [5, 6]
     for step in (5, 6):
         assert got[step] == expected[step], f"step {step} differs after resume"
 

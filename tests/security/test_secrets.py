@@ -1,6 +1,7 @@
 """A secret's value never lands in a file: canary values for the secrets a recipe names,
 then every file the job, rlctl and Ray leave behind is read for them. Per backend: the
-local one (the engine on a real local Ray cluster, and a whole job through the CLI),
+local one (the engine on a real local Ray cluster; a whole job through the CLI is
+tests/e2e/test_cli_local.py's secrets test),
 Slurm (the submission with a stand-in sbatch; the real daemons in tests/slurm) and
 SkyPilot (the render, the task it is handed, everything rlctl writes)."""
 
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 import rlctl.api
-from rlctl.jobs import JobState, JobStore
+from rlctl.jobs import JobStore
 from tests.security.secret_files import files_holding, ray_dirs_since
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,36 +124,6 @@ def test_a_local_ray_cluster_gets_the_secrets_and_writes_none(monkeypatch):
         ray.shutdown()
     time.sleep(1)  # Ray's log monitor flushes as it stops
     assert files_holding(ray_dirs_since(started), VALUES) == []
-
-
-@pytest.mark.slow
-def test_a_local_job_through_the_cli_leaves_no_secret(tmp_path):
-    """rlctl launch on the local backend, trained to the end: the job store, the job's
-    directory, what the engine wrote and Ray's session directories hold no value."""
-    home = tmp_path / "home"
-    env = {**os.environ, **CANARY, "RLCTL_HOME": str(home), "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)
-
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-c", "from rlctl.cli import main; main()", *args],
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
-        )  # fmt: skip
-
-    started = time.time()
-    launched = cli("launch", str(recipe(tmp_path)))
-    assert launched.returncode == 0, launched.stderr
-    job_id = launched.stdout.split()[1]
-    store = JobStore(home / "jobs.db")
-    deadline = time.monotonic() + 400
-    while (job := rlctl.api.status(job_id, store=store)[0]).state not in (
-        JobState.SUCCEEDED, JobState.FAILED,
-    ):  # fmt: skip
-        assert time.monotonic() < deadline, cli("logs", job_id).stdout[-3000:]
-        time.sleep(1)
-    assert job.state is JobState.SUCCEEDED, cli("logs", job_id).stdout[-3000:]
-    assert "HF_TOKEN" in store.get(job_id).recipe_yaml  # by name
-    assert files_holding([tmp_path, *ray_dirs_since(started)], VALUES) == []
 
 
 # ---------------------------------------------------------------------------
