@@ -22,8 +22,7 @@ CONTROL = os.environ.get("RLCTL_VISION_CONTROL") == "1"
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory):
     """The tiny Qwen2.5-VL after its format warm start, on one thread: its steps are too
-    small for two to pay, and two spin against any other work on the cores (10 steps:
-    1.5 s on one thread, 13.6 s on two, with the 2 cores busy)."""
+    small for two to pay, and two spin against any other work on the cores."""
     import torch
 
     from engine.data.shapes_warmup import warm_start
