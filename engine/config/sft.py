@@ -38,9 +38,16 @@ NAMES = Names(
         "optim.warmup_style": "optim.lr_scheduler_type",  # verl's deprecated name
         "optim.lr_decay_style": "optim.lr_scheduler_type",  # Megatron's
         "engine.use_remove_padding": "model.use_remove_padding",  # Megatron's copy
+        # engine=automodel's names
+        "engine.activation_checkpointing": "model.enable_gradient_checkpointing",
+        "engine.mp_param_dtype": "engine.dtype",
+        "optim.wd_incr_style": "optim.weight_decay_incr_style",
     },
     prefixes={},
-    values={"engine.dtype": _DTYPES, "engine.strategy": {"fsdp_turbo": "fsdp2"}},
+    values={
+        "engine.dtype": _DTYPES,
+        "engine.strategy": {"fsdp_turbo": "fsdp2", "automodel": "fsdp2"},
+    },
 )
 _OTHER_ENGINE = "verl's {} engine is not in this engine; use engine=fsdp (FSDP2) or engine=megatron"
 GROUPS = Groups(
@@ -48,14 +55,27 @@ GROUPS = Groups(
         "engine": {
             "fsdp": {"engine.strategy": "fsdp"},
             "megatron": {"engine.strategy": "megatron"},
+            # verl's AutoModel engine: FSDP2 of the HF model when its sizes are all 1
+            "automodel": {"engine.strategy": "fsdp2"},
         },
-        "optim": {"fsdp": {}, "megatron": {}},
+        "optim": {
+            "fsdp": {},
+            "megatron": {},
+            # verl's optim/automodel.yaml defaults (they differ from fsdp's)
+            "automodel": {
+                "optim.lr": 1e-5,
+                "optim.betas": [0.9, 0.999],
+                "optim.weight_decay": 0.01,
+                "optim.init_lr_ratio": 0.1,
+                "optim.min_lr_ratio": 0.01,
+                "optim.lr_scheduler_type": "cosine",
+            },
+        },
         "model": {"hf_model": {}},
         "profiler": {"profiler": {}},
     },
     lacking={
         "torchtitan": _OTHER_ENGINE.format("TorchTitan"),
-        "automodel": _OTHER_ENGINE.format("AutoModel"),
         "veomni": _OTHER_ENGINE.format("VeOmni"),
         "mlite": (
             "mlite is verl's Megatron-lite plugin engine (the verl_mlite package's config"
@@ -173,10 +193,44 @@ def engine_rules(cfg: SFTConfig) -> list[str]:
                 f"engine.ulysses_sequence_parallel_size={size} needs"
                 " model.use_remove_padding=true (the group splits each packed row)"
             )
+    p += automodel_rules(cfg)
     if e.qat.get("enable"):
         p.append("engine.qat.enable=true: quantization-aware training is not in this engine")
     if e.router_replay.get("mode") not in ("disabled", None):
         p.append("engine.router_replay.mode: MoE routing replay is not in this engine; disabled")
+    return p
+
+
+def automodel_rules(cfg: SFTConfig) -> list[str]:
+    """engine=automodel's keys: what of verl's AutoModel engine is FSDP2 here."""
+    e = cfg.engine
+    p = []
+    if e.distributed_strategy != "fsdp2":
+        p.append(
+            f"engine.distributed_strategy={e.distributed_strategy!r}: only fsdp2 here (FSDP2);"
+            " set fsdp2, or engine=megatron for Megatron's own sharding"
+        )
+    megatron_key = {
+        "tp_size": "tensor_model_parallel_size",
+        "pp_size": "pipeline_model_parallel_size",
+        "cp_size": "context_parallel_size",
+        "ep_size": "expert_model_parallel_size",
+    }
+    for name, target in megatron_key.items():
+        size = getattr(e, name)
+        if size != 1:
+            p.append(
+                f"engine.{name}={size}: AutoModel's model parallelism is not in this engine"
+                f" (FSDP2 shards the whole model); use engine=megatron with"
+                f" engine.{target}={size}, or leave it at 1"
+            )
+    if e.dp_replicate_size != 1:
+        p.append(
+            f"engine.dp_replicate_size={e.dp_replicate_size}: hybrid sharding is not in this"
+            " engine (FSDP2 shards over every rank); leave it at 1"
+        )
+    if e.enable_fp8:
+        p.append("engine.enable_fp8=true: FP8 training is not in this engine; set false")
     return p
 
 

@@ -24,6 +24,7 @@ EACH_EPOCH = "after_each_epoch"  # save_freq / test_freq: once per epoch (verl's
 _MEGATRON_ONLY = "(engine=megatron)"
 _UNUSED_LOGITS = "SFT computes no entropy; changes nothing here."
 _CONVERTS = "the engine converts the Hugging Face weights at model.path itself"
+_AM_SIZES = "(FSDP2 of the whole model; engine=megatron for model parallelism)"
 
 
 @dataclass
@@ -315,6 +316,41 @@ class SFTEngineConfig:
         "verl's fsdp_turbo layout; changes nothing here (fsdp_turbo runs on FSDP2).",
     )
 
+    # verl's AutoModel engine (engine=automodel): FSDP2 of the Hugging Face model, as
+    # here, when all its parallel sizes are 1 (engine.config.sft refuses other sizes)
+    distributed_strategy: str = setting(
+        "fsdp2",
+        "engine=automodel's sharding: fsdp2 only here (FSDP2; megatron_fsdp and ddp are"
+        " AutoModel's own).",
+    )
+    tp_size: int = setting(1, f"engine=automodel's tensor parallel size: 1 only here {_AM_SIZES}.")
+    pp_size: int = setting(1, f"engine=automodel's pipeline stages: 1 only here {_AM_SIZES}.")
+    cp_size: int = setting(1, f"engine=automodel's context parallel size: 1 only here {_AM_SIZES}.")
+    ep_size: int = setting(1, f"engine=automodel's expert parallel size: 1 only here {_AM_SIZES}.")
+    dp_replicate_size: int = setting(
+        1, "engine=automodel's replicated (HSDP) groups: 1 only here (FSDP2 shards over all)."
+    )
+    enable_fp8: bool = setting(
+        False, "engine=automodel's FP8 training: not in this engine (true is refused)."
+    )
+    defer_fsdp_grad_sync: bool = inert(
+        True, "AutoModel's gradient-sync timing under accumulation (speed); changes nothing here."
+    )
+    enable_compile: bool = inert(False, "AutoModel's torch.compile switch; eager here.")
+    attn_implementation: str = inert(
+        "flash_attention_2",
+        "AutoModel's attention kernel; the model's own here (model.override_config to change).",
+    )
+    backend_config: dict[str, Any] = tree(
+        verl_trees.AUTOMODEL_BACKEND,
+        "AutoModel's kernel choices (Transformer Engine, DeepEP); torch's kernels here.",
+    )
+    moe_config: dict[str, Any] = tree(
+        verl_trees.AUTOMODEL_MOE, "AutoModel's MoE wrapping options; changes nothing here."
+    )
+    mp_reduce_dtype: str = inert("fp32", "AutoModel's gradient-reduction dtype; float32 here.")
+    mp_output_dtype: str = inert("bf16", "AutoModel's output dtype; the compute dtype here.")
+
     def fsdp(self) -> FSDPConfig:
         """The FSDP2 engine's own section."""
         return FSDPConfig(
@@ -348,6 +384,13 @@ class SFTOptimConfig(OptimConfig):
     optimizer: str = setting(
         "AdamW", "The optimizer: AdamW (Megatron's name for it, adam, is read as AdamW)."
     )
+    master_weights: bool = inert(
+        False, "AutoModel's separate fp32 master weights; FSDP2 holds float32 weights here."
+    )
+    store_param_remainders: bool = inert(
+        False, "AutoModel's bf16 parameter remainders (memory); changes nothing here."
+    )
+    master_weight_dtype: str | None = inert(None, "AutoModel's master weight dtype; float32 here.")
 
 
 @dataclass

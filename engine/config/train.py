@@ -179,6 +179,7 @@ class OptimConfig:
     lr: float = setting(1e-6, "Peak learning rate of AdamW.")
     betas: list[float] = setting(help="AdamW's (β1, β2).", factory=lambda: [0.9, 0.999])
     weight_decay: float = setting(0.01, "AdamW's decoupled weight decay, on every parameter.")
+    eps: float = setting(1e-8, "AdamW's epsilon (verl's optim=automodel key; torch's default).")
     lr_warmup_steps: int = setting(
         -1, "Steps of linear warmup; -1: `lr_warmup_steps_ratio` of the total steps."
     )
@@ -189,6 +190,11 @@ class OptimConfig:
         "constant", "After warmup: constant, or cosine (decay to `min_lr_ratio` × lr)."
     )
     min_lr_ratio: float = setting(0.0, "Floor of the cosine decay, as a fraction of lr.")
+    init_lr_ratio: float = setting(
+        0.0,
+        "The warmup's start as a fraction of lr (verl's optim=automodel key): the LR rises"
+        " linearly from it, the first step at init + (1 - init)/warmup of lr.",
+    )
     num_cycles: float = setting(
         0.5, "Cosine periods over the decay; 0.5 falls once from lr to the floor."
     )
@@ -326,9 +332,14 @@ class FSDPConfig:
 
 
 def optim_problems(key: str, optim: OptimConfig) -> list[str]:
-    return choice(
-        optim.lr_scheduler_type, LR_SCHEDULERS, f"{key}.lr_scheduler_type", "LR scheduler"
-    )
+    p = choice(optim.lr_scheduler_type, LR_SCHEDULERS, f"{key}.lr_scheduler_type", "LR scheduler")
+    if not 0.0 <= optim.init_lr_ratio <= 1.0:
+        p.append(
+            f"{key}.init_lr_ratio must be in [0, 1] (a fraction of lr), got {optim.init_lr_ratio}"
+        )
+    if not optim.eps > 0:
+        p.append(f"{key}.eps must be > 0 (AdamW's epsilon; 1e-8 is torch's), got {optim.eps}")
+    return p
 
 
 def dtype_problems(dtypes: list[tuple[str, str]]) -> list[str]:

@@ -411,3 +411,25 @@ def _unknown(key: str, value: Any, default: Any) -> list[str]:
         else:
             problems += _unknown(f"{key}.{name}", item, default[name])
     return problems
+
+
+# verl's AutoModel engine (engine=automodel): its kernel and MoE choices, held whole
+AUTOMODEL_BACKEND = {
+    "attn": "sdpa",
+    "linear": "te",
+    "rms_norm": "torch_fp32",
+    "rope_fusion": True,
+    "dispatcher": "torch",
+    "experts": "gmm",
+    "gate_precision": None,
+    "enable_hf_state_dict_adapter": True,
+    "enable_fsdp_optimizations": False,
+    "fake_balanced_gate": False,
+    "fake_gate_noise": 0.0,
+}
+AUTOMODEL_MOE = {
+    "ignore_router_for_ac": False,
+    "reshard_after_forward": False,
+    "lm_head_precision": None,
+    "wrap_outer_model": True,
+}

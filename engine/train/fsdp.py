@@ -143,11 +143,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
         lr=cfg.lr,
         betas=(cfg.betas[0], cfg.betas[1]),
         weight_decay=cfg.weight_decay,
+        eps=cfg.eps,
     )
 
 
 def lr_multiplier(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """Linear warmup, then constant or cosine decay to ``min_lr_ratio``.
+    """Linear warmup (from ``init_lr_ratio``), then constant or cosine decay to
+    ``min_lr_ratio``.
 
     Warmup steps are ``lr_warmup_steps`` when >= 0, else ``lr_warmup_steps_ratio``
     of the total. ``step`` counts optimizer-schedule steps from 0.
@@ -158,7 +160,7 @@ def lr_multiplier(step: int, cfg: OptimConfig, total_steps: int) -> float:
         else int(cfg.lr_warmup_steps_ratio * total_steps)
     )
     if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
+        return cfg.init_lr_ratio + (1.0 - cfg.init_lr_ratio) * (step + 1) / warmup
     if cfg.lr_scheduler_type == "constant":
         return 1.0
     progress = (step - warmup) / max(1, total_steps - warmup)

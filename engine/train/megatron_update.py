@@ -54,7 +54,7 @@ class MegatronUpdate(EngineState):
             weight_decay=cfg.weight_decay,
             adam_beta1=cfg.betas[0],
             adam_beta2=cfg.betas[1],
-            adam_eps=1e-8,  # torch AdamW's, as the FSDP backend uses
+            adam_eps=cfg.eps,  # as the FSDP backend's AdamW
             bf16=bf16,
             params_dtype=torch.bfloat16 if bf16 else torch.float32,
             use_distributed_optimizer=self.parallel.use_distributed_optimizer,

@@ -107,6 +107,46 @@ def test_a_verl_megatron_script_loads_as_written():
         assert key in note
 
 
+def test_a_verl_automodel_script_loads_as_fsdp2():
+    """run_qwen2_5_0_5b_automodel.sh's arguments: verl's AutoModel engine with every
+    parallel size 1 is FSDP2 of the Hugging Face model, which this engine runs; its
+    names for the checkpointing switch and the dtype are read as this engine's."""
+    cfg = sft(
+        "engine=automodel",
+        "engine.distributed_strategy=fsdp2",
+        "engine.tp_size=1",
+        "engine.pp_size=1",
+        "engine.cp_size=1",
+        "engine.ep_size=1",
+        "engine.use_torch_compile=False",
+        "engine.activation_checkpointing=True",
+        "engine.mp_param_dtype=bf16",
+        "optim=automodel",
+        "optim.lr=1e-5",
+        "optim.lr_warmup_steps_ratio=0.2",
+        "optim.weight_decay=0.1",
+        "optim.betas=[0.9,0.95]",
+        "optim.init_lr_ratio=0",
+        "optim.min_lr_ratio=0.1",
+        "trainer.n_gpus_per_node=8",
+    )
+    assert cfg.engine.strategy == "fsdp2" and not cfg.megatron
+    assert cfg.model.enable_gradient_checkpointing and cfg.engine.dtype == "bfloat16"
+    o = cfg.optim
+    assert (o.lr, o.init_lr_ratio, o.min_lr_ratio, o.betas) == (1e-5, 0.0, 0.1, [0.9, 0.95])
+    assert engine_view(cfg, 10).actor_rollout_ref.actor.strategy == "fsdp2"
+
+
+def test_optim_automodel_brings_verls_defaults_for_it():
+    """verl's optim/automodel.yaml differs from its fsdp one: a script that names the
+    group and sets nothing else gets its values, not SFT's fsdp defaults."""
+    plain, automodel = sft().optim, sft("optim=automodel").optim
+    assert (plain.lr, plain.init_lr_ratio, plain.lr_scheduler_type) == (1e-3, 0.0, "constant")
+    assert automodel.lr == 1e-5 and automodel.init_lr_ratio == 0.1
+    assert (automodel.min_lr_ratio, automodel.lr_scheduler_type) == (0.01, "cosine")
+    assert sft("optim=automodel", "optim.lr=3e-5").optim.lr == 3e-5  # the script's value wins
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -129,6 +169,11 @@ def test_a_verl_megatron_script_loads_as_written():
         (["engine=torchtitan"], "TorchTitan engine is not in this engine"),
         (["trainer.default_hdfs_dir=hdfs://x"], "bucket URL"),
         (["engine.qat.enable=true"], "quantization-aware training"),
+        (["engine=automodel", "engine.ep_size=8"], r"engine=megatron with engine\.expert_model"),
+        (["engine=automodel", "engine.tp_size=2"], r"engine\.tensor_model_parallel_size=2"),
+        (["engine=automodel", "engine.distributed_strategy=ddp"], "only fsdp2 here"),
+        (["engine=automodel", "engine.enable_fp8=true"], "FP8 training is not in this engine"),
+        (["optim=automodel", "optim.init_lr_ratio=1.5"], r"init_lr_ratio must be in \[0, 1\]"),
     ],
 )
 def test_what_cannot_run_is_refused_with_the_fix(overrides, expected):
