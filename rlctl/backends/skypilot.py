@@ -416,13 +416,18 @@ class SkyPilotBackend:
         sky = import_sky()
         handle = job.handle
         if handle["mode"] == "managed":
-            records = sky.get(
-                sky.jobs.queue(refresh=False, skip_finished=False, job_ids=[handle["job_id"]])
+            # queue_v2: (records, total, counts by status, total unfiltered); the
+            # deprecated queue() printed its warning into `rlctl status --json`
+            result = sky.get(
+                sky.jobs.queue_v2(refresh=False, skip_finished=False, job_ids=[handle["job_id"]])
             )
+            records = result[0] if isinstance(result, tuple) else result
             for record in records:
                 if _field(record, "job_id") == handle["job_id"]:
                     return managed_state(
-                        _value(_field(record, "status")), _field(record, "failure_reason")
+                        _value(_field(record, "status")),
+                        _field(record, "failure_reason"),
+                        _field(record, "recovery_count") or 0,
                     )
             return Observed(JobState.FAILED, "SkyPilot no longer lists the managed job")
         try:
@@ -500,10 +505,15 @@ _CLUSTER = {
 }
 
 
-def managed_state(status: str, failure_reason: str | None = None) -> Observed:
+def managed_state(status: str, failure_reason: str | None = None, recoveries: int = 0) -> Observed:
+    """rlctl's state of a managed job; the reason says how often SkyPilot recovered it
+    (a preemption, a lost node, a restart after a failure)."""
     state, reason = _MANAGED.get(status, (JobState.RUNNING, f"SkyPilot status {status}"))
     if state is JobState.FAILED and failure_reason:
         reason = f"{reason}: {failure_reason}"
+    if recoveries:
+        times = f"recovered {recoveries} time{'s' if recoveries > 1 else ''}"
+        reason = f"{reason}, {times}" if reason else times
     return Observed(state, reason)
 
 

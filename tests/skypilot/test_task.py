@@ -302,7 +302,7 @@ class FakeSky(types.ModuleType):
         self.results: dict[str, object] = {}
         self.jobs = types.SimpleNamespace(
             launch=self._rec("jobs.launch"),
-            queue=self._rec("jobs.queue"),
+            queue_v2=self._rec("jobs.queue_v2"),
             cancel=self._rec("jobs.cancel"),
             tail_logs=self._logs("jobs.tail_logs"),
         )
@@ -383,11 +383,23 @@ def test_managed_job_submit_status_logs_stop(fake_sky):
         ("FAILED_NO_RESOURCE", JobState.FAILED, "no resources"),
         ("CANCELLED", JobState.CANCELLED, "cancelled"),
     ]:
-        fake_sky.results["jobs.queue"] = [{"job_id": 7, "status": status, "failure_reason": None}]
+        fake_sky.results["jobs.queue_v2"] = (
+            [{"job_id": 7, "status": status, "failure_reason": None}],
+            1,
+            {},
+            1,
+        )
         seen = backend.status(job)
         assert seen.state is state
         assert (seen.reason is None) if reason is None else (reason in seen.reason)
-    fake_sky.results["jobs.queue"] = []
+    # SkyPilot's recovery count, in the reason
+    fake_sky.results["jobs.queue_v2"] = (
+        [{"job_id": 7, "status": "SUCCEEDED", "failure_reason": None, "recovery_count": 2}],
+        1, {}, 1,
+    )  # fmt: skip
+    seen = backend.status(job)
+    assert (seen.state, seen.reason) == (JobState.SUCCEEDED, "recovered 2 times")
+    fake_sky.results["jobs.queue_v2"] = ([], 0, {}, 0)
     assert backend.status(job).state is JobState.FAILED
 
     assert list(backend.logs(job, follow=True)) == ["line 1", "line 2", "last"]
@@ -472,9 +484,11 @@ def test_launch_through_the_api_stores_no_secret(fake_sky, monkeypatch, tmp_path
     job = rlctl.api.launch("dapo_qwen32b", backend="skypilot", store=store)
     assert job.state is JobState.RUNNING
     assert store.get(job.id).handle["job_id"] == 12
-    fake_sky.results["jobs.queue"] = [{"job_id": 12, "status": "RECOVERING"}]
+    fake_sky.results["jobs.queue_v2"] = (
+        [{"job_id": 12, "status": "RECOVERING", "recovery_count": 1}], 1, {}, 1
+    )  # fmt: skip
     job = rlctl.api.status(job.id, store=store)[0]
-    assert (job.state, job.reason) == (JobState.RUNNING, "recovering")
+    assert (job.state, job.reason) == (JobState.RUNNING, "recovering, recovered 1 time")
     # the database, any journal next to it, and the job's directory (its wheel)
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.suffix == ".whl" for p in files)
