@@ -15,7 +15,8 @@ def _config(model_dir, *overrides):
 
 
 NOT_YET = [
-    f"{ARR}.model.use_remove_padding=true",
+    f"{ARR}.actor.ulysses_sequence_parallel_size=2",
+    f"{ARR}.model.use_remove_padding=true",  # which Ulysses needs, and VL takes
     f"{ARR}.model.use_fused_kernels=true",
     f"{ARR}.rollout.name=vllm",
     "algorithm.adv_estimator=gae",
@@ -26,7 +27,7 @@ def test_what_is_not_built_is_refused_by_its_key(tiny_vl_model_dir):
     with pytest.raises(ConfigError) as err:
         _check_model_configs(_config(tiny_vl_model_dir, *NOT_YET))
     problems = err.value.problems
-    assert problems[0].startswith(f"{ARR}.model.use_remove_padding=true: packed sequences")
+    assert problems[0].startswith(f"{ARR}.actor.ulysses_sequence_parallel_size=2: Ulysses")
     assert problems[1].startswith(f"{ARR}.model.use_fused_kernels=true: the fused head")
     assert problems[2].startswith(f"{ARR}.rollout.name=vllm: this rollout takes no images")
     assert problems[3].startswith("a critic (algorithm.adv_estimator=gae)")
@@ -38,6 +39,14 @@ def test_grpo_with_the_defaults_passes_and_returns_the_vision_config(
 ):
     config = _check_model_configs(_config(tiny_vl_model_dir, "algorithm.adv_estimator=grpo"))
     assert config.model_type == "qwen2_5_vl" and config.vision_config is not None
+    # packed sequences take images (tests/engine/train/test_packing_images.py)
+    _check_model_configs(
+        _config(
+            tiny_vl_model_dir,
+            "algorithm.adv_estimator=grpo",
+            f"{ARR}.model.use_remove_padding=true",
+        )
+    )
     # the same settings with a text model: no vision rule applies
     text = _check_model_configs(
         _config(tiny_model_dir, f"{ARR}.model.use_remove_padding=true", f"{ARR}.rollout.name=vllm")
