@@ -77,13 +77,15 @@ class VisionProcessor:
 
     def image_inputs(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> ImageInputs:
         """The images (RGB ``PIL.Image``) of a prompt whose pad tokens are expanded:
-        their pixel values and grids, and the prompt's rotary positions."""
+        their pixel values and grids, the prompt's rotary positions, and the images
+        themselves (a vLLM rollout's processor makes its own pixels from them)."""
         out = self.image_processor(images=list(images), return_tensors="pt", **self.kwargs)
         grid = out["image_grid_thw"].long()
         return ImageInputs(
             pixel_values_PD=out["pixel_values"].float(),
             image_grid_thw_N3=grid,
             positions_3P=prompt_positions(prompt_ids, grid, self.image_token_id, self.merge_size),
+            sources=tuple(images),
         )
 
 
