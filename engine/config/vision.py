@@ -21,15 +21,6 @@ def vision_model_problems(cfg: EngineConfig) -> list[str]:
     arr = cfg.actor_rollout_ref
     why = "with a vision-language model (docs/vision.md: not built yet)"
     p: list[str] = []
-    for key, size in (
-        (f"{ARR}.actor.ulysses_sequence_parallel_size", arr.actor.ulysses_sequence_parallel_size),
-        (f"{ARR}.ref.ulysses_sequence_parallel_size", arr.ref.ulysses_sequence_parallel_size),
-    ):
-        if size is not None and size > 1:
-            p.append(
-                f"{key}={size}: Ulysses sequence parallelism {why} (each rank would hold"
-                " a slice of an image's pad tokens but run the whole image); set it to 1"
-            )
     if arr.model.use_fused_kernels:
         p.append(f"{ARR}.model.use_fused_kernels=true: the fused head {why}; set it to false")
     if arr.rollout.name == "vllm":

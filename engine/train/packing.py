@@ -104,9 +104,6 @@ def model_call(
 ) -> ModelCall:
     """The call of a micro-batch; with ``ulysses`` (an ``engine.train.ulysses.UlyssesGroup``,
     packed only) this rank's slice of it, bins padded to a multiple of the group's size."""
-    if tokens.vision is not None and ulysses is not None:
-        # engine.config.vision refuses this setting for a vision-language model
-        raise ValueError("Ulysses takes no images yet")
     if ulysses is not None:
         return ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
     return _packed(model, tokens, device) if packed else _padded(model, tokens, device)

@@ -16,8 +16,7 @@ def _config(model_dir, *overrides):
 
 
 NOT_YET = [
-    f"{ARR}.actor.ulysses_sequence_parallel_size=2",
-    f"{ARR}.model.use_remove_padding=true",  # which Ulysses needs, and VL takes
+    f"{ARR}.model.use_remove_padding=true",
     f"{ARR}.model.use_fused_kernels=true",
     f"{ARR}.rollout.name=vllm",
     "algorithm.adv_estimator=gae",
@@ -28,12 +27,11 @@ def test_what_is_not_built_is_refused_by_its_key(tiny_vl_model_dir):
     with pytest.raises(ConfigError) as err:
         _check_model_configs(_config(tiny_vl_model_dir, *NOT_YET))
     problems = err.value.problems
-    assert problems[0].startswith(f"{ARR}.actor.ulysses_sequence_parallel_size=2: Ulysses")
-    assert problems[1].startswith(f"{ARR}.model.use_fused_kernels=true: the fused head")
+    assert problems[0].startswith(f"{ARR}.model.use_fused_kernels=true: the fused head")
     # vLLM takes images where it is a GPU build; here there is no torchvision
-    assert problems[2].startswith(f"{ARR}.rollout.name=vllm: vLLM cannot load a vision-language")
-    assert "torchvision is not installed" in problems[2]
-    assert problems[3].startswith("a critic (algorithm.adv_estimator=gae)")
+    assert problems[1].startswith(f"{ARR}.rollout.name=vllm: vLLM cannot load a vision-language")
+    assert "torchvision is not installed" in problems[1]
+    assert problems[2].startswith("a critic (algorithm.adv_estimator=gae)")
     assert all("vision-language" in p or "images" in p for p in problems)
 
 
