@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.train.vision_tower import NO_IMAGES, keep_tower_running
 from engine.types import TokenBatch, pixel_inputs
 
 
@@ -105,8 +106,14 @@ def model_call(
     """The call of a micro-batch; with ``ulysses`` (an ``engine.train.ulysses.UlyssesGroup``,
     packed only) this rank's slice of it, bins padded to a multiple of the group's size."""
     if ulysses is not None:
-        return ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
-    return _packed(model, tokens, device) if packed else _padded(model, tokens, device)
+        call = ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
+    else:
+        call = _packed(model, tokens, device) if packed else _padded(model, tokens, device)
+    if tokens.vision is not None and "pixel_values" not in call.inputs:
+        # no image here: the vision tower runs anyway (FSDP's collectives pair up)
+        keep_tower_running(model)
+        call.kwargs[NO_IMAGES] = True
+    return call
 
 
 def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> ModelCall:
