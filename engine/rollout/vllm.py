@@ -50,6 +50,7 @@ from engine.rollout.translate import (
     sampling_params_for,
 )
 from engine.rollout.versions import check_version
+from engine.rollout.vllm_images import check_expanded, vision_tokens, vllm_prompt
 from engine.rollout.vllm_outputs import finish_completion, routed_experts
 from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest
@@ -122,6 +123,8 @@ class VLLMRollout:
         from engine.rollout import vllm_transfer
 
         self.cfg = cfg
+        # a vision-language model's image tokens (engine.rollout.vllm_images); None: text
+        self.vision = vision_tokens(settings.model_path, settings.trust_remote_code)
         self.eos_token_ids = set(settings.eos_token_ids)
         self.bucket_bytes = settings.bucket_bytes
         self.sleep_level = sleep_level
@@ -140,6 +143,8 @@ class VLLMRollout:
             unique_shm_names(self._shm_token)
         args = settings.engine_args(cfg, "vllm")
         args["enable_sleep_mode"] = self.sleep_mode
+        if settings.mm_processor_kwargs:  # data.mm_processor_kwargs: as the driver's processor
+            args["mm_processor_kwargs"] = dict(settings.mm_processor_kwargs)
         args["weight_transfer_config"] = vllm_transfer.register()
         self._lora: Any = None  # the LoRARequest every generation passes
         self._adapters: Any = None
@@ -164,20 +169,24 @@ class VLLMRollout:
         self._check_usable()
         from vllm.inputs import TokensPrompt
 
-        rows, mine = gather_group_rows(request.prompt_ids, self.layout, self.group)
+        prompts, mine = gather_group_rows(self._prompts(request), self.layout, self.group)
         want_logprobs = self.cfg.calculate_log_probs
         params = self._params(request.sampling)
         outputs = []
         # vLLM samples from this process's default generator: seed it alike on every
         # member of the TP group, from the run's own random state.
         with seeded(group_seed(self.layout, self.group)):
-            if rows:
-                prompts = [TokensPrompt(prompt_token_ids=row) for row in rows]
+            if prompts:
                 outputs = self.llm.generate(
-                    prompts, params, use_tqdm=False, lora_request=self._lora
+                    [TokensPrompt(**p) for p in prompts],
+                    params,
+                    use_tqdm=False,
+                    lora_request=self._lora,
                 )
         responses, finished, logprobs, routed = [], [], [], []
-        for output in outputs[mine]:
+        for i, output in enumerate(outputs[mine]):
+            if request.images is not None and request.images[i] is not None:
+                check_expanded(i, request.prompt_ids[i], output.prompt_token_ids)
             tokens, lps, done = finish_completion(
                 output.outputs[0], self.eos_token_ids, request.sampling.ignore_eos, want_logprobs
             )
@@ -192,6 +201,15 @@ class VLLMRollout:
             logprobs=logprobs if want_logprobs else None,
             routed_experts=routed if self.cfg.enable_rollout_routing_replay else None,
         )
+
+    def _prompts(self, request: GenerationRequest) -> list[dict[str, Any]]:
+        """This rank's rows as vLLM prompts, with their images where they have some
+        (engine.rollout.vllm_images)."""
+        images = request.images or [None] * len(request.prompt_ids)
+        return [
+            vllm_prompt(ids, row, self.vision)
+            for ids, row in zip(request.prompt_ids, images, strict=True)
+        ]
 
     def prompt_logprobs(
         self, sequences: list[list[int]], starts: list[int], k: int
@@ -263,14 +281,15 @@ class VLLMRollout:
         """vLLM's SamplingParams for ours (log-probs of the sampled tokens when asked)."""
         from vllm import SamplingParams
 
-        return SamplingParams(
-            **sampling_params_for(
-                sampling,
-                "vllm",
-                eos_token_ids=self.eos_token_ids,
-                logprobs=self.cfg.calculate_log_probs,
-            )
+        kw = sampling_params_for(
+            sampling,
+            "vllm",
+            eos_token_ids=self.eos_token_ids,
+            logprobs=self.cfg.calculate_log_probs,
         )
+        if self.vision is not None:  # image and video pad tokens are never sampled
+            kw["logit_bias"] = self.vision.logit_bias()
+        return SamplingParams(**kw)
 
     # -- weights and memory ---------------------------------------------------------
 

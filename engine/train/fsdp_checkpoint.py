@@ -6,7 +6,8 @@ Layout of a role's directory (written collectively by every rank of the group):
     optim/    torch distributed checkpoint of the optimizer state dict
     rank_<r>.pt  the LR scheduler's state and the update counters of rank r
     hf/       config.json, generation_config.json and the tokenizer (rank 0), so that
-              ``python -m engine.export`` can rebuild a Hugging Face folder
+              ``python -m engine.export`` can rebuild a Hugging Face folder; a
+              vision-language model's processor files too (preprocessor_config.json)
 
 With LoRA (engine.train.lora) ``model/`` holds the adapter's tensors only (the frozen base
 weights are the model path's, unchanged), ``optim/`` their AdamW state, and ``hf/`` also
@@ -30,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from engine.models.processor import copy_processor_files
 from engine.rollout.weights import clean_name
 
 
@@ -72,6 +74,8 @@ def save_role(
             generation.save_pretrained(hf)
         if tokenizer is not None:
             tokenizer.save_pretrained(hf)
+            # a vision-language model's processor files, for the export (docs/vision.md)
+            copy_processor_files(module.config, hf)
         if peft_model is not None:
             peft_model.peft_config["default"].save_pretrained(hf)
     dist.barrier()

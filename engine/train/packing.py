@@ -11,6 +11,11 @@ that predict a response token go through the head (``logits_to_keep`` as an inde
 the per-token results are put back in the batch's (B, R) layout. The call passes
 ``use_cache=False``: with a cache transformers does not read packed rows from the
 positions, and every row would attend to the rows before it.
+
+A vision-language batch (``TokenBatch.vision``) packs the same way: the images go in the
+order their pad tokens sit in the bins, and the positions are (4, K, L), the text
+positions above (which transformers' Qwen2-VL models build the packed mask from, and
+flash-attention its row boundaries) over each row's own 3-D rotary positions.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.types import TokenBatch
+from engine.train.vision_tower import NO_IMAGES, keep_tower_running
+from engine.types import TokenBatch, pixel_inputs
 
 
 @dataclass
@@ -99,12 +105,15 @@ def model_call(
 ) -> ModelCall:
     """The call of a micro-batch; with ``ulysses`` (an ``engine.train.ulysses.UlyssesGroup``,
     packed only) this rank's slice of it, bins padded to a multiple of the group's size."""
-    if tokens.vision is not None and (packed or ulysses is not None):
-        # engine.config.vision refuses these settings for a vision-language model
-        raise ValueError("packed rows and Ulysses take no images yet")
     if ulysses is not None:
-        return ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
-    return _packed(model, tokens, device) if packed else _padded(model, tokens, device)
+        call = ulysses.split(_packed(model, tokens, device, multiple=ulysses.size))
+    else:
+        call = _packed(model, tokens, device) if packed else _padded(model, tokens, device)
+    if tokens.vision is not None and "pixel_values" not in call.inputs:
+        # no image here: the vision tower runs anyway (FSDP's collectives pair up)
+        keep_tower_running(model)
+        call.kwargs[NO_IMAGES] = True
+    return call
 
 
 def _padded(model: nn.Module, tokens: TokenBatch, device: torch.device) -> ModelCall:
@@ -213,8 +222,11 @@ def _packed(
         out[bin_of, col_of] = values_BRX[row_of, tok_of]
         return out.to(device)
 
+    inputs = {"input_ids": ids, "position_ids": pos}
+    if tokens.vision is not None:
+        inputs |= _packed_vision(tokens, bins, pos)
     return ModelCall(
-        inputs={"input_ids": ids.to(device), "position_ids": pos.to(device)},
+        inputs={k: v.to(device) for k, v in inputs.items()},
         kwargs=kwargs,
         targets=targets.to(device),
         select=select,
@@ -222,3 +234,24 @@ def _packed(
         token_index=source.to(device),
         pack=pack,
     )
+
+
+def _packed_vision(
+    tokens: TokenBatch, bins: list[list[int]], text_KL: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The packed bins' images and positions: the pixels in the order of their pad
+    tokens (bin by bin, each bin's rows as placed), and (4, K, L) positions, the text
+    ones ``text_KL`` (rows restarting at 0: the mask's boundaries) over each row's 3-D
+    ones (the tail of a bin: the text positions in all three)."""
+    vision = tokens.vision
+    assert vision is not None
+    attention = tokens.attention_mask_BS.bool()
+    pos = text_KL.unsqueeze(0).repeat(4, 1, 1)
+    for k, rows in enumerate(bins):
+        at = 0
+        for row in rows:
+            n = int(attention[row].sum())
+            pos[1:, k, at : at + n] = vision.position_ids_B3S[row][:, attention[row]]
+            at += n
+    order = [row for rows in bins for row in rows]
+    return {"position_ids": pos, **pixel_inputs([vision.images[row] for row in order])}

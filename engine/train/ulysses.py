@@ -22,6 +22,15 @@ the model is switched to a registered attention name ``rlctl_ulysses|<inner>`` t
 passes straight through when a call carries no SP state (the colocated HF rollout
 generates with the same module).
 
+Images. A vision-language model's call (``engine.train.packing``: pixels and (4, K, L)
+positions) goes to the model whole on every rank of the group: the model embeds the bins'
+tokens and scatters every image's features into them (an image's pad tokens may straddle
+two slices, and transformers takes all of an image's features or none), then a hook on
+its language model keeps this rank's slice of the embeddings and positions. Every rank
+of the group runs the vision tower on all of the micro-batch's images; each rank's loss
+reaches the tower only through its slice, so the group's summed gradients are the
+whole's, as for the token embeddings.
+
 Results. Each rank computes the per-token quantities (log-probs, entropy, values) at the
 head positions in its slice; they are gathered into the bin's order, so every rank of
 the group returns the same (B, R) tensors an SP-1 forward would. Every rank then computes
@@ -45,6 +54,10 @@ from engine.train.packing import ModelCall
 
 PREFIX = "rlctl_ulysses|"
 STATE_KWARG = "rlctl_ulysses"  # the model call's keyword that carries the SP state
+# A vision-language call's: the state the language model's hook turns into STATE_KWARG
+# (under this name the vision tower's attention, which gets the call's keywords too,
+# passes it by and attends over its whole images)
+VISION_STATE_KWARG = "rlctl_ulysses_vision"
 INNER = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 
 
@@ -94,6 +107,7 @@ class UlyssesGroup:
         per-token results back into the whole call's (B, R)."""
         ids, pos = call.inputs["input_ids"], call.inputs["position_ids"]
         bins, length = ids.shape
+        vision = pos.ndim == 3  # (4, K, L): a vision-language call (engine.train.packing)
         if length % self.size:
             raise SequenceParallelError(f"a packed length {length} not a multiple of {self.size}")
         local = length // self.size
@@ -106,7 +120,12 @@ class UlyssesGroup:
         mine = columns[first:last] - lo
         local_keep = torch.cat([mine, mine.new_tensor([local - 1])])
         kwargs = dict(call.kwargs)
-        kwargs[STATE_KWARG] = UlyssesState(self, pos)
+        if vision:  # whole bins in: the language model's hook slices them (module doc)
+            kwargs[VISION_STATE_KWARG] = UlyssesState(self, pos[0])
+            inputs = dict(call.inputs)
+        else:
+            kwargs[STATE_KWARG] = UlyssesState(self, pos)
+            inputs = {"input_ids": ids[:, lo : lo + local], "position_ids": pos[:, lo : lo + local]}
         select = None
         if "logits_to_keep" in kwargs:
             kwargs["logits_to_keep"] = local_keep
@@ -120,10 +139,7 @@ class UlyssesGroup:
             return call.unpack(whole_KL[:, columns])
 
         return ModelCall(
-            inputs={
-                "input_ids": ids[:, lo : lo + local],
-                "position_ids": pos[:, lo : lo + local],
-            },
+            inputs=inputs,
             kwargs=kwargs,
             targets=call.targets[:, first:last],
             select=select,
@@ -152,6 +168,11 @@ class UlyssesState:
     group: UlyssesGroup
     position_ids: torch.Tensor  # (K, L), the whole bins
     _masks: dict = field(default_factory=dict)
+
+    def local(self, whole: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's slice of a whole bins' tensor along its token dimension ``dim``."""
+        local = whole.shape[dim] // self.group.size
+        return whole.narrow(dim, self.group.rank * local, local)
 
     def mask(self, kind: str, dtype: torch.dtype, window: int | None) -> torch.Tensor:
         """The (K, 1, L, L) mask of the packed rows: each token attends to the earlier
@@ -268,11 +289,36 @@ def enable(model: nn.Module) -> None:
         )
     name = PREFIX + current
     AttentionInterface.register(name, ulysses_attention)
+    if getattr(config, "vision_config", None) is not None:
+        _language_model(model).register_forward_pre_hook(_slice_for_rank, with_kwargs=True)
     # Without SP state the mask is the inner one's (the colocated rollout's generation).
     mask_function = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(current)
     if mask_function is not None:
         AttentionMaskInterface.register(name, mask_function)
     config._attn_implementation = name
+
+
+def _language_model(model: nn.Module) -> nn.Module:
+    """A vision-language model's language model (transformers' Qwen2-VL layout)."""
+    inner = getattr(getattr(model, "model", None), "language_model", None)
+    if inner is None:
+        raise SequenceParallelError(
+            f"{type(model).__name__}: no model.language_model to split the sequence before"
+        )
+    return inner
+
+
+def _slice_for_rank(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """A vision-language call's language model gets the whole bins' embeddings (the
+    images' scattered in by the model, every rank all of them) and positions; this rank
+    keeps its slice of both, and the state its attention exchanges with."""
+    state: UlyssesState | None = kwargs.pop(VISION_STATE_KWARG, None)
+    if state is None:
+        return None
+    kwargs["inputs_embeds"] = state.local(kwargs["inputs_embeds"], 1)
+    kwargs["position_ids"] = state.local(kwargs["position_ids"], -1)
+    kwargs[STATE_KWARG] = state
+    return args, kwargs
 
 
 def check_heads(model: nn.Module, size: int, key: str) -> None:

@@ -291,6 +291,7 @@ def engine_settings(
         # the model the actor trains: its override_config (the HF rollout runs or loads
         # the actor's model, which has it already)
         hf_overrides=config_overrides(model),
+        mm_processor_kwargs=dict(cfg.data.mm_processor_kwargs),
     )
 
 

@@ -276,10 +276,12 @@ actor_rollout_ref:
       - 0.9
       - 0.999
       weight_decay: 0.01
+      eps: 1.0e-08
       lr_warmup_steps: -1
       lr_warmup_steps_ratio: 0.0
       lr_scheduler_type: constant
       min_lr_ratio: 0.0
+      init_lr_ratio: 0.0
       num_cycles: 0.5
       total_training_steps: -1
       optimizer: AdamW
@@ -413,10 +415,12 @@ critic:
     - 0.9
     - 0.999
     weight_decay: 0.01
+    eps: 1.0e-08
     lr_warmup_steps: -1
     lr_warmup_steps_ratio: 0.0
     lr_scheduler_type: constant
     min_lr_ratio: 0.0
+    init_lr_ratio: 0.0
     num_cycles: 0.5
     total_training_steps: -1
     optimizer: AdamW

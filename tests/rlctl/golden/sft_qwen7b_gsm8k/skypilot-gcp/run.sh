@@ -253,16 +253,25 @@ engine:
   expert_tensor_parallel_size: null
   sequence_parallel: true
   use_distributed_optimizer: true
+  distributed_strategy: fsdp2
+  tp_size: 1
+  pp_size: 1
+  cp_size: 1
+  ep_size: 1
+  dp_replicate_size: 1
+  enable_fp8: false
 optim:
   lr: 1.0e-05
   betas:
   - 0.9
   - 0.999
   weight_decay: 0.01
+  eps: 1.0e-08
   lr_warmup_steps: -1
   lr_warmup_steps_ratio: 0.05
   lr_scheduler_type: cosine
   min_lr_ratio: 0.0
+  init_lr_ratio: 0.0
   num_cycles: 0.5
   total_training_steps: -1
   optimizer: AdamW

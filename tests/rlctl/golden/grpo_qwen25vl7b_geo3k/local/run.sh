@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# rlctl job golden (grpo-qwen25vl7b-geo3k), rendered by rlctl 0.1.0.
+# Every value below came from the recipe and is shell-quoted; secrets are not here:
+# they reach the job through its environment only.
+set -euo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+cd /golden/home/.rlctl/jobs/golden
+
+/opt/venv/bin/python -m engine.data.prepare geo3k --out /golden/home/.rlctl/jobs/golden/data
+# the engine (python -m engine.main, the arguments after --) under its supervisor: started
+# again after a failure worth retrying (preempted, hung, a worker died), at most
+# trainer.max_restarts times; restarts.json records each attempt (engine/supervisor.py)
+exec /opt/venv/bin/python -m engine.supervisor --max-restarts 3 --record /golden/home/.rlctl/jobs/golden/restarts.json -- --config /golden/home/.rlctl/jobs/golden/engine.yaml
