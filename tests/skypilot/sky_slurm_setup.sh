@@ -25,6 +25,14 @@
 #      $BASE/remote; the API server on its own port, so a developer's own SkyPilot
 #      (~/.sky, port 46580) is never touched
 #   7. `sky api start`, `sky check slurm`
+#   8. with RLCTL_SKY_MANAGED=1, managed jobs offline (tests/skypilot/test_sky_managed_e2e.py):
+#      the jobs controller in the API server (SkyPilot 0.14's consolidation mode), and
+#      the public addresses its monitor probes before each status check (8.8.8.8 and
+#      1.1.1.1 over HTTPS, backend_utils.check_network_connection) answered on this
+#      host: both on the loopback device, a small HTTPS server with a certificate of a
+#      CA made here, which only the API server trusts (its SSL_CERT_FILE and
+#      REQUESTS_CA_BUNDLE: the system's bundle plus that CA). Without them the monitor
+#      waits forever ("Network is not available"). The teardown removes all three.
 # SkyPilot's provisioning writes into root's home here (its ~/.bashrc line, a key in
 # ~/.ssh/authorized_keys, ~/.sky_ssh_rc): recorded first, put back by the teardown.
 # Needs root. Prints "sky slurm ready: ..." on success.
@@ -196,6 +204,10 @@ slurm:
     $name:
       workdir: $base/remote
 EOF
+managed=${RLCTL_SKY_MANAGED:-0}
+if [ "$managed" = 1 ]; then
+  printf 'jobs:\n  controller:\n    consolidation_mode: true\n' >>"$home/.sky/config.yaml"
+fi
 ssh_cmd=(ssh -F "$home/.slurm/config" -o BatchMode=yes "$name")
 for _ in $(seq 50); do
   out=$("${ssh_cmd[@]}" 'echo "$SLURM_CONF"' 2>/dev/null) && break
@@ -228,10 +240,48 @@ print(make_cluster_name_on_cloud(sys.argv[1], Slurm._max_cluster_name_length()))
   say "uv seeded for cluster $cluster ($on_cloud)"
 done
 
-# 7. the API server and SkyPilot's check of the Slurm cluster
-if ! "$python" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "http://127.0.0.1:$api_port/api/health" 2>/dev/null; then
-  say "starting the SkyPilot API server on 127.0.0.1:$api_port"
-  "$sky_bin" api start >"$base/api-start.log" 2>&1 || die "sky api start failed: $(tail -n 20 "$base/api-start.log")"
+# 8. managed jobs offline: the probed addresses answered here (see the top, step 8)
+api_env=()
+if [ "$managed" = 1 ]; then
+  probe=$base/probe
+  mkdir -p "$probe"
+  if [ ! -s "$probe/bundle.pem" ]; then
+    openssl req -x509 -newkey rsa:2048 -nodes -days 7 -subj "/CN=rlctl test probe CA" \
+      -keyout "$probe/ca.key" -out "$probe/ca.pem" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=rlctl test probe" \
+      -keyout "$probe/leaf.key" -out "$probe/leaf.csr" 2>/dev/null
+    printf 'subjectAltName=IP:8.8.8.8,IP:1.1.1.1\nbasicConstraints=CA:FALSE\n' >"$probe/ext.cnf"
+    openssl x509 -req -in "$probe/leaf.csr" -CA "$probe/ca.pem" -CAkey "$probe/ca.key" \
+      -CAcreateserial -days 7 -out "$probe/leaf.pem" -extfile "$probe/ext.cnf" 2>/dev/null
+    cat "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$probe/ca.pem" >"$probe/bundle.pem"
+  fi
+  for ip in 8.8.8.8 1.1.1.1; do
+    if ! ip -4 addr show dev lo | grep -q " $ip/32 "; then
+      ip addr add "$ip/32" dev lo || die "cannot add $ip to lo (needs CAP_NET_ADMIN)"
+      echo "$ip" >>"$probe/addresses"
+    fi
+  done
+  if ! { [ -s "$probe/server.pid" ] && kill -0 "$(cat "$probe/server.pid")" 2>/dev/null; }; then
+    "$python" "$here/probe_server.py" "$probe/leaf.pem" "$probe/leaf.key" >"$probe/server.log" 2>&1 &
+    echo $! >"$probe/server.pid"
+  fi
+  api_env=("SSL_CERT_FILE=$probe/bundle.pem" "REQUESTS_CA_BUNDLE=$probe/bundle.pem")
+fi
+
+# 7. the API server and SkyPilot's check of the Slurm cluster; started again when it
+# runs in the other mode (managed jobs or not) than asked
+api_up() { "$python" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "http://127.0.0.1:$api_port/api/health" 2>/dev/null; }
+api_mode=$(cat "$base/api-mode" 2>/dev/null || echo 0)
+if api_up && [ "$api_mode" != "$managed" ]; then
+  say "stopping the SkyPilot API server (started with managed jobs: $api_mode)"
+  "$sky_bin" api stop >>"$base/api-start.log" 2>&1 || true
+fi
+if ! api_up; then
+  say "starting the SkyPilot API server on 127.0.0.1:$api_port (managed jobs: $managed)"
+  env ${api_env[@]+"${api_env[@]}"} "$sky_bin" api start >"$base/api-start.log" 2>&1 ||
+    die "sky api start failed: $(tail -n 20 "$base/api-start.log")"
+  echo "$managed" >"$base/api-mode"
 fi
 check=$("$sky_bin" check slurm 2>&1 || true)
 echo "$check" >"$base/check.log"

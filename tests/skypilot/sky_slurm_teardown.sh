@@ -5,6 +5,7 @@
 #   2. the sshd it started, with its sessions
 #   3. Slurm, if the setup started it (tests/slurm/stop_slurm.sh)
 #   4. its /etc/hosts line; what SkyPilot wrote into root's home (login_home.py)
+# and the managed-jobs probe stand-in (its server, its loopback addresses).
 # Keeps $RLCTL_SKY_BASE's keys and uv, and SkyPilot's uv cache /tmp/uv_cache_0 (the
 # next run reuses them): remove those to start cold.
 # Same variables as the setup. Safe to run twice.
@@ -36,6 +37,20 @@ if [ -s "$base/runtime-dirs" ]; then
     case "$dir" in /tmp/?*) rm -rf -- "$dir" ;; esac
   done <"$base/runtime-dirs"
   rm -f "$base/runtime-dirs"
+fi
+
+rm -f "$base/api-mode"
+
+# the managed-jobs probe stand-in (the setup's step 8): its server, its loopback addresses
+probe=$base/probe
+if [ -s "$probe/server.pid" ] && kill -0 "$(cat "$probe/server.pid")" 2>/dev/null; then
+  kill "$(cat "$probe/server.pid")"
+  say "probe server stopped"
+fi
+rm -f "$probe/server.pid"
+if [ -s "$probe/addresses" ]; then
+  while read -r ip; do ip addr del "$ip/32" dev lo 2>/dev/null; done <"$probe/addresses"
+  rm -f "$probe/addresses"
 fi
 
 # 2. sshd and its sessions

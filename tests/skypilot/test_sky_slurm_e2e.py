@@ -11,9 +11,7 @@ SkyPilot provisions a Slurm allocation, runs the rendered setup (tiny model, syn
 data) and run (Ray bootstrap, the engine) on it; ``rlctl status/logs/stop`` observe and
 stop it through SkyPilot's SDK.
 
-Cluster mode only: managed jobs launch on Slurm too, but their controller waits on a
-network probe of public addresses and never reaches SUCCEEDED without internet
-(../shared/reference/skypilot-offline.md).
+Cluster mode; managed jobs and their recovery are test_sky_managed_e2e.py's.
 
     RLCTL_TEST_SKY_SLURM=1 .venv/bin/python -m pytest tests/skypilot/test_sky_slurm_e2e.py -v -s
 
@@ -36,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.jobs import JobStore
+from tests.skypilot.sky_harness import sky_slurm
 
 OPT_IN = "RLCTL_TEST_SKY_SLURM"
 pytestmark = [
@@ -51,7 +50,6 @@ pytestmark = [
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CLI = "from rlctl.cli import main; main()"
-BASE = Path(os.environ.get("RLCTL_SKY_BASE", "/tmp/rlctl-sky"))
 SLURM_NAME = os.environ.get("RLCTL_SKY_SLURM", "rlctl-local")
 INFRA = f"slurm/{SLURM_NAME}"
 ONE_NODE, TWO_NODES = "rlctl-e2e-one", "rlctl-e2e-two"  # SkyPilot cluster names
@@ -62,33 +60,9 @@ DONE = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 @pytest.fixture(scope="module")
 def sky_env():
-    """This host as a SkyPilot Slurm cluster; the environment rlctl's SkyPilot client
-    needs (a private HOME and API server port, from the setup's env file)."""
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm daemons, sshd and packages need root")
-    pytest.importorskip("sky", reason="skypilot is not installed: pip install 'rlctl[skypilot]'")
-    started = time.monotonic()
-    setup = subprocess.run(
-        ["bash", str(HERE / "sky_slurm_setup.sh"), ONE_NODE, TWO_NODES],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "RLCTL_PYTHON": sys.executable},
-    )  # fmt: skip
-    try:
-        assert setup.returncode == 0, (setup.stdout + setup.stderr)[-3000:]
-        print(f"\nsky_slurm_setup.sh: {time.monotonic() - started:.0f} s")
-        env = dict(os.environ)
-        for line in (BASE / "env").read_text().splitlines():
-            if line.startswith("export "):
-                key, _, value = line.removeprefix("export ").partition("=")
-                env[key] = value.replace("$PATH", os.environ["PATH"])
+    """This host as a SkyPilot Slurm cluster (tests/skypilot/sky_harness.py)."""
+    with sky_slurm(ONE_NODE, TWO_NODES) as env:
         yield env
-    finally:
-        down = subprocess.run(
-            ["bash", str(HERE / "sky_slurm_teardown.sh")],
-            capture_output=True, text=True, timeout=600,
-            env={**os.environ, "RLCTL_PYTHON": sys.executable},
-        )  # fmt: skip
-        print(down.stdout[-1500:], down.stderr[-1500:])
 
 
 @pytest.fixture
