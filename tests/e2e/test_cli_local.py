@@ -64,6 +64,14 @@ def test_quickstart_through_the_cli(rlctl, tmp_path, job_state, wait_state):
     assert done["state"] == "SUCCEEDED", logs.stdout[-3000:]
     assert "step 3/3 | score" in logs.stdout
     assert ": every check passed" in logs.stdout  # the pre-flight ran before the engine
+    # each role's peak memory against the plan's figure (CPU: resident memory vs RAM)
+    shown = rlctl("status", job_id).stdout
+    assert "memory:   peak against the plan, of " in shown, shown
+    memory = json.loads(rlctl("status", job_id, "--json").stdout)[0]["progress"]["memory"]
+    roles = {r["role"]: r for r in memory["roles"]}
+    assert {"actor", "rollout"} <= set(roles) and memory["cpu"] is True, memory
+    assert roles["actor"]["peak_gib"] > 0 and roles["actor"]["plan_gib"] > 0
+    assert roles["actor"]["above_plan"] is False  # never on CPU: RSS against tensors
     assert rlctl("logs", job_id, "-f", timeout=30).returncode == 0  # ends: the job ended
 
     # A second, long run, stopped while it trains: graceful, then recorded CANCELLED.
