@@ -32,6 +32,7 @@ from engine.config.train import (
 from engine.doctor import check_bucket, check_secrets
 from engine.errors import ConfigError
 from engine.exits import exit_words, reason_words
+from engine.memory_peaks import NEAR_LIMIT
 from engine.models.families import MODEL_TYPES, family_rules
 from engine.rollout.versions import SUPPORTED, version_tuple
 from engine.supervisor import RECORD_FILE as RESTARTS_FILE
@@ -43,6 +44,7 @@ from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_laye
 __all__ = [
     "ADAPTER_CONFIG_FILE",
     "MODEL_TYPES",
+    "NEAR_LIMIT",
     "RESTARTS_FILE",
     "SFT",
     "SUPPORTED",

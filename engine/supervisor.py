@@ -21,7 +21,8 @@ Signals: SIGTERM to the supervisor goes on to the engine (which saves and exits 
 no restart follows: the stop came from outside (``rlctl stop``, or the scheduler taking
 the allocation back). SIGINT only ends the restarts (a terminal's Ctrl-C reaches the
 engine too). With ``--requeue-marker`` (Slurm with requeue on), such a stop
-that exited 75 is left to the scheduler, budget permitting, unless ``--stop-marker``
+that exited 75 (or 1 with its workers dead: the stop reached them too) is left to the
+scheduler, budget permitting, unless ``--stop-marker``
 exists (the user's stop): the supervisor records it as a requeue and creates the marker,
 and the batch script requeues the job. A job the scheduler requeued by itself (a node
 failed) is counted too: ``SLURM_RESTART_COUNT`` above the requeues on record.
@@ -133,7 +134,11 @@ def decide(
         return Decision(STOP, "finished")
     if not outcome.retry:
         return Decision(STOP, "not retried: not a fault a restart cures")
-    if stopped and not (requeue and outcome.reason == "preempted" and not user_stop):
+    # A scheduler's stop may reach every process of the job at once (the driver, Ray's
+    # daemons and the workers): the engine cannot save, its workers die under it, and
+    # it resumes from its last complete checkpoint just the same.
+    requeued = outcome.reason in ("preempted", "worker_died")
+    if stopped and not (requeue and requeued and not user_stop):
         return Decision(STOP, "stopped from outside (rlctl stop, or the scheduler)")
     if used >= max_restarts:
         return Decision(STOP, f"no restart left (trainer.max_restarts={max_restarts})")

@@ -6,8 +6,9 @@ image tag that names it, against the engine's supported range; the recipe's secr
 in this environment; the checkpoint bucket written, read back and cleaned; and for the
 local backend, where this machine is the node, the node's own checks (``python -m
 engine.doctor``: installed versions, devices of the planned kind and count, disk for the
-checkpoints, the model's config). On Slurm and SkyPilot the node checks run again on
-every node before the engine starts (the job script runs ``engine.doctor`` there).
+checkpoints, the model's config). Every job runs the node checks again on each of its
+nodes before the engine starts (rlctl/preflight.py: the job script runs ``engine.doctor``
+there, with an all-reduce over the nodes).
 """
 
 from __future__ import annotations
@@ -19,16 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlctl.errors import RlctlError
+from rlctl.preflight import checkpoint_gib
 
 # Release images that name their engine's version in the tag.
 _IMAGE_VERSIONS = {
     "vllm": re.compile(r"(?:^|/)vllm[-/]openai(?:-rocm)?:v?(\d+\.\d+(?:\.\d+)?)"),
     "sglang": re.compile(r"(?:^|/)sglang:v?(\d+\.\d+(?:\.\d+)?)"),
 }
-# Checkpoint bytes per trained parameter (fp32 weights and Adam's two moments), and the
-# checkpoints on disk at once (the last complete one and the one being written).
-CHECKPOINT_BYTES_PER_PARAM = 12
-CHECKPOINTS_AT_ONCE = 2
 
 
 @dataclass(frozen=True)
@@ -102,10 +100,6 @@ def _bucket(root: str) -> Finding:
     if problems:
         return Finding("bucket", False, problems[0].message)
     return Finding("bucket", True, f"{root}: written, read back and cleaned up from here")
-
-
-def checkpoint_gib(num_params: int) -> float:
-    return CHECKPOINT_BYTES_PER_PARAM * num_params * CHECKPOINTS_AT_ONCE / 2**30
 
 
 def _this_node(prepared: Any) -> list[Finding]:

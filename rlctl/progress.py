@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.jobs import Job
+from rlctl.memory_report import MemoryReport, memory_report
 
 __all__ = [
     "Progress",
@@ -123,6 +124,7 @@ class Progress:
     last_resume_step: int | None = None
     scores: tuple[tuple[int, float], ...] = ()  # (step, score) of the last SPARK_WIDTH steps
     restarts: Restarts | None = None  # the supervisor's record; None: none readable
+    memory: MemoryReport | None = None  # peaks per role against the plan; None: none logged
 
     @property
     def readable(self) -> bool:
@@ -147,6 +149,7 @@ class Progress:
             "score_min": min(values) if values else None,
             "score_max": max(values) if values else None,
             "restarts": self.restarts.to_json() if self.restarts else None,
+            "memory": self.memory.to_json() if self.memory else None,
         }
 
 
@@ -156,7 +159,8 @@ def read_progress(job: Job) -> Progress:
     if isinstance(root, Progress):
         return root
     try:
-        return _read(root, Path(job.handle.get("log") or root / "job.log"), job.state.terminal)
+        log = Path(job.handle.get("log") or root / "job.log")
+        return _read(root, log, job.state.terminal, _plan(job))
     except Exception as exc:  # whatever a file holds, status must still print
         return Progress(note=f"could not read the run's progress: {exc}")
 
@@ -176,7 +180,16 @@ def _readable_root(job: Job) -> Path | Progress:
     return Path(job.handle["root"])
 
 
-def _read(root: Path, log: Path, finished: bool) -> Progress:
+def _plan(job: Job) -> Mapping[str, Any]:
+    """The plan the job was launched with, as the store keeps it ({} when unreadable)."""
+    try:
+        plan = json.loads(job.plan_json)
+    except (TypeError, ValueError):
+        return {}
+    return plan if isinstance(plan, dict) else {}
+
+
+def _read(root: Path, log: Path, finished: bool, plan: Mapping[str, Any]) -> Progress:
     engine = _engine_yaml(root / "engine.yaml")
     metrics = _run_dir(root, engine) / METRICS_FILE
     log_text, log_whole = _tail(log, LOG_TAIL_BYTES) if log.is_file() else ("", True)
@@ -201,6 +214,8 @@ def _read(root: Path, log: Path, finished: bool) -> Progress:
         eta = max(total - step, 0) * step_s
     scored = [(r["step"], _number(r.get(SCORE_KEY))) for r in records]
     scores = tuple((k, v) for k, v in scored if v is not None)[-SPARK_WIDTH:]
+    from engine.schema import NEAR_LIMIT
+
     return dataclasses.replace(
         read,
         step=step,
@@ -209,6 +224,7 @@ def _read(root: Path, log: Path, finished: bool) -> Progress:
         step_s=step_s,
         eta_s=eta,
         scores=scores,
+        memory=memory_report(records, plan, NEAR_LIMIT),
     )
 
 
@@ -358,4 +374,4 @@ def format_progress(p: Progress) -> list[str]:
             f"score:    {sparkline(values)}  min {min(values):.4g} max {max(values):.4g}"
             f" (steps {first}-{last})"
         )
-    return lines + restarts
+    return lines + (p.memory.lines() if p.memory else []) + restarts

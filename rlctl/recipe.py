@@ -102,6 +102,10 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
         "list of names",
         "environment variables whose values are read from your environment at launch, passed to the job, and never written down",
     ),
+    "preflight": (
+        "true or false",
+        "check every node before the engine starts (`python -m engine.doctor`: devices, versions, disk, secrets, bucket, model, network; exit 2 on a failure); default true",
+    ),
     "engine": (
         "mapping",
         "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan. A relative `actor_rollout_ref.rollout.multi_turn.tool_config_path` or `interaction_config_path` is read from the recipe's folder and shipped with the job, with the .py files its entries name (rlctl/jobfiles.py); other paths are the job's",
@@ -160,6 +164,7 @@ class Recipe:
     secrets: tuple[str, ...] = ()
     engine: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # rank, alpha, target_modules
+    preflight: bool = True  # engine.doctor on every node before the engine (rlctl/preflight.py)
 
     @property
     def is_sft(self) -> bool:
@@ -223,6 +228,8 @@ class Recipe:
             data["env"] = dict(self.env)
         if self.secrets:
             data["secrets"] = list(self.secrets)
+        if not self.preflight:
+            data["preflight"] = False
         if self.engine:
             data["engine"] = dict(self.engine)
         return yaml.safe_dump(data, sort_keys=False)
@@ -316,6 +323,7 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
         secrets=p.secrets(),
         engine=p.engine(sft),
         lora=p.lora(),
+        preflight=p.flag("preflight", default=True),
     )
     p.resolvers()
     if sft:
@@ -377,6 +385,13 @@ class _Parser:
         if pattern and not pattern.match(value):
             self.errors.append(f"{key}: {value!r} is not {what}")
             return None
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            self.errors.append(f"{key}: expected true or false, got {value!r}")
+            return default
         return value
 
     def choice(self, key: str, valid: tuple[str, ...], required: bool = False) -> str | None:

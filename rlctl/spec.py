@@ -21,6 +21,7 @@ from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, get_accelerator
 from rlctl.images import JobImage, default_image
 from rlctl.jobfiles import JobFile, ship_files
+from rlctl.preflight import preflight_command
 from rlctl.recipe import TINY_MODEL, Recipe, RecipeError
 from rlctl.wheel import WHEEL_NAME
 
@@ -103,6 +104,9 @@ class JobSpec:
     secrets: tuple[str, ...] = ()
     files: tuple[JobFile, ...] = ()  # shipped into paths.root, by their relative names
     engine_module: str = "engine.main"  # engine.sft for algorithm: sft
+    # python -m engine.doctor with the plan's checks, run on every node before the engine
+    # (rlctl/preflight.py); () when the recipe turned it off
+    preflight: tuple[str, ...] = ()
 
     @property
     def file_texts(self) -> dict[str, str]:
@@ -206,6 +210,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         accelerator_named=not cpu and recipe.hardware.accelerators != "auto",
         cpus_per_worker=trainer.cpus_per_worker,
     )
+    model_cfg = cfg.model if recipe.is_sft else cfg.actor_rollout_ref.model
     return JobSpec(
         recipe=recipe,
         paths=paths,
@@ -220,6 +225,14 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         secrets=recipe.secrets,
         files=files,
         engine_module="engine.sft" if recipe.is_sft else "engine.main",
+        preflight=preflight_command(
+            recipe,
+            f"{layout.hardware.torch_device}:{per_node}" if layout.hardware else None,
+            trainer.default_local_dir,
+            plan.model.num_params,
+            None if model_cfg.path == paths.model_dir else model_cfg.path,
+            model_cfg.trust_remote_code,
+        ),
     )
 
 

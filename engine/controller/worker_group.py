@@ -19,6 +19,8 @@ The controller calls a role's method through the group in one of two ways:
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from engine.controller import dispatch
 from engine.errors import EXIT_FAILED, EngineError
 from engine.watchdog import NoWatch, Watch
+
+RELEASE_TIMEOUT_S = 10.0  # for the placement groups' release, at shutdown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +104,25 @@ class ResourcePool:
         """(placement group, bundle index) for each rank, node-major."""
         return [(pg, i) for pg in self.groups for i in range(self.spec.devices_per_node)]
 
-    def release(self) -> None:
-        for pg in self.groups:
-            remove_placement_group(pg)
-        self.groups = []
+    def release(self, timeout_s: float = RELEASE_TIMEOUT_S) -> None:
+        """Give the placement groups back, waiting at most ``timeout_s``: a cluster whose
+        raylet is gone (SIGTERM to the whole job at once) never answers the call, and the
+        run must still end; Ray frees the groups with the cluster then."""
+        groups, self.groups = self.groups, []
+        removing = threading.Thread(
+            target=lambda: [remove_placement_group(pg) for pg in groups],
+            name="engine-release-placement",
+            daemon=True,
+        )
+        removing.start()
+        removing.join(timeout_s)
+        if removing.is_alive():
+            print(
+                f"engine: the Ray cluster did not take the placement groups back in"
+                f" {timeout_s:g} s (its node is going away); leaving them to it",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 @dataclasses.dataclass

@@ -84,6 +84,7 @@ class LocalBackend:
             root=spec.paths.root,
             # the job runs with the same Python as this rlctl (where the engine is installed)
             setup=[spec.with_python(step, sys.executable) for step in spec.setup],
+            preflight=spec.with_python(spec.preflight, sys.executable),
             engine_command=spec.with_python(spec.supervised_command(), sys.executable),
         )
         return {"run.sh": script, "engine.yaml": spec.engine_yaml, **spec.file_texts}

@@ -41,6 +41,7 @@ from rlctl.backends.skypilot_infra import OWN_CLUSTERS, check_offered, fallbacks
 from rlctl.backends.skypilot_profile import NodeSoftware, for_infra, load_profile
 from rlctl.errors import RlctlError
 from rlctl.jobs import Job, JobState
+from rlctl.preflight import with_bucket
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec, Layout
 from rlctl.wheel import build_wheel, local_wheel
@@ -54,6 +55,7 @@ DEFAULT_DISK_GB = 512  # image (~20 GB), model weights, HF cache, local checkpoi
 BUCKET_SCHEMES = ("s3", "gs", "r2")
 RECOVERY_STRATEGIES = ("FAILOVER", "EAGER_NEXT_REGION")
 _HEREDOC = "RLCTL_ENGINE_YAML_END"
+PREFLIGHT_PORT = 29511  # rank 0's, for the pre-flight's all-reduce over the nodes
 RAY_TOKEN = "RAY_AUTH_TOKEN"  # Ray's token authentication (templates/ray/ray_cluster.sh)
 
 
@@ -307,6 +309,11 @@ class SkyPilotBackend:
             heredoc=_HEREDOC,
             ray=f"{spec.paths.env}/bin/ray",
             engine_command=spec.on_node(engine_command or spec.engine_command),
+            # the bucket as the nodes see it: mounted, written through the mount
+            preflight=spec.on_node(
+                with_bucket(spec.preflight, checkpoint_dir) if checkpoint_dir else spec.preflight
+            ),
+            preflight_port=PREFLIGHT_PORT,
         )
 
     def estimate(self, spec: JobSpec) -> str:

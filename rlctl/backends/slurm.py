@@ -224,6 +224,7 @@ class SlurmBackend:
             ray=f"{spec.paths.env}/bin/ray",
             install_command=spec.install_command,
             setup=[spec.on_node(step) for step in spec.setup],
+            preflight=spec.on_node(spec.preflight),
             engine_command=spec.on_node(
                 spec.supervised_command(
                     requeue_marker=f"{root}/{REQUEUE_MARKER}" if p.requeue else None,

@@ -22,7 +22,8 @@ def status(
     as_json: options.Json = False,
 ) -> None:
     """Show jobs, with their state refreshed from where they run; one job also shows
-    its run's progress (step, score, seconds per step, time left, a score sparkline).
+    its run's progress (step, score, seconds per step, time left, a score sparkline,
+    each role's peak memory against the plan and the limit, restarts).
 
     Example: `rlctl status` · `rlctl status quickstart-k3x9`
     """

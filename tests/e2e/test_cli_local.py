@@ -64,6 +64,15 @@ def test_quickstart_through_the_cli(rlctl, tmp_path, job_state, wait_state):
     logs = rlctl("logs", job_id)
     assert done["state"] == "SUCCEEDED", logs.stdout[-3000:]
     assert "step 3/3 | score" in logs.stdout
+    assert ": every check passed" in logs.stdout  # the pre-flight ran before the engine
+    # each role's peak memory against the plan's figure (CPU: resident memory vs RAM)
+    shown = rlctl("status", job_id).stdout
+    assert "memory:   peak against the plan, of " in shown, shown
+    memory = json.loads(rlctl("status", job_id, "--json").stdout)[0]["progress"]["memory"]
+    roles = {r["role"]: r for r in memory["roles"]}
+    assert {"actor", "rollout"} <= set(roles) and memory["cpu"] is True, memory
+    assert roles["actor"]["peak_gib"] > 0 and roles["actor"]["plan_gib"] > 0
+    assert roles["actor"]["above_plan"] is False  # never on CPU: RSS against tensors
     assert rlctl("logs", job_id, "-f", timeout=30).returncode == 0  # ends: the job ended
 
     # A second, long run, stopped while it trains: graceful, then recorded CANCELLED.
@@ -160,3 +169,33 @@ def test_secrets_reach_the_job_and_nothing_else(rlctl, tmp_path, wait_state, rea
     time.sleep(1)  # Ray's log monitor flushes as it stops
     values = tuple(canaries.values())
     assert files_holding([tmp_path, *ray_dirs_since(started)], values) == []
+
+
+def test_a_failing_preflight_ends_the_job_before_anything_starts(rlctl, tmp_path, wait_state):
+    """The job's pre-flight (engine.doctor on the node) finds a secret set but empty: the
+    job ends with exit 2 and the doctor's line in its log, before the setup steps, the
+    supervisor or the engine; `preflight: false` skips the check."""
+    recipe = short_quickstart(tmp_path, steps=1)
+    recipe.write_text(recipe.read_text() + "secrets: [RLCTL_PREFLIGHT_TOKEN]\n")
+    launched = rlctl("launch", str(recipe), extra_env={"RLCTL_PREFLIGHT_TOKEN": ""})
+    assert launched.returncode == 0, launched.stderr  # set: launch takes it
+    job_id = launched.stdout.split()[1]
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED"}, poll_s=1)
+    log = rlctl("logs", job_id).stdout
+    assert done["state"] == "FAILED" and done["exit_code"] == 2, (done, log)
+    failed = [line for line in log.splitlines() if line.startswith("doctor: FAILED")]
+    assert len(failed) == 1 and ": secrets: not set: RLCTL_PREFLIGHT_TOKEN: export" in failed[0]
+    assert "rlctl: pre-flight failed" in log
+    assert "supervisor" not in log and "step 1/1" not in log
+    job_dir = tmp_path / "home" / "jobs" / job_id
+    assert sorted(p.name for p in job_dir.iterdir()) == [
+        "engine.yaml",
+        "exit_code",
+        "job.log",
+        "run.sh",
+    ]
+
+    skipped = tmp_path / "skipped.yaml"
+    skipped.write_text(recipe.read_text() + "preflight: false\n")
+    plan = rlctl("plan", str(skipped))
+    assert plan.returncode == 0 and "engine.doctor" not in plan.stdout, plan.stdout

@@ -7,6 +7,7 @@ killed run's first steps, logged by a process of its own, show to give the same 
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -242,3 +243,54 @@ def test_nan_updates_are_skipped_then_stop_the_run(
     steps = by_step(run_dir)
     assert steps[1]["actor/skipped_updates"] >= 1
     assert not (run_dir / "global_step_2").exists()  # nothing saved from a poisoned run
+
+
+# What a stop from outside may take: rlctl stop's default grace, after which it kills.
+STOP_GRACE_S = 60
+
+
+def test_sigterm_to_every_process_of_the_job_at_once(
+    tiny_model_dir, synthetic_data, tmp_path, engine_process, run_engine, capsys
+):
+    """As a scheduler's stop may come: SIGTERM to the supervisor, the engine's driver,
+    Ray's daemons and its workers at the same moment, mid-training. The job ends within
+    the grace with nothing of it left, never taking a checkpoint that is not complete for
+    a good one, and started again it resumes from its last complete checkpoint and
+    finishes."""
+    from rlctl.backends.local import _session_pids
+
+    train, _ = synthetic_data
+    run_dir, record = tmp_path / "run", tmp_path / "restarts.json"
+    args = engine_args(tiny_model_dir, train, run_dir, "trainer.save_freq=1",
+                       "trainer.total_training_steps=3")  # fmt: skip
+    supervisor = ["--max-restarts", "2", "--record", str(record), "--delay-s", "0"]
+    proc = engine_process(*args, supervisor=supervisor, popen=True, start_new_session=True)
+    wait_for(run_dir / "global_step_1" / "COMPLETE", proc)
+    everyone = _session_pids(proc.pid)  # the supervisor's session: the whole job
+    for pid in everyone:
+        os.kill(pid, signal.SIGTERM)
+    try:
+        output, _ = proc.communicate(timeout=STOP_GRACE_S)
+    finally:
+        left = _session_pids(proc.pid)
+        for pid in left:  # a failed run must not leave its Ray behind for the next test
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], "a process of the job outlived it"
+    # It could not save (its workers went with the signal): the stop ends it, no restart
+    # here; with Slurm's requeue on, the supervisor leaves it to the scheduler.
+    (attempt,) = json.loads(record.read_text())["attempts"]
+    assert (attempt["reason"], attempt["next"]) in {("preempted", "stop"), ("worker_died", "stop")}
+    assert proc.returncode == attempt["exit_code"], output[-3000:]
+    complete = [
+        int(p.parent.name.rsplit("_", 1)[1]) for p in run_dir.glob("global_step_*/COMPLETE")
+    ]
+    assert complete and max(complete) >= 1, sorted(p.name for p in run_dir.iterdir())
+
+    # Started again (here: a run in this process is a run of its own, the kill above was
+    # the process's part), it resumes from the last complete checkpoint and finishes.
+    capsys.readouterr()
+    run_engine(*args)
+    out = capsys.readouterr().out
+    assert re.search(rf"^resumed from \S+global_step_{max(complete)} at step {max(complete)}$",
+                     out, re.MULTILINE), out[-3000:]  # fmt: skip
+    assert sorted(by_step(run_dir)) == [1, 2, 3]

@@ -271,6 +271,10 @@ def test_a_requeued_job_within_its_limit_runs_on(tmp_path):
         ("preempted", 0, True, True, False, REQUEUE),
         ("preempted", 3, True, True, False, STOP),
         ("preempted", 0, True, True, True, STOP),
+        # SIGTERM to every process at once: the workers died under the engine
+        ("worker_died", 0, True, True, False, REQUEUE),
+        ("worker_died", 0, True, False, False, STOP),
+        ("worker_died", 0, True, True, True, STOP),
         ("config", 0, False, False, False, STOP),
         ("nan_updates", 0, False, False, False, STOP),
     ],

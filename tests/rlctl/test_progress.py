@@ -23,10 +23,11 @@ def write_run(root, records, *, total=40, tail="", log=""):
     (root / "job.log").write_text(log)
 
 
-def local_job(store, root, *, running=True):
+def local_job(store, root, *, running=True, plan=None):
     job = store.create(
-        name="q", recipe_path="r.yaml", recipe_yaml="", plan_json="{}", backend="local"
-    )
+        name="q", recipe_path="r.yaml", recipe_yaml="", plan_json=json.dumps(plan or {}),
+        backend="local",
+    )  # fmt: skip
     # a live session (this test's own) reads as RUNNING; an exit code as SUCCEEDED
     sid = os.getsid(0) if running else 2**22 + 7
     if not running:
@@ -295,3 +296,66 @@ def test_an_unreadable_restarts_record_is_left_out(tmp_path, text):
     (tmp_path / "restarts.json").write_text(text)
     p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path))
     assert p.restarts is None and p.step == 10
+
+
+# The planner's per-device figures, as the job store keeps a plan (one H100 each).
+H100_PLAN = {
+    "accelerator": "H100",
+    "memory": {"device_gib": 80.0, "train_peak_gib": 33.688, "rollout_peak_gib": 71.362,
+               "judge_peak_gib": 0.0},
+}  # fmt: skip
+
+
+def test_peak_memory_per_role_against_the_plan_and_the_limit(tmp_path):
+    """Each role's largest phase over the steps, beside the plan's figure and the
+    device's limit; flagged above the plan, or within the engine's margin of the limit."""
+    records = [
+        {"step": 1, "memory/peak_gib/actor.update": 30.0, "memory/peak_gib/actor.log_probs": 20.0,
+         "memory/peak_gib/rollout.generate": 60.0, "memory/peak_gib/ref.log_probs": 10.0,
+         "memory/limit_gib": 79.1},
+        {"step": 2, "memory/peak_gib/actor.update": 36.0, "memory/peak_gib/rollout.generate": 72.0,
+         "memory/peak_gib/ref.log_probs": 9.0, "memory/peak_gib/teacher.score": 5.0,
+         "memory/limit_gib": 79.1},
+    ]  # fmt: skip
+    write_run(tmp_path, records, total=2)
+    job = local_job(JobStore(tmp_path / "jobs.db"), tmp_path, plan=H100_PLAN)
+    p = read_progress(job)
+    assert format_progress(p)[1:] == [
+        "memory:   peak against the plan, of 79.1 GiB (a device's memory)",
+        "  actor      36.00 GiB (actor.update)  plan 33.69 GiB  ABOVE THE PLAN (+2.31 GiB)",
+        "  ref        10.00 GiB (ref.log_probs)  plan 33.69 GiB  ok",
+        "  rollout    72.00 GiB (rollout.generate)  plan 71.36 GiB  NEAR THE LIMIT (91%);"
+        " ABOVE THE PLAN (+0.64 GiB)",
+        "  teacher     5.00 GiB (teacher.score)  no plan figure  ok",
+    ]
+    roles = {r["role"]: r for r in p.to_json()["memory"]["roles"]}
+    assert p.to_json()["memory"]["limit_gib"] == 79.1
+    assert roles["rollout"] == {
+        "role": "rollout", "peak_gib": 72.0, "phase": "rollout.generate", "plan_gib": 71.362,
+        "near_limit": True, "above_plan": True,
+    }  # fmt: skip
+    assert (roles["actor"]["near_limit"], roles["actor"]["above_plan"]) == (False, True)
+    assert (roles["ref"]["near_limit"], roles["ref"]["above_plan"]) == (False, False)
+
+
+def test_on_cpu_only_the_limit_is_flagged(tmp_path):
+    """A CPU run's peaks are resident memory (the interpreter included) against the
+    node's RAM: never "above" a plan that counts tensors; near the limit still is."""
+    records = [{"step": 1, "memory/peak_gib/actor.update": 1.5,
+                "memory/peak_gib/rollout.generate": 7.5, "memory/limit_gib": 8.0}]  # fmt: skip
+    write_run(tmp_path, records, total=3)
+    plan = {"accelerator": None, "memory": {"train_peak_gib": 0.126, "rollout_peak_gib": 0.03}}
+    p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path, plan=plan))
+    assert format_progress(p)[1:] == [
+        "memory:   peak against the plan, of 8.0 GiB (a node's RAM, its workers together)",
+        "  actor       1.50 GiB (actor.update)  plan 0.13 GiB  ok",
+        "  rollout     7.50 GiB (rollout.generate)  plan 0.03 GiB  NEAR THE LIMIT (94%)",
+        "  (CPU: resident memory, interpreter included; the plan counts tensors)",
+    ]
+
+
+def test_no_memory_lines_without_memory_metrics(tmp_path):
+    write_run(tmp_path, TEN, total=40)
+    p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path, plan=H100_PLAN))
+    assert p.memory is None and p.to_json()["memory"] is None
+    assert not any(line.startswith("memory:") for line in format_progress(p))

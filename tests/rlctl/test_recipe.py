@@ -196,13 +196,15 @@ def test_rendered_scripts_pass_recipe_values_literally(value, tmp_path):
         env={"RECIPE_VALUE": value},
         root=str(tmp_path),
         setup=[("printf", "%s\\n", value)],
+        preflight=("printf", "%s\\n", value),
         engine_command=("bash", "-c", 'printf "%s\\n" "$RECIPE_VALUE"'),
     )
     (tmp_path / "run.sh").write_text(script)
     result = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert not canary.exists()
-    assert result.stdout == f"{value}\n{value}\n"  # the argv word and the env value, intact
+    # the pre-flight's and a setup step's argv word, and the env value, intact
+    assert result.stdout == f"{value}\n{value}\n{value}\n"
 
 
 def test_bundled_recipes_load():

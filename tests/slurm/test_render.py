@@ -46,7 +46,15 @@ def sbatch_lines(script: str) -> list[str]:
 
 def driver_command(script: str) -> list[str]:
     """The driver step's command, as bash will split it: the engine under its supervisor."""
-    (line,) = [x for x in script.splitlines() if x.strip().startswith("exec ") and "engine." in x]
+    (line,) = [
+        x for x in script.splitlines() if x.strip().startswith("exec ") and "engine.super" in x
+    ]
+    return shlex.split(line)[1:]
+
+
+def doctor_command(script: str) -> list[str]:
+    """The pre-flight step's command on each node, as bash will split it."""
+    (line,) = [x for x in script.splitlines() if x.strip().startswith("exec ") and "doctor" in x]
     return shlex.split(line)[1:]
 
 
@@ -73,6 +81,14 @@ def test_cpu_job_sbatch_lines(tmp_path):
     assert "srun --overlap --nodes=1 --ntasks=1 -w" in script
     assert files["ray_cluster.sh"] == LIBRARY.read_text()
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    # every node's pre-flight before Ray: disk for the checkpoints, an all-reduce over both
+    env = f"{tmp_path}/jobs/{JOB_ID}"
+    assert doctor_command(script) == [
+        f"{env}/env/bin/python", "-m", "engine.doctor", f"--disk={env}/run:0.03",
+        "--node=${SLURMD_NODENAME:-$(hostname)}", "--rank=$2", "--world=$RAY_NODES", "${network[@]}",
+    ]  # fmt: skip
+    assert 'step rlctl-doctor "${nodes[$i]}" doctor "$i" &' in script
+    assert script.index("step rlctl-doctor") < script.index("step rlctl-ray")
     # the engine under its supervisor, its restarts from the engine config, its record in
     # the job's directory; no requeue without --requeue
     assert driver_command(script) == [

@@ -120,6 +120,10 @@ def test_two_node_job_succeeds(rlctl, tmp_path, wait_state, find_processes):
     assert done["exit_code"] == 0
     print(f"two-node job: {time.monotonic() - started:.0f} s from launch to SUCCEEDED")
     assert "rlctl: ray cluster ready: 2 nodes" in logs  # both nodes joined
+    # each node's pre-flight passed before Ray started (its all-reduce spans both nodes)
+    checked = sorted(line for line in logs.splitlines() if line.endswith(": every check passed"))
+    assert checked == ["doctor: n1: every check passed", "doctor: n2: every check passed"], logs
+    assert logs.index("every check passed") < logs.index("rlctl: ray cluster ready")
     assert "step 2/2 | score" in logs
     # it ran the rlctl wheel shipped with the job, installed in the job's environment
     root = Path(handle(rlctl, job_id)["root"])
@@ -159,6 +163,7 @@ def test_failing_job_reports_exit_code_and_log_tail(rlctl, tmp_path, wait_state,
     path = recipe(
         tmp_path, "slurmfail", steps=2, **{"actor_rollout_ref.model.path": "/nonexistent/model"}
     )
+    path.write_text(path.read_text() + "preflight: false\n")  # the engine's own failure
     job_id = launch(rlctl, path)
     done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"})
     assert done["state"] == "FAILED", done
@@ -168,6 +173,30 @@ def test_failing_job_reports_exit_code_and_log_tail(rlctl, tmp_path, wait_state,
     slurm_id = handle(rlctl, job_id)["slurm_job_id"]
     wait_slurm_done(slurm_id)
     assert find_processes(ray_temp_prefix(slurm_id)) == {}
+
+
+def test_a_failing_preflight_ends_the_job_before_ray(rlctl, tmp_path, wait_state):
+    """Each node's pre-flight finds the model's config unreadable: the job ends with exit
+    2, both nodes' lines (node, check, fix) in its log, before Ray, the driver or the
+    supervisor; no requeue follows."""
+    model = {"actor_rollout_ref.model.path": "/nonexistent/model"}
+    job_id = launch(rlctl, recipe(tmp_path, "slurmpf", steps=2, **model))
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"})
+    logs = rlctl("logs", job_id).stdout
+    assert (done["state"], done["exit_code"]) == ("FAILED", 2), (done, logs[-3000:])
+    failed = sorted(line.removeprefix("doctor: FAILED ").split(": ")[:2]
+                    for line in logs.splitlines() if line.startswith("doctor: FAILED"))  # fmt: skip
+    assert failed == [["n1", "model"], ["n2", "model"]], logs
+    assert (
+        "cannot read the config of /nonexistent/model" in logs
+        and "rlctl: pre-flight failed" in logs
+    )
+    root = Path(handle(rlctl, job_id)["root"])
+    assert (root / "exit_code").read_text().strip() == "2"
+    assert "ray cluster ready" not in logs and not list(root.glob("ray-node-*.log"))
+    assert not (root / "driver.log").exists() and not (root / "restarts.json").exists()
+    wait_slurm_done(handle(rlctl, job_id)["slurm_job_id"])  # ended, not requeued
+    assert rlctl("status", job_id, "--json").returncode == 0
 
 
 def test_bad_partition_is_a_clear_error(rlctl, tmp_path):

@@ -6,6 +6,12 @@ set -euo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd /golden/home/.rlctl/jobs/golden
 
+# pre-flight (rlctl/preflight.py): this machine's checks before anything of the job starts;
+# a failure ends the job with exit 2 (a configuration error: never restarted)
+if ! /opt/venv/bin/python -m engine.doctor --devices=cuda:1 --rollout=vllm --disk=/golden/home/.rlctl/jobs/golden/run:11.04 --model=Qwen/Qwen2.5-0.5B-Instruct; then
+  echo "rlctl: pre-flight failed: the lines above name the check and the fix; nothing of the job started (preflight: false in the recipe skips it)" >&2
+  exit 2
+fi
 /opt/venv/bin/python -m engine.data.prepare gsm8k --out /golden/home/.rlctl/jobs/golden/data
 # the engine (python -m engine.main, the arguments after --) under its supervisor: started
 # again after a failure worth retrying (preempted, hung, a worker died), at most

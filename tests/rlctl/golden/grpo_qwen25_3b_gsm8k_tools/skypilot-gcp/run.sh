@@ -192,6 +192,15 @@ if [ "$num_nodes" != 1 ] || { [ -n "$resource" ] && [ "$devices" != 8 ]; }; then
   echo "rlctl: SkyPilot gave $num_nodes nodes x $devices devices; the plan needs 1 x 8" >&2
   exit 2
 fi
+# pre-flight (rlctl/preflight.py): this node's checks, and an all-reduce over the nodes,
+# before Ray starts; a failure ends the job with exit 2 (SkyPilot counts it against
+# max_restarts_on_errors: it cannot tell a configuration error from a crash)
+network=()
+[ "$num_nodes" -gt 1 ] && network=(--rendezvous="$head_ip:29511")
+if ! /tmp/rlctl/golden/env/bin/python -m engine.doctor --devices=cuda:8 --rollout=vllm --disk=/tmp/rlctl/golden/run:68.98 --model=Qwen/Qwen2.5-3B-Instruct --node="$(hostname)" --rank="$rank" --world="$num_nodes" "${network[@]}"; then
+  echo "rlctl: pre-flight failed: the lines above name the node, the check and the fix; nothing else started (preflight: false in the recipe skips it)" >&2
+  exit 2
+fi
 trap rlctl_ray_stop EXIT
 
 # Succeeds while a TCP connection to HOST:PORT can be made (bash's /dev/tcp, no tools).
