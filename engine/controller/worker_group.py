@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -29,6 +29,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from engine.controller import dispatch
 from engine.errors import EXIT_FAILED, EngineError
 from engine.watchdog import NoWatch, Watch
+
+if TYPE_CHECKING:
+    from engine.rollout.bridge import Pushed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +209,16 @@ class WorkerGroup:
             ) from exc
         except ray.exceptions.RayTaskError as exc:
             raise WorkerFailure(rank, _cause(exc), self.label) from exc
+
+    def group_of(self, role: str) -> WorkerGroup:
+        """This group hosts every role (engine.controller.workers.Workers)."""
+        return self
+
+    def push_weights(self) -> Pushed:
+        """Colocated, each rollout worker syncs from the actor beside it: nothing to push."""
+        raise EngineError(
+            "push_weights needs the rollout on workers of its own (rollout.placement=separate)"
+        )
 
     def host_all(self, method: str, *args: Any) -> list[Any]:
         """Every host runs one of its own methods (checkpointing, pid)."""
