@@ -19,10 +19,10 @@ import torch
 
 from engine import distill
 from engine.agents.metrics import agent_metrics
-from engine.algo.advantage import AdvantageInputs, compute_advantages
+from engine.algo.advantage import AdvantageInputs, AdvantageOutputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
 from engine.algo.masked import last_valid_index
-from engine.algo.names import estimator_needs
+from engine.algo.names import EstimatorNeeds, estimator_needs
 from engine.algo.rollout_correction import Correction, correct_rollout, ragged_to_padded
 from engine.balance import balance
 from engine.batch import Rollout
@@ -54,6 +54,7 @@ from engine.types import (
     PolicyProbs,
     SampleMeta,
     SamplingParams,
+    TeacherScores,
     TokenBatch,
 )
 from engine.validation import ValidationSample, validation_metrics
@@ -79,6 +80,19 @@ class UpdatesDiverged(EngineError):
     and weights would diverge again, so no restart (engine.exits)."""
 
     reason = "nan_updates"
+
+
+@dataclasses.dataclass
+class Passes:
+    """One step's forward passes over its batch: what each later stage reads (None where
+    the run makes none)."""
+
+    tokens: TokenBatch  # the batch; with π_old's routing where routing replay records it
+    old_logprobs: torch.Tensor | None = None  # π_old; None: the update's own serve (on-policy)
+    sum_pi_squared: torch.Tensor | None = None  # Σ_v π_old(v)², for an estimator that reads it
+    ref_logprobs: torch.Tensor | None = None
+    teacher: TeacherScores | None = None
+    values: torch.Tensor | None = None
 
 
 class Trainer:
@@ -246,112 +260,159 @@ class Trainer:
         with timer("step"):
             with timer("gen"):
                 rollout = self.overlap.next_batch(self.step, self.total_steps, timer, metrics)
-            if cfg.trainer.rollout_data_dir:
-                write_generations(cfg.trainer.rollout_data_dir, self.step, rollout, self.tokenizer)
-            if cfg.trainer.balance_batch:  # equal tokens per data-parallel rank
-                rollout, balanced = balance(rollout, cfg.data_parallel_size("actor"))
-                metrics |= balanced
-            if rollout.agent_stats is not None and rollout.response_masks is not None:
-                metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
-            tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
+            rollout = self.prepare(rollout, metrics)
             updates_actor = self.step > cfg.trainer.critic_warmup
             needs = estimator_needs(cfg.algorithm.adv_estimator)
-            old_logprobs = None  # on-policy: the update's own log-probs serve as π_old
-            sum_pi_squared = None  # Σ_v π_old(v)², only for an estimator that reads it
-            # Off-policy (async_training): π_old is the proximal policy, the weights now,
-            # not the ones that sampled; TIS corrects between the two (rollout_correction).
-            off_policy = self.overlap.overlapped
-            if cfg.algorithm.rollout_correction.bypass_mode:
-                # verl's bypass mode: the sampler's own log-probs are π_old, no pass
-                old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
-            elif (
-                needs.sum_pi_squared  # the optimal token baseline: always a π_old pass
-                or cfg.algorithm.use_kl_in_reward
-                or (updates_actor and (off_policy or not cfg.update_is_on_policy))
-            ):
-                with timer("old_log_prob"):
-                    old = self.old_policy(tokens, needs.sum_pi_squared)
-                old_logprobs, sum_pi_squared = old.logprobs_BR, old.sum_pi_squared_BR
-                if old.routed_experts_BSLK is not None:  # routing replay R2: the update's
-                    tokens = dataclasses.replace(
-                        tokens, routed_experts_BSLK=old.routed_experts_BSLK
-                    )
-            ref_logprobs = None
-            if cfg.use_reference:  # the reference and the critic route freely
-                with timer("ref"):
-                    ref_logprobs = self.workers.call_split(
-                        "ref", "log_probs", tokens.without_routing()
-                    )
-            teacher = None
-            if cfg.distillation.enabled:
-                with timer("teacher"):
-                    teacher = distill.score(
-                        self.workers, cfg, tokens.without_routing(), rollout.meta
-                    )
-            values = None
-            if cfg.use_critic:
-                with timer("values"):
-                    values = self.workers.call_split("critic", "values", tokens.without_routing())
+            passes = self.forward_passes(rollout, updates_actor, needs, timer)
             # Weights and rejection first: the optimal token baseline reads the weights.
-            correction = self.rollout_correction(rollout, old_logprobs, metrics)
+            correction = self.rollout_correction(rollout, passes.old_logprobs, metrics)
             with timer("adv"):
-                token_rewards = self.token_rewards(rollout, old_logprobs, ref_logprobs, metrics)
-                baseline = self.greedy_baseline(rollout, timer) if needs.greedy_baseline else None
-                components = (
-                    reward_components(rollout, cfg.algorithm.gdpo_reward_keys or [], metrics)
-                    if needs.reward_components
-                    else None
+                token_rewards = self.token_rewards(
+                    rollout, passes.old_logprobs, passes.ref_logprobs, metrics
                 )
-                adv = compute_advantages(
-                    cfg.algorithm.adv_estimator,
-                    AdvantageInputs(
-                        token_rewards_BT=token_rewards,
-                        response_mask_BT=mask,
-                        group_ids_B=torch.tensor(rollout.meta.group_ids),
-                        values_BT=values,
-                        baseline_rewards_B=baseline,
-                        reward_components_BK=components,
-                        old_logprobs_BT=old_logprobs if needs.sum_pi_squared else None,
-                        sum_pi_squared_BT=sum_pi_squared,
-                        is_weights_BT=correction.is_weights_BT,
-                    ),
-                    cfg.algorithm,
-                )
-            if cfg.use_critic:
-                with timer("update_critic"):
-                    batch = CriticBatch(tokens.without_routing(), values, adv.returns_BT)
-                    metrics |= self.workers.call_split(
-                        "critic", "update", batch, gather=reduce_rank_metrics
-                    )
-            if updates_actor:
-                with timer("update_actor"):
-                    batch = ActorBatch(
-                        correction.actor_tokens(tokens),  # rejected tokens out of the loss
-                        old_logprobs,
-                        adv.advantages_BT,
-                        ref_logprobs,
-                        correction.is_weights_BT,
-                        teacher,
-                    )
-                    metrics |= self.workers.call_split(
-                        "actor", "update", batch, gather=reduce_rank_metrics
-                    )
-                self.weights.updated()
+                adv = self.advantages(rollout, passes, token_rewards, correction, timer, metrics)
+            self.update(passes, adv, correction, updates_actor, timer, metrics)
         metrics |= batch_metrics(
             scores_B=rollout.scores_B,
             token_rewards_BR=token_rewards,
             advantages_BR=adv.advantages_BT,
             returns_BR=adv.returns_BT,
-            response_mask_BR=mask,
+            response_mask_BR=rollout.tokens.response_mask_BR,
             prompt_lengths_B=rollout.prompt_lengths_B,
             max_response_length=cfg.data.max_response_length,
-            values_BR=values,
+            values_BR=passes.values,
         )
         metrics["critic/acc/mean"] = float(rollout.acc_B.mean())
-        metrics |= self.scorer.judge_metrics()  # every judging of the step (ReMax's baseline too)
+        return metrics | self.step_metrics(rollout, timer)
+
+    def prepare(self, rollout: Rollout, metrics: dict[str, float]) -> Rollout:
+        """The generated batch written out (``rollout_data_dir``), balanced over the ranks,
+        and its agent statistics."""
+        cfg = self.cfg
+        if cfg.trainer.rollout_data_dir:
+            write_generations(cfg.trainer.rollout_data_dir, self.step, rollout, self.tokenizer)
+        if cfg.trainer.balance_batch:  # equal tokens per data-parallel rank
+            rollout, balanced = balance(rollout, cfg.data_parallel_size("actor"))
+            metrics |= balanced
+        if rollout.agent_stats is not None and rollout.response_masks is not None:
+            metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
+        return rollout
+
+    def forward_passes(
+        self, rollout: Rollout, updates_actor: bool, needs: EstimatorNeeds, timer: StageTimer
+    ) -> Passes:
+        """π_old, the reference, the teachers and the critic's values, each when read."""
+        cfg = self.cfg
+        tokens = rollout.tokens
+        passes = Passes(tokens)
+        if cfg.algorithm.rollout_correction.bypass_mode:
+            # verl's bypass mode: the sampler's own log-probs are π_old, no pass
+            passes.old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
+        elif self.needs_old_pass(updates_actor, needs):
+            with timer("old_log_prob"):
+                old = self.old_policy(tokens, needs.sum_pi_squared)
+            passes.old_logprobs, passes.sum_pi_squared = old.logprobs_BR, old.sum_pi_squared_BR
+            if old.routed_experts_BSLK is not None:  # routing replay R2: the update's
+                passes.tokens = dataclasses.replace(
+                    tokens, routed_experts_BSLK=old.routed_experts_BSLK
+                )
+        free = tokens.without_routing()  # the reference and the critic route freely
+        if cfg.use_reference:
+            with timer("ref"):
+                passes.ref_logprobs = self.workers.call_split("ref", "log_probs", free)
+        if cfg.distillation.enabled:
+            with timer("teacher"):
+                passes.teacher = distill.score(self.workers, cfg, free, rollout.meta)
+        if cfg.use_critic:
+            with timer("values"):
+                passes.values = self.workers.call_split("critic", "values", free)
+        return passes
+
+    def needs_old_pass(self, updates_actor: bool, needs: EstimatorNeeds) -> bool:
+        """Whether π_old needs a pass of its own. On-policy the update's own log-probs
+        serve as π_old; off-policy (generation overlapping training) π_old is the
+        proximal policy, the weights now, not the ones that sampled, and TIS corrects
+        between the two (rollout_correction)."""
+        cfg = self.cfg
+        off_policy = self.overlap.overlapped
+        return (
+            needs.sum_pi_squared  # the optimal token baseline: always a π_old pass
+            or cfg.algorithm.use_kl_in_reward
+            or (updates_actor and (off_policy or not cfg.update_is_on_policy))
+        )
+
+    def advantages(
+        self,
+        rollout: Rollout,
+        passes: Passes,
+        token_rewards: torch.Tensor,
+        correction: Correction,
+        timer: StageTimer,
+        metrics: dict[str, float],
+    ) -> AdvantageOutputs:
+        cfg = self.cfg
+        needs = estimator_needs(cfg.algorithm.adv_estimator)
+        baseline = self.greedy_baseline(rollout, timer) if needs.greedy_baseline else None
+        components = (
+            reward_components(rollout, cfg.algorithm.gdpo_reward_keys or [], metrics)
+            if needs.reward_components
+            else None
+        )
+        return compute_advantages(
+            cfg.algorithm.adv_estimator,
+            AdvantageInputs(
+                token_rewards_BT=token_rewards,
+                response_mask_BT=rollout.tokens.response_mask_BR,
+                group_ids_B=torch.tensor(rollout.meta.group_ids),
+                values_BT=passes.values,
+                baseline_rewards_B=baseline,
+                reward_components_BK=components,
+                old_logprobs_BT=passes.old_logprobs if needs.sum_pi_squared else None,
+                sum_pi_squared_BT=passes.sum_pi_squared,
+                is_weights_BT=correction.is_weights_BT,
+            ),
+            cfg.algorithm,
+        )
+
+    def update(
+        self,
+        passes: Passes,
+        adv: AdvantageOutputs,
+        correction: Correction,
+        updates_actor: bool,
+        timer: StageTimer,
+        metrics: dict[str, float],
+    ) -> None:
+        """The critic's update, then the actor's (after the critic's warm-up)."""
+        tokens = passes.tokens
+        if self.cfg.use_critic:
+            with timer("update_critic"):
+                batch = CriticBatch(tokens.without_routing(), passes.values, adv.returns_BT)
+                metrics |= self.workers.call_split(
+                    "critic", "update", batch, gather=reduce_rank_metrics
+                )
+        if not updates_actor:
+            return
+        with timer("update_actor"):
+            actor_batch = ActorBatch(
+                correction.actor_tokens(tokens),  # rejected tokens out of the loss
+                passes.old_logprobs,
+                adv.advantages_BT,
+                passes.ref_logprobs,
+                correction.is_weights_BT,
+                passes.teacher,
+            )
+            metrics |= self.workers.call_split(
+                "actor", "update", actor_batch, gather=reduce_rank_metrics
+            )
+        self.weights.updated()
+
+    def step_metrics(self, rollout: Rollout, timer: StageTimer) -> dict[str, float]:
+        """The judges', the times, the throughput, the epoch and the weights pushed."""
+        metrics = self.scorer.judge_metrics()  # every judging of the step (ReMax's too)
         metrics |= timer.metrics()
-        num_tokens = int(tokens.attention_mask_BS.sum())
-        metrics |= throughput_metrics(num_tokens, timer.seconds["step"], cfg.world_size)
+        num_tokens = int(rollout.tokens.attention_mask_BS.sum())
+        metrics |= throughput_metrics(num_tokens, timer.seconds["step"], self.cfg.world_size)
         metrics["training/epoch"] = float(self.prompts.loader.epoch)
         if self.weights.separate:  # a LoRA adapter served by vLLM: only the first push is large
             sent = self.weights.take_sent()
