@@ -371,9 +371,10 @@ def test_trained_run_exports_what_the_actor_computes(tiny_model_dir, original, t
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from engine.config import load_config
+    from engine.controller.spawn import start_workers
     from engine.data.synthetic import write_synthetic_dataset
     from engine.export import export_checkpoint
-    from engine.runtime import init_ray, start_workers
+    from engine.runtime import init_ray
     from engine.train.forward import response_logprobs
     from engine.types import TokenBatch
 
