@@ -16,7 +16,7 @@ from engine.models.hf_config import config_overrides, load_hf_config
 from engine.rollout.base import RolloutEngine
 from engine.rollout.hf import eos_ids
 from engine.rollout.translate import EngineSettings
-from engine.train.fsdp import DTYPES, load_hf_model
+from engine.train.fsdp import DTYPES, full_parameters, load_hf_model
 
 
 class WeightSource(enum.Enum):
@@ -66,6 +66,8 @@ def rollout_engine(
             micro_batch_size=rollout_cfg.micro_batch_size,
             logprobs=rollout_cfg.calculate_log_probs,
             routing=rollout_cfg.enable_rollout_routing_replay,
+            # the actor's FSDP shards, gathered for each generation
+            gather=full_parameters if actor_module is not None else None,
         )
     eos_source = actor_module if actor_module is not None else generation_config(model)
     settings = engine_settings(cfg, device, eos_ids(tokenizer, eos_source), separate)
