@@ -26,12 +26,12 @@ import ray
 from engine.checkpoint import CheckpointManager, is_remote, read_trainer_state
 from engine.config import EngineConfig
 from engine.config.verl_sections import ray_init_args
-
-# spawn_workers named here: tests give a run other workers by replacing it
-from engine.controller.spawn import cpus_needed, spawn_workers
 from engine.errors import ConfigError, EngineError
 from engine.startup import StartupClock, gc_paused
 from engine.watchdog import Hung
+
+# spawn_workers named here: tests give a run other workers by replacing it
+from engine.workers.spawn import cpus_needed, spawn_workers
 
 if TYPE_CHECKING:
     from engine.data.dataset import PromptDataset

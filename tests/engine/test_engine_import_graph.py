@@ -30,6 +30,7 @@ LOWER_FIRST = [
     ("engine.config", "engine.algo"),
     ("engine.agents", "engine.rollout"),
     ("engine.train", "engine.rollout"),
+    ("engine.workers", "engine.controller"),  # the roles, and their spawning, use Ray's plumbing
 ]
 
 
