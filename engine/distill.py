@@ -9,12 +9,11 @@ gather each other's rows)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from engine.config import EngineConfig
 from engine.config.distillation import DEFAULT_KEY
+from engine.controller.workers import Workers
 from engine.errors import EngineError
 from engine.types import SampleMeta, TeacherScores, TokenBatch
 from engine.workers.teacher import empty_scores, teacher_ranks
@@ -60,9 +59,11 @@ def select_rows(tokens: TokenBatch, rows: list[int]) -> TokenBatch:
     )
 
 
-def score(workers: Any, cfg: EngineConfig, tokens: TokenBatch, meta: SampleMeta) -> TeacherScores:
+def score(
+    workers: Workers, cfg: EngineConfig, tokens: TokenBatch, meta: SampleMeta
+) -> TeacherScores:
     """The teachers' scores of the batch, rows in the batch's order."""
-    group = workers.group_of(ROLE) if hasattr(workers, "group_of") else workers
+    group = workers.group_of(ROLE)
     per_rank = route(cfg, meta, group.world_size)
     parts = group.submit_each(
         ROLE, "score", [select_rows(tokens, rows) for rows in per_rank]

@@ -36,15 +36,17 @@ from engine.types import GenerationOutput
 if TYPE_CHECKING:
     from engine.batch import Rollout
     from engine.metrics import StageTimer
-    from engine.trainer import Trainer
+    from engine.overlap import OverlapContext
 
 PENDING = "fully_async_pending"  # the trainer state's extra: dataset indices, oldest first
 
 
 class FullyAsync:
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        cfg = trainer.cfg
+    overlapped = True
+
+    def __init__(self, ctx: OverlapContext) -> None:
+        self.ctx = ctx
+        cfg = ctx.cfg
         self.cfg = cfg.async_training
         self.batch = cfg.data.train_batch_size
         self.logprobs = cfg.actor_rollout_ref.rollout.calculate_log_probs
@@ -53,8 +55,10 @@ class FullyAsync:
         self._since_sync = 0  # batches taken since the last sync
         self._last_take = time.perf_counter()
 
-    def next_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Rollout:
-        t = self.trainer
+    def next_batch(
+        self, step: int, total_steps: int, timer: StageTimer, metrics: dict[str, float]
+    ) -> Rollout:
+        ctx = self.ctx
         if self.rollouter is None:
             with timer("sync_weights"):
                 self._start()
@@ -70,28 +74,28 @@ class FullyAsync:
             now - self._last_take, 1e-9
         )
         self._last_take = now
-        n = t.sampling.n
+        n = ctx.sampling.n
         expanded = [g.prompt for g in groups for _ in range(n)]
         samples = [g.samples[j] for g in groups for j in range(n)]
-        metrics |= staleness_metrics(samples, t.weights_version)
+        metrics |= staleness_metrics(samples, ctx.weights.version)
         output = GenerationOutput(
             response_ids=[s.response_ids for s in samples],
             finished=[s.finished for s in samples],
             logprobs=[s.logprobs or [] for s in samples] if self.logprobs else None,
         )
-        return t.scorer.rollout(expanded, n, output, timer)
+        return ctx.scorer.rollout(expanded, n, output, timer)
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The loader's state and the prompts drawn ahead of it, taken together (the
         rollouter draws under the same lock)."""
-        loader = self.trainer.train_loader
+        loader = self.ctx.prompts.loader
         if self.rollouter is None:
             return loader.state_dict(), {PENDING: [p.index for p in self._resumed]}
         with self.rollouter.lock:
             return loader.state_dict(), {PENDING: [p.index for p in self.rollouter.pending()]}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        dataset = self.trainer.train_loader.dataset
+        dataset = self.ctx.prompts.loader.dataset
         self._resumed = [dataset[i] for i in state.get(PENDING, [])]
 
     @contextlib.contextmanager
@@ -103,7 +107,7 @@ class FullyAsync:
             return
         self.rollouter.pause(drain=True)
         yield
-        self.rollouter.resume(self._pushed_version())
+        self.rollouter.resume()
         self._since_sync = 0
 
     def close(self) -> None:
@@ -111,30 +115,27 @@ class FullyAsync:
             self.rollouter.stop()
 
     def _start(self) -> None:
-        t = self.trainer
-        t.push_weights()
+        ctx = self.ctx
+        ctx.weights.push(ctx.workers)
         self.rollouter = Rollouter(
-            t.workers,
-            t.workers.rollout.world_size,
-            t.next_prompts,
-            t.sampling,
-            admission_cap(t.cfg),
+            ctx.workers,
+            ctx.workers.group_of("rollout").world_size,
+            ctx.prompts.next,
+            ctx.sampling,
+            admission_cap(ctx.cfg),
+            ctx.weights,
             pending=self._resumed,
         )
         self._resumed = []
-        self.rollouter.resume(self._pushed_version())
+        self.rollouter.resume()
         self._last_take = time.perf_counter()
 
     def _sync(self) -> None:
         assert self.rollouter is not None
         self.rollouter.pause(drain=not self.cfg.partial_rollout)
-        self.trainer.push_weights()
-        self.rollouter.resume(self._pushed_version())
+        self.ctx.weights.push(self.ctx.workers)
+        self.rollouter.resume()
         self._since_sync = 0
-
-    def _pushed_version(self) -> int:
-        version = self.trainer.pushed_version
-        return self.trainer.weights_version if version is None else version
 
 
 def staleness_metrics(samples: list[StreamDone], trainer_version: int) -> dict[str, float]:

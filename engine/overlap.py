@@ -1,4 +1,8 @@
-"""Generation overlapped with training (``async_training``; docs/async.md).
+"""How generation and training take turns (``async_training.mode``; docs/async.md): each
+mode is a strategy behind ``Overlap``, the trainer's one source of batches.
+
+``sync``: each step generates its batch, then trains on it (with DAPO's dynamic
+sampling, it draws prompt batches until enough groups have rewards that differ).
 
 ``one_step_off`` (verl's one-step-off-policy trainer, after AReaL): the rollout has
 workers of its own (``rollout.placement=separate``), and while the actor trains on batch
@@ -20,62 +24,150 @@ own log-probs come back (``rollout.calculate_log_probs``). The step's wait for i
 
 A checkpoint taken while a batch is generating records the prompt loader from before it
 drew that batch's prompts: a resume draws them again, so no prompt is lost or repeated.
+
+``fully_async``: engine.fully_async.
+
+Each mode is given what it needs (``OverlapContext``), never the trainer.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from engine.batch import join_groups, split_groups
 from engine.metrics import STALENESS
-from engine.types import GenerationRequest
 
 if TYPE_CHECKING:
     from engine.batch import Rollout
-    from engine.data.dataset import PromptSample
+    from engine.config import EngineConfig
+    from engine.controller.workers import Workers
+    from engine.data.loader import PromptStream
+    from engine.generate import Generating, Generator
     from engine.metrics import StageTimer
-    from engine.trainer import Trainer
+    from engine.scoring import Scorer
+    from engine.types import SamplingParams
+    from engine.weights_version import WeightsVersion
 
 
-@dataclass
-class Generating:
-    """A generation sent to the rollout and not yet waited for."""
+@dataclass(frozen=True)
+class OverlapContext:
+    """What a mode needs from the run: its config, workers, prompts, generation calls,
+    scorer, weights version and the training sampling."""
 
-    expanded: list[PromptSample]  # each prompt n times, in the request's order
-    request: GenerationRequest
-    pending: Any  # engine.controller.worker_group.Pending
-    n: int
-    version: int  # the actor's weights version the rollout generates with
+    cfg: EngineConfig
+    workers: Workers
+    prompts: PromptStream
+    generator: Generator
+    scorer: Scorer
+    weights: WeightsVersion
+    sampling: SamplingParams
+
+
+class Overlap(Protocol):
+    # Generation runs beside training: the batches are off-policy (π_old is the weights
+    # now), and the rollout's workers are busy during the step.
+    overlapped: bool
+
+    def next_batch(
+        self, step: int, total_steps: int, timer: StageTimer, metrics: dict[str, float]
+    ) -> Rollout:
+        """Step ``step``'s scored batch."""
+        ...
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The loader's state to save, and the trainer state's ``extra``."""
+        ...
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """A checkpoint's ``extra`` (the loader's state is restored already)."""
+        ...
+
+    def rollout_exclusive(self) -> contextlib.AbstractContextManager[None]:
+        """The rollout to the caller alone (validation)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what runs beside the trainer."""
+        ...
+
+
+class Synchronous:
+    overlapped = False
+
+    def __init__(self, ctx: OverlapContext) -> None:
+        self.ctx = ctx
+
+    def next_batch(
+        self, step: int, total_steps: int, timer: StageTimer, metrics: dict[str, float]
+    ) -> Rollout:
+        """Generate and score one step's batch. With DAPO's dynamic sampling, keep
+        drawing prompt batches until enough groups have rewards that differ."""
+        ctx = self.ctx
+        filt = ctx.cfg.algorithm.filter_groups
+        want = ctx.cfg.data.train_batch_size
+        if not filt.enable:
+            return ctx.generator.generate(ctx.prompts.next(), ctx.sampling, timer)
+        kept: list[Rollout] = []
+        spare: list[Rollout] = []  # groups with equal rewards, used only to fill a shortfall
+        num_kept = draws = 0
+        while num_kept < want:
+            if filt.max_num_gen_batches and draws >= filt.max_num_gen_batches:
+                break
+            draws += 1
+            rollout = ctx.generator.generate(ctx.prompts.next(), ctx.sampling, timer)
+            for group in split_groups(rollout, ctx.sampling.n):
+                metric = group.acc_B if filt.metric == "acc" else group.scores_B
+                (kept if metric.std() > 0 else spare).append(group)
+            num_kept = len(kept)
+        shortfall = max(0, want - len(kept))
+        metrics["training/gen_batches"] = float(draws)
+        metrics["training/filter_padded_groups"] = float(shortfall)
+        return join_groups((kept + spare[:shortfall])[:want])
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.ctx.prompts.loader.state_dict(), {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Nothing: no prompts are drawn ahead."""
+
+    def rollout_exclusive(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Nothing runs beside the trainer."""
 
 
 class OneStepOff:
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    overlapped = True
+
+    def __init__(self, ctx: OverlapContext) -> None:
+        self.ctx = ctx
         self.pending: Generating | None = None
         self._loader_before: dict[str, Any] | None = None  # before the pending batch's prompts
 
-    def next_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Rollout:
+    def next_batch(
+        self, step: int, total_steps: int, timer: StageTimer, metrics: dict[str, float]
+    ) -> Rollout:
         """This step's batch (generated during the last step), after starting the next."""
-        t = self.trainer
         if self.pending is None:  # the first step (or the first after a resume)
             self.pending = self._start()
         done = self.pending
         with timer("wait_prev_gen"):
             output = done.pending.result()
-        metrics[STALENESS] = float(t.weights_version - done.version)
+        metrics[STALENESS] = float(self.ctx.weights.version - done.version)
         # The next batch generates while this one is scored (a reward model on the
         # training workers) and trained; none after the last step. The scoring says
         # whether it overlapped (timing_s/reward_overlapped).
-        self.pending = self._start() if t.step < t.total_steps else None
+        self.pending = self._start() if step < total_steps else None
         generating = self.pending is not None
-        return t.scorer.rollout(done.expanded, done.n, output, timer, generating)
+        return self.ctx.scorer.rollout(done.expanded, done.n, output, timer, generating)
 
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The loader's state to save, and the trainer state's ``extra`` (none here)."""
-        t = self.trainer
+        """The loader from before the pending batch drew its prompts (none extra)."""
         if self.pending is None or self._loader_before is None:
-            return t.train_loader.state_dict(), {}
+            return self.ctx.prompts.loader.state_dict(), {}
         return self._loader_before, {}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
@@ -89,17 +181,17 @@ class OneStepOff:
         """Nothing runs beside the trainer."""
 
     def _start(self) -> Generating:
-        t = self.trainer
-        self._loader_before = t.train_loader.state_dict()
-        return t.start_generation(t.next_prompts(), t.sampling)
+        ctx = self.ctx
+        self._loader_before = ctx.prompts.loader.state_dict()
+        return ctx.generator.start(ctx.prompts.next(), ctx.sampling)
 
 
-def make_overlap(trainer: Trainer, mode: str) -> Any:
-    """The trainer's source of batches for an ``async_training.mode`` (None: sync)."""
+def make_overlap(ctx: OverlapContext, mode: str) -> Overlap:
+    """The trainer's source of batches for an ``async_training.mode``."""
     if mode == "one_step_off":
-        return OneStepOff(trainer)
+        return OneStepOff(ctx)
     if mode == "fully_async":
-        from engine.fully_async import FullyAsync
+        from engine.fully_async import FullyAsync  # its rollouter thread, only when asked
 
-        return FullyAsync(trainer)
-    return None
+        return FullyAsync(ctx)
+    return Synchronous(ctx)

@@ -28,11 +28,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.data.dataset import PromptSample
 from engine.rollout.stream import StreamDone, StreamItem
 from engine.types import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.controller.workers import Workers
+    from engine.weights_version import WeightsVersion
 
 ROLLOUT = "rollout"
 
@@ -50,11 +54,12 @@ class Group:
 class Rollouter:
     def __init__(
         self,
-        workers: Any,
+        workers: Workers,
         world: int,
         draw: Callable[[], list[PromptSample]],
         sampling: SamplingParams,
         cap: int,
+        weights: WeightsVersion,
         pending: list[PromptSample] | None = None,
     ) -> None:
         """``draw`` gives the next batch of prompts from the loader; ``pending`` are
@@ -65,12 +70,12 @@ class Rollouter:
         self.sampling = sampling
         self.n = sampling.n
         self.cap = cap
+        self.weights = weights  # asked for the version the rollout holds (set by a push)
         self.lock = threading.Condition()  # guards everything below, and ``draw``
         self._queue: deque[PromptSample] = deque(pending or [])
         self._gids = iter(range(1 << 62))
         self._live: dict[int, Group] = {}  # started, not finished
         self._ready: list[Group] = []  # finished, not taken
-        self._version = 0  # the weights the rollout holds
         self._carry = 0  # groups in flight or ready at the last sync
         self._started = 0  # groups started since the last sync
         self._paused = True
@@ -83,10 +88,9 @@ class Rollouter:
 
     # -- the trainer's side ---------------------------------------------------------
 
-    def resume(self, version: int) -> None:
-        """Generate with weights ``version`` (just pushed); a new sync interval begins."""
+    def resume(self) -> None:
+        """Generate with the weights just pushed; a new sync interval begins."""
         with self.lock:
-            self._version = version
             self._carry = len(self._live) + len(self._ready)
             self._started = 0
             self._paused = self._drain = False
@@ -149,7 +153,8 @@ class Rollouter:
                     if self._stop:
                         return
                     per_rank = self._start_groups()
-                    sampling, version = self.sampling, self._version
+                    # pushes happen only while the thread is parked: stable till the next
+                    sampling, version = self.sampling, self.weights.served
                 results = self.workers.submit_each(
                     ROLLOUT, "stream_advance", per_rank, sampling, version
                 ).result()

@@ -30,8 +30,10 @@ from engine.errors import ConfigError, EngineError
 from engine.startup import StartupClock, gc_paused
 from engine.watchdog import Hung
 
+# spawn_workers named here: tests give a run other workers by replacing it
+from engine.workers.spawn import cpus_needed, spawn_workers
+
 if TYPE_CHECKING:
-    from engine.controller.dispatch import ModelParallelLayout
     from engine.data.dataset import PromptDataset
     from engine.data.loader import PromptLoader
 
@@ -60,18 +62,7 @@ def init_ray(cfg: EngineConfig) -> None:
         ray.init(**ray_init_args(cfg, own, joining=True), log_to_driver=True)
         check_node_secrets(secret_names())
         return
-    # every worker of every group: the training one, and the rollout's and the reward
-    # model's when they have their own
-    rollout = cfg.actor_rollout_ref.rollout
-    own_rollout = (
-        rollout.separate_nnodes * rollout.separate_n_gpus_per_node
-        if rollout.placement == "separate"
-        else 0
-    )
-    own_rm = cfg.rm_world_size if cfg.reward_model.enable_resource_pool else 0
-    d = cfg.distillation
-    own_teacher = d.nnodes * d.n_gpus_per_node if d.enabled and d.nnodes > 0 else 0
-    needed = (cfg.world_size + own_rollout + own_rm + own_teacher) * cfg.trainer.cpus_per_worker
+    needed = cpus_needed(cfg)
     os.environ.update(WORKER_ENV)  # the node started next, and so every worker, inherits it
     own = {
         "num_cpus": max(needed, os.cpu_count() or 1),
@@ -132,115 +123,6 @@ def resolve_cluster_device(cfg: EngineConfig) -> str:
     if resources.get("NPU", 0) >= 1:
         return "npu"
     return "cpu"
-
-
-def role_layouts(cfg: EngineConfig) -> dict[str, ModelParallelLayout]:
-    """How each role's ranks share rows, for the roles whose ranks do (the worker names
-    the reference "ref"): Megatron roles split their model over ranks; an FSDP role's
-    Ulysses group splits each sequence, as Megatron's context parallelism does."""
-    from engine.controller.dispatch import ModelParallelLayout
-
-    names = {"reference": "ref"}
-    layouts = {
-        names.get(role, role): ModelParallelLayout(
-            tp=section.tensor_model_parallel_size,
-            pp=section.pipeline_model_parallel_size,
-            cp=section.context_parallel_size,
-        )
-        for role, (_key, section) in cfg.megatron_roles().items()
-    }
-    for role in ("actor", "reference", "critic"):
-        if cfg.ulysses_size(role) > 1:
-            layouts[names.get(role, role)] = ModelParallelLayout(cp=cfg.ulysses_size(role))
-    return layouts
-
-
-def start_workers(cfg: EngineConfig) -> Any:
-    """The workers ``spawn_workers`` makes, in their process groups with their roles."""
-    workers = spawn_workers(cfg)
-    try:
-        workers.start()
-    except BaseException:
-        workers.shutdown()
-        raise
-    return workers
-
-
-def spawn_workers(cfg: EngineConfig) -> Any:
-    """One worker group for every role (colocated), or beside the training group the
-    rollout's own (``rollout.placement=separate``) and the reward model's own
-    (``reward_model.enable_resource_pool``), engine.controller.groups: their processes
-    started, to be started as groups (``start``)."""
-    from engine.controller.worker_group import PoolSpec, ResourcePool, WorkerGroup
-    from engine.device import DEVICES
-    from engine.workers.host import WorkerHost
-
-    device_name = cfg.trainer.device
-    spec = DEVICES["cuda" if device_name == "cuda" else device_name]
-    rollout = cfg.actor_rollout_ref.rollout
-    rm = cfg.reward_model
-    own: dict[str, tuple[int, int]] = {}  # role -> (nodes, devices per node) of its group
-    if rollout.placement == "separate":
-        own["rollout"] = (rollout.separate_nnodes, rollout.separate_n_gpus_per_node)
-    if rm.enable and rm.enable_resource_pool:
-        own["rm"] = (rm.nnodes, rm.n_gpus_per_node)
-    distill = cfg.distillation
-    if distill.enabled and distill.nnodes > 0:  # the teachers on a pool of their own
-        own["teacher"] = (distill.nnodes, distill.n_gpus_per_node)
-    # the learned reward model or the judge: beside the actor unless on its own
-    roles = [r for r in ("actor", "rollout") if r not in own]
-    if cfg.use_reference:
-        roles.append("ref")
-    if distill.enabled and "teacher" not in own:
-        roles.append("teacher")
-    if cfg.use_critic:
-        roles.append("critic")
-    if rm.enable and "rm" not in own:
-        roles.append("rm")
-
-    def pool(nnodes: int, per_node: int, name: str) -> ResourcePool:
-        return ResourcePool(
-            PoolSpec(
-                nnodes=nnodes,
-                devices_per_node=per_node,
-                ray_resource=spec.ray_resource,
-                cpus_per_worker=cfg.trainer.cpus_per_worker,
-            ),
-            name=name,
-        )
-
-    def host(roles: list[str], group: str = "") -> dict[str, Any]:
-        return {
-            "cfg": cfg,
-            "roles": roles,
-            "cpus_per_worker": cfg.trainer.cpus_per_worker,
-            "group": group,
-        }
-
-    train = WorkerGroup(
-        pool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, "actor_rollout_ref"),
-        WorkerHost,
-        host(roles),
-        layouts=role_layouts(cfg),
-    )
-    if not own:
-        return train
-    from engine.controller.groups import SeparateGroups
-
-    groups: dict[str, WorkerGroup] = {}
-    try:
-        for role, (nnodes, per_node) in own.items():
-            groups[role] = WorkerGroup(
-                pool(nnodes, per_node, role),
-                WorkerHost,
-                host([role], group=role),
-                label=role,
-            )
-    except BaseException:
-        for group in [train, *groups.values()]:
-            group.shutdown()
-        raise
-    return SeparateGroups(train, groups)
 
 
 @dataclass

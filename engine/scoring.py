@@ -13,7 +13,7 @@ import torch
 
 from engine.batch import Rollout
 from engine.config import EngineConfig
-from engine.controller.worker_group import WorkerGroup
+from engine.controller.workers import Workers
 from engine.data.dataset import PromptSample
 from engine.errors import EngineError
 from engine.metrics import StageTimer
@@ -34,7 +34,7 @@ class Scorer:
         cfg: EngineConfig,
         rules: RewardManager,
         tokenizer: Any,
-        workers: WorkerGroup,
+        workers: Workers,
         judge_tokenizer: Any = None,
     ) -> None:
         """``judge_tokenizer``: a generative reward model's (loaded once, at start, where

@@ -12,7 +12,6 @@ every forward and backward pass.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any
 
@@ -20,21 +19,22 @@ import torch
 
 from engine import distill
 from engine.agents.metrics import agent_metrics
-from engine.algo.advantage import AdvantageInputs, compute_advantages
+from engine.algo.advantage import AdvantageInputs, AdvantageOutputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
 from engine.algo.masked import last_valid_index
-from engine.algo.names import estimator_needs
+from engine.algo.names import EstimatorNeeds, estimator_needs
 from engine.algo.rollout_correction import Correction, correct_rollout, ragged_to_padded
 from engine.balance import balance
-from engine.batch import Rollout, join_groups, split_groups
+from engine.batch import Rollout
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
 from engine.config.routing_replay import RECORD
 from engine.controller.dispatch import concat, take
-from engine.controller.worker_group import WorkerGroup
+from engine.controller.workers import Workers
 from engine.data.dataset import PromptDataset, PromptSample
-from engine.data.loader import PromptLoader
+from engine.data.loader import PromptLoader, PromptStream
 from engine.errors import EXIT_PREEMPTED, EngineError
+from engine.generate import Generator
 from engine.generations import generation_rows, pick_samples, write_generations
 from engine.memory_peaks import near_limit, peak_metrics
 from engine.metrics import (
@@ -43,9 +43,8 @@ from engine.metrics import (
     reduce_rank_metrics,
     throughput_metrics,
 )
-from engine.overlap import Generating, make_overlap
-from engine.rollout.bridge import Pushed
-from engine.scoring import Scorer, prompt_images, reward_components
+from engine.overlap import OverlapContext, make_overlap
+from engine.scoring import Scorer, reward_components
 from engine.startup import StartupClock
 from engine.tracking import Tracker, progress
 from engine.types import (
@@ -55,9 +54,11 @@ from engine.types import (
     PolicyProbs,
     SampleMeta,
     SamplingParams,
+    TeacherScores,
     TokenBatch,
 )
 from engine.validation import ValidationSample, validation_metrics
+from engine.weights_version import WeightsVersion
 
 WEIGHTS_VERSION = "weights_version"  # in the trainer state's extra: the actor's updates
 
@@ -81,11 +82,24 @@ class UpdatesDiverged(EngineError):
     reason = "nan_updates"
 
 
+@dataclasses.dataclass
+class Passes:
+    """One step's forward passes over its batch: what each later stage reads (None where
+    the run makes none)."""
+
+    tokens: TokenBatch  # the batch; with π_old's routing where routing replay records it
+    old_logprobs: torch.Tensor | None = None  # π_old; None: the update's own serve (on-policy)
+    sum_pi_squared: torch.Tensor | None = None  # Σ_v π_old(v)², for an estimator that reads it
+    ref_logprobs: torch.Tensor | None = None
+    teacher: TeacherScores | None = None
+    values: torch.Tensor | None = None
+
+
 class Trainer:
     def __init__(
         self,
         cfg: EngineConfig,
-        workers: WorkerGroup,
+        workers: Workers,
         scorer: Scorer,
         tokenizer: Any,
         train_loader: PromptLoader,
@@ -99,7 +113,6 @@ class Trainer:
         self.workers = workers
         self.scorer = scorer
         self.tokenizer = tokenizer
-        self.train_loader = train_loader
         self.val_dataset = val_dataset
         self.tracker = tracker
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl)
@@ -113,14 +126,17 @@ class Trainer:
         max_new = cfg.data.max_response_length
         self.sampling = sampling_params(rollout, max_new, ignore_eos=rollout.ignore_eos)
         self.val_sampling = sampling_params(rollout.val_kwargs, max_new)
-        self._batches = iter(self.train_loader)
+        self.prompts = PromptStream(train_loader)
         # The actor's weights, counted (every update, every load); a rollout on workers of
         # its own (placement=separate) is pushed the version it lacks before it generates.
-        self.separate = rollout.placement == "separate"
-        self.weights_version = 0
-        self.pushed_version: int | None = None
-        self.pushed = Pushed()  # what the pushes since the last step's metrics carried
-        self.overlap = make_overlap(self, cfg.async_training.mode)
+        self.weights = WeightsVersion(separate=rollout.placement == "separate")
+        self.generator = Generator(cfg, workers, scorer, self.weights)
+        self.overlap = make_overlap(
+            OverlapContext(
+                cfg, workers, self.prompts, self.generator, scorer, self.weights, self.sampling
+            ),
+            cfg.async_training.mode,
+        )
         # the start-up's milestones, logged with this process's first step
         self.startup = startup or StartupClock()
 
@@ -130,8 +146,7 @@ class Trainer:
         try:
             self._fit()
         finally:
-            if self.overlap is not None:
-                self.overlap.close()
+            self.overlap.close()
 
     def _fit(self) -> None:
         if self.resume_from is not None:
@@ -174,7 +189,7 @@ class Trainer:
         limit is said once (engine.memory_peaks)."""
         # With generation overlapping training the rollout's workers are busy now: ask
         # the training group alone (a host serves one call at a time)
-        hosts = self.workers if self.overlap is None else self.workers.group_of("actor")
+        hosts = self.workers.group_of("actor") if self.overlap.overlapped else self.workers
         reports = hosts.host_all("memory_peaks")
         metrics = peak_metrics(reports)
         for line in near_limit(metrics, self._memory_told):
@@ -186,16 +201,12 @@ class Trainer:
     def state(self) -> TrainerState:
         # Generations in flight (async_training) drew their prompts ahead: the checkpoint
         # records them, or the loader from before, so that a resume draws them again.
-        loader, extra = (
-            self.overlap.checkpoint_state()
-            if self.overlap
-            else (self.train_loader.state_dict(), {})
-        )
+        loader, extra = self.overlap.checkpoint_state()
         return TrainerState(
             step=self.step,
             loader=loader,
             kl_ctrl=self.kl_ctrl.state_dict(),
-            extra={**extra, WEIGHTS_VERSION: self.weights_version},
+            extra={**extra, WEIGHTS_VERSION: self.weights.version},
         )
 
     def save(self) -> None:
@@ -206,14 +217,12 @@ class Trainer:
         state = read_trainer_state(path)
         local = self.checkpoints.fetch(path, self.workers)
         self.workers.host_all("load_checkpoint", local)
-        # the weights' version as saved (staleness counts on from it); pushed_version is
-        # None, so a separate rollout gets them before it generates
-        self.weights_version = state.extra.get(WEIGHTS_VERSION, self.weights_version + 1)
+        # the weights' version as saved (staleness counts on from it); a separate rollout
+        # gets them before it generates
+        self.weights.restore(state.extra.get(WEIGHTS_VERSION, self.weights.version + 1))
         self.step = state.step
-        self.train_loader.load_state_dict(state.loader)
-        self._batches = iter(self.train_loader)
-        if self.overlap is not None:
-            self.overlap.load_extra_state(state.extra)
+        self.prompts.load_state_dict(state.loader)
+        self.overlap.load_extra_state(state.extra)
         self.kl_ctrl.load_state_dict(state.kl_ctrl)
         self.checkpoints.last_saved_step = state.step
         print(f"resumed from {path} at step {state.step}", flush=True)
@@ -250,118 +259,165 @@ class Trainer:
         metrics: dict[str, float] = {}
         with timer("step"):
             with timer("gen"):
-                rollout = self.generate_training_batch(timer, metrics)
-            if cfg.trainer.rollout_data_dir:
-                write_generations(cfg.trainer.rollout_data_dir, self.step, rollout, self.tokenizer)
-            if cfg.trainer.balance_batch:  # equal tokens per data-parallel rank
-                rollout, balanced = balance(rollout, cfg.data_parallel_size("actor"))
-                metrics |= balanced
-            if rollout.agent_stats is not None and rollout.response_masks is not None:
-                metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
-            tokens, mask = rollout.tokens, rollout.tokens.response_mask_BR
+                rollout = self.overlap.next_batch(self.step, self.total_steps, timer, metrics)
+            rollout = self.prepare(rollout, metrics)
             updates_actor = self.step > cfg.trainer.critic_warmup
             needs = estimator_needs(cfg.algorithm.adv_estimator)
-            old_logprobs = None  # on-policy: the update's own log-probs serve as π_old
-            sum_pi_squared = None  # Σ_v π_old(v)², only for an estimator that reads it
-            # Off-policy (async_training): π_old is the proximal policy, the weights now,
-            # not the ones that sampled; TIS corrects between the two (rollout_correction).
-            off_policy = self.overlap is not None
-            if cfg.algorithm.rollout_correction.bypass_mode:
-                # verl's bypass mode: the sampler's own log-probs are π_old, no pass
-                old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
-            elif (
-                needs.sum_pi_squared  # the optimal token baseline: always a π_old pass
-                or cfg.algorithm.use_kl_in_reward
-                or (updates_actor and (off_policy or not cfg.update_is_on_policy))
-            ):
-                with timer("old_log_prob"):
-                    old = self.old_policy(tokens, needs.sum_pi_squared)
-                old_logprobs, sum_pi_squared = old.logprobs_BR, old.sum_pi_squared_BR
-                if old.routed_experts_BSLK is not None:  # routing replay R2: the update's
-                    tokens = dataclasses.replace(
-                        tokens, routed_experts_BSLK=old.routed_experts_BSLK
-                    )
-            ref_logprobs = None
-            if cfg.use_reference:  # the reference and the critic route freely
-                with timer("ref"):
-                    ref_logprobs = self.workers.call_split(
-                        "ref", "log_probs", tokens.without_routing()
-                    )
-            teacher = None
-            if cfg.distillation.enabled:
-                with timer("teacher"):
-                    teacher = distill.score(
-                        self.workers, cfg, tokens.without_routing(), rollout.meta
-                    )
-            values = None
-            if cfg.use_critic:
-                with timer("values"):
-                    values = self.workers.call_split("critic", "values", tokens.without_routing())
+            passes = self.forward_passes(rollout, updates_actor, needs, timer)
             # Weights and rejection first: the optimal token baseline reads the weights.
-            correction = self.rollout_correction(rollout, old_logprobs, metrics)
+            correction = self.rollout_correction(rollout, passes.old_logprobs, metrics)
             with timer("adv"):
-                token_rewards = self.token_rewards(rollout, old_logprobs, ref_logprobs, metrics)
-                baseline = self.greedy_baseline(rollout, timer) if needs.greedy_baseline else None
-                components = (
-                    reward_components(rollout, cfg.algorithm.gdpo_reward_keys or [], metrics)
-                    if needs.reward_components
-                    else None
+                token_rewards = self.token_rewards(
+                    rollout, passes.old_logprobs, passes.ref_logprobs, metrics
                 )
-                adv = compute_advantages(
-                    cfg.algorithm.adv_estimator,
-                    AdvantageInputs(
-                        token_rewards_BT=token_rewards,
-                        response_mask_BT=mask,
-                        group_ids_B=torch.tensor(rollout.meta.group_ids),
-                        values_BT=values,
-                        baseline_rewards_B=baseline,
-                        reward_components_BK=components,
-                        old_logprobs_BT=old_logprobs if needs.sum_pi_squared else None,
-                        sum_pi_squared_BT=sum_pi_squared,
-                        is_weights_BT=correction.is_weights_BT,
-                    ),
-                    cfg.algorithm,
-                )
-            if cfg.use_critic:
-                with timer("update_critic"):
-                    batch = CriticBatch(tokens.without_routing(), values, adv.returns_BT)
-                    metrics |= self.workers.call_split(
-                        "critic", "update", batch, gather=reduce_rank_metrics
-                    )
-            if updates_actor:
-                with timer("update_actor"):
-                    batch = ActorBatch(
-                        correction.actor_tokens(tokens),  # rejected tokens out of the loss
-                        old_logprobs,
-                        adv.advantages_BT,
-                        ref_logprobs,
-                        correction.is_weights_BT,
-                        teacher,
-                    )
-                    metrics |= self.workers.call_split(
-                        "actor", "update", batch, gather=reduce_rank_metrics
-                    )
-                self.weights_version += 1
+                adv = self.advantages(rollout, passes, token_rewards, correction, timer, metrics)
+            self.update(passes, adv, correction, updates_actor, timer, metrics)
         metrics |= batch_metrics(
             scores_B=rollout.scores_B,
             token_rewards_BR=token_rewards,
             advantages_BR=adv.advantages_BT,
             returns_BR=adv.returns_BT,
-            response_mask_BR=mask,
+            response_mask_BR=rollout.tokens.response_mask_BR,
             prompt_lengths_B=rollout.prompt_lengths_B,
             max_response_length=cfg.data.max_response_length,
-            values_BR=values,
+            values_BR=passes.values,
         )
         metrics["critic/acc/mean"] = float(rollout.acc_B.mean())
-        metrics |= self.scorer.judge_metrics()  # every judging of the step (ReMax's baseline too)
+        return metrics | self.step_metrics(rollout, timer)
+
+    def prepare(self, rollout: Rollout, metrics: dict[str, float]) -> Rollout:
+        """The generated batch written out (``rollout_data_dir``), balanced over the ranks,
+        and its agent statistics."""
+        cfg = self.cfg
+        if cfg.trainer.rollout_data_dir:
+            write_generations(cfg.trainer.rollout_data_dir, self.step, rollout, self.tokenizer)
+        if cfg.trainer.balance_batch:  # equal tokens per data-parallel rank
+            rollout, balanced = balance(rollout, cfg.data_parallel_size("actor"))
+            metrics |= balanced
+        if rollout.agent_stats is not None and rollout.response_masks is not None:
+            metrics |= agent_metrics(rollout.agent_stats, rollout.response_masks)
+        return rollout
+
+    def forward_passes(
+        self, rollout: Rollout, updates_actor: bool, needs: EstimatorNeeds, timer: StageTimer
+    ) -> Passes:
+        """π_old, the reference, the teachers and the critic's values, each when read."""
+        cfg = self.cfg
+        tokens = rollout.tokens
+        passes = Passes(tokens)
+        if cfg.algorithm.rollout_correction.bypass_mode:
+            # verl's bypass mode: the sampler's own log-probs are π_old, no pass
+            passes.old_logprobs = ragged_to_padded(rollout.rollout_logprobs, tokens.response_length)
+        elif self.needs_old_pass(updates_actor, needs):
+            with timer("old_log_prob"):
+                old = self.old_policy(tokens, needs.sum_pi_squared)
+            passes.old_logprobs, passes.sum_pi_squared = old.logprobs_BR, old.sum_pi_squared_BR
+            if old.routed_experts_BSLK is not None:  # routing replay R2: the update's
+                passes.tokens = dataclasses.replace(
+                    tokens, routed_experts_BSLK=old.routed_experts_BSLK
+                )
+        free = tokens.without_routing()  # the reference and the critic route freely
+        if cfg.use_reference:
+            with timer("ref"):
+                passes.ref_logprobs = self.workers.call_split("ref", "log_probs", free)
+        if cfg.distillation.enabled:
+            with timer("teacher"):
+                passes.teacher = distill.score(self.workers, cfg, free, rollout.meta)
+        if cfg.use_critic:
+            with timer("values"):
+                passes.values = self.workers.call_split("critic", "values", free)
+        return passes
+
+    def needs_old_pass(self, updates_actor: bool, needs: EstimatorNeeds) -> bool:
+        """Whether π_old needs a pass of its own. On-policy the update's own log-probs
+        serve as π_old; off-policy (generation overlapping training) π_old is the
+        proximal policy, the weights now, not the ones that sampled, and TIS corrects
+        between the two (rollout_correction)."""
+        cfg = self.cfg
+        off_policy = self.overlap.overlapped
+        return (
+            needs.sum_pi_squared  # the optimal token baseline: always a π_old pass
+            or cfg.algorithm.use_kl_in_reward
+            or (updates_actor and (off_policy or not cfg.update_is_on_policy))
+        )
+
+    def advantages(
+        self,
+        rollout: Rollout,
+        passes: Passes,
+        token_rewards: torch.Tensor,
+        correction: Correction,
+        timer: StageTimer,
+        metrics: dict[str, float],
+    ) -> AdvantageOutputs:
+        cfg = self.cfg
+        needs = estimator_needs(cfg.algorithm.adv_estimator)
+        baseline = self.greedy_baseline(rollout, timer) if needs.greedy_baseline else None
+        components = (
+            reward_components(rollout, cfg.algorithm.gdpo_reward_keys or [], metrics)
+            if needs.reward_components
+            else None
+        )
+        return compute_advantages(
+            cfg.algorithm.adv_estimator,
+            AdvantageInputs(
+                token_rewards_BT=token_rewards,
+                response_mask_BT=rollout.tokens.response_mask_BR,
+                group_ids_B=torch.tensor(rollout.meta.group_ids),
+                values_BT=passes.values,
+                baseline_rewards_B=baseline,
+                reward_components_BK=components,
+                old_logprobs_BT=passes.old_logprobs if needs.sum_pi_squared else None,
+                sum_pi_squared_BT=passes.sum_pi_squared,
+                is_weights_BT=correction.is_weights_BT,
+            ),
+            cfg.algorithm,
+        )
+
+    def update(
+        self,
+        passes: Passes,
+        adv: AdvantageOutputs,
+        correction: Correction,
+        updates_actor: bool,
+        timer: StageTimer,
+        metrics: dict[str, float],
+    ) -> None:
+        """The critic's update, then the actor's (after the critic's warm-up)."""
+        tokens = passes.tokens
+        if self.cfg.use_critic:
+            with timer("update_critic"):
+                batch = CriticBatch(tokens.without_routing(), passes.values, adv.returns_BT)
+                metrics |= self.workers.call_split(
+                    "critic", "update", batch, gather=reduce_rank_metrics
+                )
+        if not updates_actor:
+            return
+        with timer("update_actor"):
+            actor_batch = ActorBatch(
+                correction.actor_tokens(tokens),  # rejected tokens out of the loss
+                passes.old_logprobs,
+                adv.advantages_BT,
+                passes.ref_logprobs,
+                correction.is_weights_BT,
+                passes.teacher,
+            )
+            metrics |= self.workers.call_split(
+                "actor", "update", actor_batch, gather=reduce_rank_metrics
+            )
+        self.weights.updated()
+
+    def step_metrics(self, rollout: Rollout, timer: StageTimer) -> dict[str, float]:
+        """The judges', the times, the throughput, the epoch and the weights pushed."""
+        metrics = self.scorer.judge_metrics()  # every judging of the step (ReMax's too)
         metrics |= timer.metrics()
-        num_tokens = int(tokens.attention_mask_BS.sum())
-        metrics |= throughput_metrics(num_tokens, timer.seconds["step"], cfg.world_size)
-        metrics["training/epoch"] = float(self.train_loader.epoch)
-        if self.separate:  # a LoRA adapter served by vLLM: only the first push is large
-            metrics["rollout/weights_pushed_mb"] = self.pushed.bytes / 2**20
-            metrics["rollout/weights_pushed_tensors"] = float(self.pushed.tensors)
-            self.pushed = Pushed()
+        num_tokens = int(rollout.tokens.attention_mask_BS.sum())
+        metrics |= throughput_metrics(num_tokens, timer.seconds["step"], self.cfg.world_size)
+        metrics["training/epoch"] = float(self.prompts.loader.epoch)
+        if self.weights.separate:  # a LoRA adapter served by vLLM: only the first push is large
+            sent = self.weights.take_sent()
+            metrics["rollout/weights_pushed_mb"] = sent.bytes / 2**20
+            metrics["rollout/weights_pushed_tensors"] = float(sent.tensors)
         return metrics
 
     # -- stages -------------------------------------------------------------
@@ -387,71 +443,6 @@ class Trainer:
         correction = correct_rollout(old_logprobs, engine_logprobs, tokens.response_mask_BR, rc)
         metrics |= correction.metrics
         return correction
-
-    def next_prompts(self) -> list[PromptSample]:
-        """The next batch of prompts; a new epoch starts when one runs out."""
-        try:
-            return next(self._batches)
-        except StopIteration:
-            self._batches = iter(self.train_loader)
-            return next(self._batches)
-
-    def generate_training_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Rollout:
-        """Generate and score one step's batch. With DAPO's dynamic sampling, keep
-        drawing prompt batches until enough groups have rewards that differ."""
-        filt = self.cfg.algorithm.filter_groups
-        want = self.cfg.data.train_batch_size
-        if self.overlap is not None:
-            return self.overlap.next_batch(timer, metrics)
-        if not filt.enable:
-            return self.generate(self.next_prompts(), self.sampling, timer)
-        kept: list[Rollout] = []
-        spare: list[Rollout] = []  # groups with equal rewards, used only to fill a shortfall
-        num_kept = draws = 0
-        while num_kept < want:
-            if filt.max_num_gen_batches and draws >= filt.max_num_gen_batches:
-                break
-            draws += 1
-            rollout = self.generate(self.next_prompts(), self.sampling, timer)
-            for group in split_groups(rollout, self.sampling.n):
-                metric = group.acc_B if filt.metric == "acc" else group.scores_B
-                (kept if metric.std() > 0 else spare).append(group)
-            num_kept = len(kept)
-        shortfall = max(0, want - len(kept))
-        metrics["training/gen_batches"] = float(draws)
-        metrics["training/filter_padded_groups"] = float(shortfall)
-        return join_groups((kept + spare[:shortfall])[:want])
-
-    def generate(
-        self, prompts: list[PromptSample], sampling: SamplingParams, timer: StageTimer
-    ) -> Rollout:
-        return self.finish_generation(self.start_generation(prompts, sampling), timer)
-
-    def start_generation(self, prompts: list[PromptSample], sampling: SamplingParams) -> Generating:
-        """Send the prompts (each ``sampling.n`` times) to the rollout; not waited for."""
-        expanded = [p for p in prompts for _ in range(sampling.n)]
-        multi_turn = self.cfg.actor_rollout_ref.rollout.multi_turn
-        request = GenerationRequest(
-            [p.prompt_ids for p in expanded], sampling, images=prompt_images(expanded)
-        )
-        if multi_turn.enable:
-            request.agent_names = [p.agent_name or multi_turn.default_agent for p in expanded]
-            request.extra_info = [p.extra_info for p in expanded]
-        self.push_weights()
-        pending = self.workers.submit_split("rollout", "generate", request)
-        return Generating(expanded, request, pending, sampling.n, self.weights_version)
-
-    def push_weights(self) -> None:
-        """A rollout on workers of its own gets the actor's weights when they changed
-        (colocated, each rollout worker syncs from the actor beside it)."""
-        if self.separate and self.pushed_version != self.weights_version:
-            self.pushed += self.workers.push_weights()
-            self.pushed_version = self.weights_version
-
-    def finish_generation(self, started: Generating, timer: StageTimer) -> Rollout:
-        """Wait for a generation and score it."""
-        output = started.pending.result()
-        return self.scorer.rollout(started.expanded, started.n, output, timer)
 
     def token_rewards(
         self,
@@ -483,7 +474,7 @@ class Trainer:
         greedy = dataclasses.replace(self.sampling, n=1, do_sample=False)
         prompt_ids = rollout.prompt_ids[::n]
         with timer("gen_baseline"):
-            self.push_weights()
+            self.weights.push(self.workers)
             images = None if rollout.images is None else rollout.images[::n]
             output = self.workers.call_split(
                 "rollout", "generate", GenerationRequest(prompt_ids, greedy, images=images)
@@ -507,11 +498,11 @@ class Trainer:
         chunk = self.cfg.data.val_batch_size or total
         samples: list[ValidationSample] = []
         rollouts: list[Rollout] = []  # the real samples, for the dump and the logged ones
-        exclusive = self.overlap.rollout_exclusive() if self.overlap else contextlib.nullcontext()
-        with timer("val"), exclusive, progress(total, "validation") as bar:
+        with timer("val"), self.overlap.rollout_exclusive(), progress(total, "validation") as bar:
             for start in range(0, total, chunk):
                 prompts = [self.val_dataset[i] for i in range(start, min(start + chunk, total))]
-                rollout = self.generate(self.pad_for_ranks(prompts, n), self.val_sampling, timer)
+                padded = self.pad_for_ranks(prompts, n)
+                rollout = self.generator.generate(padded, self.val_sampling, timer)
                 rollouts.append(take(rollout, slice(0, len(prompts) * n)))
                 samples += [
                     ValidationSample(

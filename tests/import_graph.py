@@ -86,3 +86,18 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+def package_graph(graph: dict[str, set[str]], depth: int = 2) -> dict[str, set[str]]:
+    """The module graph seen from its packages: each module becomes its first ``depth``
+    name parts (``engine.algo.kl`` -> ``engine.algo``), and imports inside one go."""
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        source = ".".join(name.split(".")[:depth])
+        out.setdefault(source, set())
+        for target in targets:
+            target = ".".join(target.split(".")[:depth])
+            out.setdefault(target, set())
+            if target != source:
+                out[source].add(target)
+    return out

@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.agents.episode import AgentLoopError, Episode
-from engine.agents.streaming import TurnStream
 from engine.errors import EngineError
 from engine.rollout.base import RolloutEngine
+from engine.rollout.turn_stream import TurnStream
 from engine.types import GenerationRequest, SamplingParams
 
 Run = Callable[[Episode], Coroutine[Any, Any, None]]

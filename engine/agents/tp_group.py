@@ -27,10 +27,10 @@ from typing import Any
 import torch.distributed as dist
 
 from engine.agents.loop import AgentRunner, as_generation_output
-from engine.agents.streaming import Completion
 from engine.controller.dispatch import take
 from engine.errors import EngineError
 from engine.rollout.tp import TPLayout, gather_group_rows
+from engine.rollout.turn_stream import Completion
 from engine.types import GenerationOutput, GenerationRequest, SamplingParams
 
 

@@ -28,6 +28,8 @@ Conventions common to every estimator:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.algo import token_baseline  # noqa: F401  (registers the optimal token baselines)
@@ -47,7 +49,9 @@ from engine.algo.advantage_base import (
     std_scale,
 )
 from engine.algo.masked import masked_whiten
-from engine.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from engine.config import AlgorithmConfig
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.algo.masked import masked_sum
 from engine.algo.registry import Registry
-from engine.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from engine.config import AlgorithmConfig
 
 # Added to a group's standard deviation before dividing by it.
 EPS = 1e-6
@@ -53,7 +56,7 @@ class AdvantageOutputs:
     returns_BT: torch.Tensor  # (B, T), zero on masked tokens
 
 
-AdvantageFn = Callable[[AdvantageInputs, AlgorithmConfig], AdvantageOutputs]
+AdvantageFn = Callable[[AdvantageInputs, "AlgorithmConfig"], AdvantageOutputs]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 
 

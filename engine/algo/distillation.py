@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.algo.aggregate import LossScale, aggregate_loss
 from engine.algo.kl import kl_penalty
 from engine.algo.masked import masked_mean
+from engine.algo.names import DISTILLATION_TOPK_MODE as TOPK_MODE
 from engine.algo.policy_loss import POLICY_LOSSES
 from engine.algo.policy_loss_base import PolicyLossInputs
-from engine.config import ActorConfig
-from engine.config.distillation import TOPK_MODE, DistillationLossConfig
+
+if TYPE_CHECKING:
+    from engine.config import ActorConfig
+    from engine.config.distillation import DistillationLossConfig
 
 
 @dataclass

@@ -31,13 +31,16 @@ The KL is used in one of two places:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.algo.aggregate import LossScale, aggregate_loss
 from engine.algo.masked import masked_mean
 from engine.algo.registry import Registry, UnknownNameError, unknown_name_message
-from engine.config import ActorConfig, KLControlConfig
+
+if TYPE_CHECKING:
+    from engine.config import ActorConfig, KLControlConfig
 
 # ---------------------------------------------------------------------------
 # estimators

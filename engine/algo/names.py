@@ -7,6 +7,9 @@ tuple equals the keys of the matching torch registry, so the two cannot drift.
 
 from dataclasses import dataclass
 
+# the distillation loss over the teacher's top-k tokens (engine.config.distillation)
+DISTILLATION_TOPK_MODE = "forward_kl_topk"
+
 
 @dataclass(frozen=True)
 class EstimatorNeeds:

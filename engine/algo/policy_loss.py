@@ -29,6 +29,7 @@ gradient; every clipped loss has already stopped that token's gradient long befo
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -52,7 +53,9 @@ from engine.algo.policy_loss_base import (
     valid_tokens,
     weighted_advantages,
 )
-from engine.config import ActorConfig
+
+if TYPE_CHECKING:
+    from engine.config import ActorConfig
 
 __all__ = [
     "CLIP_COV_FRAC",

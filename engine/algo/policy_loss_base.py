@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.algo.aggregate import LossScale, aggregate_loss
 from engine.algo.masked import masked_mean
 from engine.algo.registry import Registry
-from engine.config import ActorConfig
+
+if TYPE_CHECKING:
+    from engine.config import ActorConfig
 
 # |log π_θ − log π_old| beyond this is treated as this: exp(20) ≈ 4.9e8 is finite in
 # float32 and bfloat16, and no clip range comes anywhere near it.
@@ -47,7 +50,7 @@ class PolicyLossOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-PolicyLossFn = Callable[[PolicyLossInputs, ActorConfig, LossScale | None], PolicyLossOutput]
+PolicyLossFn = Callable[[PolicyLossInputs, "ActorConfig", "LossScale | None"], PolicyLossOutput]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 

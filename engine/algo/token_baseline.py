@@ -41,6 +41,8 @@ second from the logits) and, optionally, ``is_weights_BT``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.algo.advantage_base import (
@@ -53,7 +55,9 @@ from engine.algo.advantage_base import (
     require_input,
     rewards_and_mask,
 )
-from engine.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from engine.config import AlgorithmConfig
 
 # Added to Σ_i W_{i,t} before dividing by it.
 OTB_EPS = 1e-8

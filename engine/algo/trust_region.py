@@ -12,6 +12,7 @@ than on the ratio.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,7 +32,9 @@ from engine.algo.policy_loss_base import (
     valid_tokens,
     weighted_advantages,
 )
-from engine.config import ActorConfig
+
+if TYPE_CHECKING:
+    from engine.config import ActorConfig
 
 # Added to 1 − π and 1 − π_old in DPPO's binary KL, so that a probability of 1 gives a
 # large finite divergence instead of a division by zero.

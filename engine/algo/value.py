@@ -15,11 +15,15 @@ no gradient.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from engine.algo.aggregate import LossScale, aggregate_loss
 from engine.algo.masked import masked_mean
-from engine.config import CriticConfig
+
+if TYPE_CHECKING:
+    from engine.config import CriticConfig
 
 
 def value_loss(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engine.algo import names
 from engine.config import verl_trees
 from engine.config.fields import choice, setting, tree
 
@@ -31,7 +32,7 @@ LOSS = f"{KEY}.distillation_loss"
 # per-token estimates of KL(student ‖ teacher) from the sampled token (engine.algo.kl's
 # names), and the forward KL over the teacher's top-k tokens
 ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-TOPK_MODE = "forward_kl_topk"
+TOPK_MODE = names.DISTILLATION_TOPK_MODE
 LOSS_MODES = (*ESTIMATOR_MODES, TOPK_MODE)
 TEACHER_ENGINES = ("hf", "vllm")
 SINGLE = "teacher_model"  # the entry verl's default config names

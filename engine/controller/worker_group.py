@@ -22,7 +22,7 @@ import dataclasses
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -33,6 +33,9 @@ from engine.errors import EXIT_FAILED, EngineError
 from engine.watchdog import NoWatch, Watch
 
 RELEASE_TIMEOUT_S = 10.0  # for the placement groups' release, at shutdown
+
+if TYPE_CHECKING:
+    from engine.rollout.bridge import Pushed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +228,16 @@ class WorkerGroup:
             ) from exc
         except ray.exceptions.RayTaskError as exc:
             raise WorkerFailure(rank, _cause(exc), self.label) from exc
+
+    def group_of(self, role: str) -> WorkerGroup:
+        """This group hosts every role (engine.controller.workers.Workers)."""
+        return self
+
+    def push_weights(self) -> Pushed:
+        """Colocated, each rollout worker syncs from the actor beside it: nothing to push."""
+        raise EngineError(
+            "push_weights needs the rollout on workers of its own (rollout.placement=separate)"
+        )
 
     def host_all(self, method: str, *args: Any) -> list[Any]:
         """Every host runs one of its own methods (checkpointing, pid)."""

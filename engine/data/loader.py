@@ -112,3 +112,24 @@ class PromptLoader:
             )
         self.epoch = int(state["epoch"])
         self.batches_done = int(state["batches_done"])
+
+
+class PromptStream:
+    """The training prompts, batch after batch without end: a new epoch starts when one
+    runs out. What the trainer and its overlap mode draw from; ``loader`` is its state."""
+
+    def __init__(self, loader: PromptLoader) -> None:
+        self.loader = loader
+        self._batches = iter(loader)
+
+    def next(self) -> list[PromptSample]:
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._batches = iter(self.loader)
+            return next(self._batches)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's loader state."""
+        self.loader.load_state_dict(state)
+        self._batches = iter(self.loader)

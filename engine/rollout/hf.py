@@ -3,7 +3,8 @@ plain HF model of its own, synced from a Megatron actor (``sync_weights``).
 
 Slow next to vLLM/SGLang, but exact, dependency-free and runs anywhere torch
 does: the CPU quickstart, tests, and small models. Generation gathers the full
-parameters once (``full_parameters``), so ranks may stop at different lengths.
+parameters once (``gather``: the actor's ``engine.train.fsdp.full_parameters``, given by
+the rollout's factory), so ranks may stop at different lengths.
 
 A vision-language model generates with its prompts' images (``GenerationRequest.images``):
 their pixels and grids, and which tokens are images (the model computes its multimodal
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -31,7 +32,6 @@ from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor
 
 from engine.rollout.base import finish_row
 from engine.rollout.weights import checkpoint_slots
-from engine.train.fsdp import full_parameters
 from engine.types import (
     GenerationOutput,
     GenerationRequest,
@@ -168,11 +168,15 @@ class HFRollout:
         micro_batch_size: int | None = None,
         logprobs: bool = False,
         routing: bool = False,
+        gather: Callable[[nn.Module], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         """``logprobs``: also return each response token's log-probability under the
         distribution it was sampled from (``rollout.calculate_log_probs``). ``routing``:
-        record each token's MoE experts (``rollout.enable_rollout_routing_replay``)."""
+        record each token's MoE experts (``rollout.enable_rollout_routing_replay``).
+        ``gather``: how a sharded (FSDP) module's full parameters are held for a
+        generation; None for a plain model."""
         self.module = module
+        self.gather = gather
         self.device = device
         self.micro_batch_size = micro_batch_size
         self.logprobs = logprobs
@@ -201,7 +205,7 @@ class HFRollout:
         if self._held:
             yield
             return
-        with full_parameters(self.module):
+        with self.gather(self.module) if self.gather else contextlib.nullcontext():
             self._held = True
             try:
                 yield
@@ -255,7 +259,7 @@ class HFRollout:
         """Record the routing of ``model``'s forwards for the duration (when asked)."""
         if not self.routing:
             return contextlib.nullcontext()
-        from engine.train.router_tap import recording
+        from engine.models.router_tap import recording
 
         return recording(model)
 

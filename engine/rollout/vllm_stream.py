@@ -1,6 +1,6 @@
 """vLLM serving turns as they come: requests added to its engine one at a time and
 completions taken as they finish, so a multi-turn trajectory takes its next turn as soon
-as its own tools have answered (``engine.agents.streaming``), never waiting for the
+as its own tools have answered (``engine.rollout.turn_stream``), never waiting for the
 slowest trajectory of a batch. Uses ``LLM.llm_engine`` (``add_request``, ``step``,
 ``abort_request``), the engine ``LLM.generate`` itself drives, in-process.
 
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.agents.streaming import Completion
 from engine.rollout.base import finish_row
 from engine.rollout.stream import StreamDone, StreamItem, add_run, cut_runs
+from engine.rollout.turn_stream import Completion
 from engine.rollout.vllm_outputs import finish_completion
 from engine.types import SamplingParams
 

@@ -318,7 +318,7 @@ class FSDPEngine:
         if ulysses > 1:
             engine.ulysses = sp.UlyssesGroup.create(ulysses)
         if routing_replay:
-            from engine.train.router_tap import RouterTap
+            from engine.models.router_tap import RouterTap
             from engine.train.routing_replay import RoutingReplay
 
             tap = RouterTap(model).install()

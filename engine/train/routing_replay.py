@@ -10,7 +10,7 @@ token index: for each token a router sees, its row × S + column in the batch, o
 recording is put back by it, so that a pass may split, trim and pack the batch as it
 likes and the update may do it differently.
 
-Each engine brings a tap over its routers (Hugging Face's: ``engine.train.router_tap``;
+Each engine brings a tap over its routers (Hugging Face's: ``engine.models.router_tap``;
 Megatron-core's ``RouterReplay``: ``engine.train.megatron_routing``) with ``layers``,
 ``top_k``, ``record()``, ``replay(targets)``, ``native()``, ``taken()`` (the last
 forward's recorded indices per layer), ``after_forward()``.

@@ -27,6 +27,16 @@ from engine.train.forward import forward_in_micro_batches, micro_batches, plan_m
 from engine.types import ActorBatch, PolicyProbs, TeacherScores, TokenBatch
 
 
+@dataclasses.dataclass
+class LossSums:
+    """This rank's parts of a mini-batch's losses, summed over its micro-batches."""
+
+    pg: float = 0.0
+    entropy: float = 0.0
+    kl: float = 0.0
+    distill: float = 0.0
+
+
 class ActorWorker:
     def __init__(
         self, cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, colocated: dict[str, Any]
@@ -176,94 +186,30 @@ class ActorWorker:
 
     def _update_mini_batch(self, batch: ActorBatch, metrics: dict[str, list[float]]) -> None:
         cfg = self.cfg
-        device = self.device.torch_device()
-        dp_size = self.engine.dp_size
         scale = self.engine.global_loss_scale(batch.tokens.response_mask_BR)
         micro_rows = plan_micro_batches(
-            batch.tokens, cfg.ppo_micro_batch_size_per_gpu, self.update_budget, device
+            batch.tokens,
+            cfg.ppo_micro_batch_size_per_gpu,
+            self.update_budget,
+            self.device.torch_device(),
         )
-        # This rank's parts of the mini-batch's losses; × the data-parallel size they
-        # average to the global values over ranks (how the controller reduces metrics).
-        pg_loss = entropy_sum = kl_sum = distill_sum = 0.0
+        sums = LossSums()
 
         def step(rows: slice) -> torch.Tensor:
             """One micro-batch's loss (the engine runs its backward)."""
-            nonlocal pg_loss, entropy_sum, kl_sum, distill_sum
-            micro = take(batch, rows)
-            mask = micro.tokens.response_mask_BR.to(device)
-            teacher = micro.teacher
-            at_topk = None
-            if teacher is not None and teacher.topk_ids_BRK is not None:
-                logp, entropy, at_topk = self.engine.response_logprobs_at(
-                    micro.tokens,
-                    teacher.topk_ids_BRK,
-                    temperature=self.rollout_cfg.temperature,
-                    with_entropy=True,
-                    entropy_grad=cfg.entropy_coeff != 0,
-                )
-            else:
-                logp, entropy = self.engine.response_logprobs(
-                    micro.tokens,
-                    temperature=self.rollout_cfg.temperature,
-                    with_entropy=True,
-                    entropy_grad=cfg.entropy_coeff != 0,
-                )
-            old_logp = logp.detach() if micro.old_logprobs_BR is None else micro.old_logprobs_BR
-            inputs = PolicyLossInputs(
-                logprobs_BT=logp,
-                old_logprobs_BT=old_logp.to(device),
-                advantages_BT=micro.advantages_BR.to(device),
-                response_mask_BT=mask,
-                is_weights_BT=(
-                    None
-                    if micro.rollout_is_weights_BR is None
-                    else micro.rollout_is_weights_BR.to(device)
-                ),
-            )
-            if self.bypass is not None:
-                inputs, correction_metrics = bypass_policy_inputs(inputs, self.bypass)
-                for k, v in correction_metrics.items():
-                    metrics[k].append(v)
-            pg = compute_policy_loss(inputs, cfg, scale)
-            loss = pg.loss
-            entropy_loss = aggregate_loss(
-                entropy, mask, cfg.loss_agg_mode, scale, self.cfg.loss_scale_factor
-            )
-            if cfg.entropy_coeff:
-                loss = loss - cfg.entropy_coeff * entropy_loss
-            if cfg.use_kl_loss:
-                kl_term, kl_metrics = kl_loss(
-                    logp, micro.ref_logprobs_BR.to(device), mask, cfg, scale
-                )
-                loss = loss + kl_term
-                kl_sum += kl_metrics["actor/kl_loss"]
-            if teacher is not None and self.distill is not None:
-                term, distill_metrics = self._distillation_term(
-                    inputs, logp, teacher, at_topk, scale
-                )
-                distill_sum += float(term.detach())
-                for k, v in distill_metrics.items():
-                    metrics[k].append(v)
-                # use_task_rewards=false: the distillation loss alone, as verl's
-                loss = (
-                    loss + self.distill.distillation_loss_coef * term
-                    if self.distill.use_task_rewards
-                    else term
-                )
-            pg_loss += float(pg.loss.detach())
-            entropy_sum += float(entropy_loss.detach())
-            for k, v in pg.metrics.items():
-                metrics[k].append(float(v))
-            return loss  # this rank's part of the mini-batch's loss
+            return self._micro_loss(take(batch, rows), scale, sums, metrics)
 
         self.engine.forward_backward(micro_rows, step)
-        metrics["actor/pg_loss"].append(pg_loss * dp_size)
-        metrics["actor/entropy"].append(entropy_sum * dp_size)
+        # This rank's parts of the mini-batch's losses; × the data-parallel size they
+        # average to the global values over ranks (how the controller reduces metrics).
+        dp_size = self.engine.dp_size
+        metrics["actor/pg_loss"].append(sums.pg * dp_size)
+        metrics["actor/entropy"].append(sums.entropy * dp_size)
         if cfg.use_kl_loss:
-            metrics["actor/kl_loss"].append(kl_sum * dp_size)
+            metrics["actor/kl_loss"].append(sums.kl * dp_size)
             metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
         if self.distill is not None:
-            metrics["distillation/loss"].append(distill_sum * dp_size)
+            metrics["distillation/loss"].append(sums.distill * dp_size)
         grad_norm = self.engine.optimizer_step(cfg.grad_clip)
         metrics["actor/grad_norm"].append(grad_norm)
         if math.isfinite(grad_norm):
@@ -271,6 +217,79 @@ class ActorWorker:
         else:
             self.skipped_updates += 1
             self.consecutive_skips += 1
+
+    def _micro_forward(
+        self, micro: ActorBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The micro-batch's log-probs and entropy, and with top-k teachers the
+        log-probs at the teachers' tokens."""
+        entropy_grad = self.cfg.entropy_coeff != 0
+        temperature = self.rollout_cfg.temperature
+        teacher = micro.teacher
+        if teacher is not None and teacher.topk_ids_BRK is not None:
+            return self.engine.response_logprobs_at(
+                micro.tokens,
+                teacher.topk_ids_BRK,
+                temperature=temperature,
+                with_entropy=True,
+                entropy_grad=entropy_grad,
+            )
+        logp, entropy = self.engine.response_logprobs(
+            micro.tokens, temperature=temperature, with_entropy=True, entropy_grad=entropy_grad
+        )
+        return logp, entropy, None
+
+    def _micro_loss(
+        self,
+        micro: ActorBatch,
+        scale: LossScale,
+        sums: LossSums,
+        metrics: dict[str, list[float]],
+    ) -> torch.Tensor:
+        """This rank's part of the mini-batch's loss from one micro-batch: the policy
+        loss, the entropy bonus, the KL loss and the distillation term, as configured."""
+        cfg = self.cfg
+        device = self.device.torch_device()
+        mask = micro.tokens.response_mask_BR.to(device)
+        teacher = micro.teacher
+        logp, entropy, at_topk = self._micro_forward(micro)
+        old_logp = logp.detach() if micro.old_logprobs_BR is None else micro.old_logprobs_BR
+        is_weights = micro.rollout_is_weights_BR
+        inputs = PolicyLossInputs(
+            logprobs_BT=logp,
+            old_logprobs_BT=old_logp.to(device),
+            advantages_BT=micro.advantages_BR.to(device),
+            response_mask_BT=mask,
+            is_weights_BT=None if is_weights is None else is_weights.to(device),
+        )
+        if self.bypass is not None:
+            inputs, correction_metrics = bypass_policy_inputs(inputs, self.bypass)
+            for k, v in correction_metrics.items():
+                metrics[k].append(v)
+        pg = compute_policy_loss(inputs, cfg, scale)
+        loss = pg.loss
+        entropy_loss = aggregate_loss(
+            entropy, mask, cfg.loss_agg_mode, scale, cfg.loss_scale_factor
+        )
+        if cfg.entropy_coeff:
+            loss = loss - cfg.entropy_coeff * entropy_loss
+        if cfg.use_kl_loss:
+            kl_term, kl_metrics = kl_loss(logp, micro.ref_logprobs_BR.to(device), mask, cfg, scale)
+            loss = loss + kl_term
+            sums.kl += kl_metrics["actor/kl_loss"]
+        if teacher is not None and self.distill is not None:
+            term, distill_metrics = self._distillation_term(inputs, logp, teacher, at_topk, scale)
+            sums.distill += float(term.detach())
+            for k, v in distill_metrics.items():
+                metrics[k].append(v)
+            # use_task_rewards=false: the distillation loss alone, as verl's
+            coef = self.distill.distillation_loss_coef
+            loss = loss + coef * term if self.distill.use_task_rewards else term
+        sums.pg += float(pg.loss.detach())
+        sums.entropy += float(entropy_loss.detach())
+        for k, v in pg.metrics.items():
+            metrics[k].append(float(v))
+        return loss
 
     def _distillation_term(
         self,

@@ -36,9 +36,9 @@ def _role_class(role: str) -> type:
 
         return ActorWorker
     if role == "rollout":
-        from engine.workers.rollout import RolloutWorker
+        from engine.workers.rollout import rollout_role
 
-        return RolloutWorker
+        return rollout_role
     if role == "ref":
         from engine.workers.reference import ReferenceWorker
 

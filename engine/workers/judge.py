@@ -114,7 +114,7 @@ def _vllm_judge(cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, dtype: st
 
     from engine.rollout.translate import EngineSettings, kv_cache_bytes_for
     from engine.rollout.vllm import VLLMRollout
-    from engine.workers.rollout import _generation_config
+    from engine.workers.rollout_engine import generation_config
 
     rm = cfg.reward_model
     rollout = cfg.actor_rollout_ref.rollout
@@ -127,7 +127,7 @@ def _vllm_judge(cfg: EngineConfig, device: DeviceSpec, tokenizer: Any, dtype: st
     max_model_len = judge_max_model_len(cfg)
     settings = EngineSettings(
         model_path=rm.model.path,
-        eos_token_ids=frozenset(eos_ids(tokenizer, _generation_config(rm.model))),
+        eos_token_ids=frozenset(eos_ids(tokenizer, generation_config(rm.model))),
         max_model_len=max_model_len,
         seed=cfg.trainer.seed,
         trust_remote_code=rm.model.trust_remote_code,

@@ -121,7 +121,7 @@ def reuse_key(cfg: Any) -> tuple | None:
     rollout, all colocated on one group. None for others: vLLM keeps engines and
     Megatron its parallel state per process, agent loops their tools, a reward model
     or a group of its own changes the placement."""
-    from engine.runtime import role_layouts
+    from engine.workers.spawn import role_layouts
 
     arr = cfg.actor_rollout_ref
     fsdp = ("fsdp", "fsdp2")

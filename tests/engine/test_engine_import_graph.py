@@ -3,7 +3,9 @@
 ``EngineConfig`` in their signatures). A circle means two rooms that each need the other,
 and an import order that works only by accident (issue 31 removed the last five)."""
 
-from tests.import_graph import REPO, circles, import_graph
+import pytest
+
+from tests.import_graph import REPO, circles, import_graph, package_graph
 
 PACKAGE = REPO / "engine"
 
@@ -17,3 +19,28 @@ def test_lazy_imports_count_and_type_checking_ones_do_not():
     assert "engine.workers.actor" in graph["engine.workers.host"]  # inside a function
     assert "engine.config.engine" not in graph["engine.config.actor"]  # TYPE_CHECKING only
     assert "engine.config.engine" in import_graph(PACKAGE)["engine.config.actor"]
+
+
+# Subpackages that once imported each other both ways, and which way each import goes
+# now (issue 31): the config reads the algorithms' names, never their code; the agent
+# loops drive the rollout's engines, which know nothing of agents; training hands its
+# weights out in the rollout's names, and the HF rollout is given the FSDP gather by its
+# factory (engine.workers.rollout_engine) rather than importing it.
+LOWER_FIRST = [
+    ("engine.config", "engine.algo"),
+    ("engine.agents", "engine.rollout"),
+    ("engine.train", "engine.rollout"),
+    ("engine.workers", "engine.controller"),  # the roles, and their spawning, use Ray's plumbing
+]
+
+
+@pytest.mark.parametrize(("upper", "lower"), LOWER_FIRST)
+def test_subpackages_import_one_way(upper, lower):
+    packages = package_graph(import_graph(PACKAGE, runtime_only=True))
+    assert lower in packages[upper]  # the way it goes
+    assert upper not in packages[lower]
+
+
+def test_package_graph_counts_imports_between_packages_only():
+    graph = {"engine.a.x": {"engine.a.y", "engine.b.z"}, "engine.a.y": set(), "engine.b.z": set()}
+    assert package_graph(graph) == {"engine.a": {"engine.b"}, "engine.b": set()}

@@ -373,9 +373,10 @@ def test_trained_run_exports_what_the_actor_computes(tiny_model_dir, original, t
     from engine.config import load_config
     from engine.data.synthetic import write_synthetic_dataset
     from engine.export import export_checkpoint
-    from engine.runtime import init_ray, start_workers
+    from engine.runtime import init_ray
     from engine.train.forward import response_logprobs
     from engine.types import TokenBatch
+    from engine.workers.spawn import start_workers
 
     train, _ = write_synthetic_dataset(tmp_path / "data", n_train=32, n_val=8)
     run_dir = tmp_path / "run"

@@ -14,10 +14,10 @@ import pytest
 from engine.agents.chat import ChatFormat
 from engine.agents.interactions import parse_interactions
 from engine.agents.loop import AgentRunner
-from engine.agents.streaming import Completion
 from engine.agents.tools import FunctionTool, get_tool_call_parser
 from engine.agents.trajectory import ANSWERED, AgentLimits
 from engine.models.tiny import build_tokenizer
+from engine.rollout.turn_stream import Completion
 from engine.types import GenerationRequest, SamplingParams
 from tests.engine.agents.test_agent_loop import Script
 

@@ -155,7 +155,7 @@ def test_checked_before_workers_start_naming_each_roles_key(tiny_model_dir):
 
 def test_the_rollout_role_builds_its_engine_with_the_actors_overrides(tiny_model_dir):
     from engine.device import DEVICES
-    from engine.workers.rollout import engine_settings
+    from engine.workers.rollout_engine import engine_settings
 
     cfg = _config(
         tiny_model_dir,

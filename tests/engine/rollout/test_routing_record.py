@@ -13,12 +13,12 @@ import torch
 
 from engine.config import load_config
 from engine.config.routing_replay import RECORD
+from engine.models.router_tap import RouterTap
 from engine.models.tiny import random_model, tiny_config
 from engine.rollout.hf import HFRollout
 from engine.rollout.translate import engine_args_for
 from engine.rollout.vllm_outputs import routed_experts
 from engine.train.forward import response_logprobs
-from engine.train.router_tap import RouterTap
 from engine.train.routing_replay import RoutingReplay
 from engine.types import GenerationRequest, SamplingParams, TokenBatch
 

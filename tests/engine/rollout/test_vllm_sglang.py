@@ -657,18 +657,18 @@ def test_rollout_role_pushes_only_when_the_actors_weights_moved():
     from types import SimpleNamespace
 
     from engine.device import DEVICES
-    from engine.workers.rollout import RolloutWorker
+    from engine.workers.rollout import Holding, RolloutWorker
+    from engine.workers.rollout_engine import WeightSource
 
     calls: list[str] = []
     role = RolloutWorker.__new__(RolloutWorker)
     role.cfg = SimpleNamespace(name="vllm", dtype="bfloat16")
     role.device = DEVICES["cpu"]
-    role.owns_weights = True
-    role.separate = False  # the actor beside it (colocated)
-    role.synced_version = None
+    role.rollout_dtype = None  # the CPU's: float32, as trained
+    # full weights of its own, synced from the actor beside it (colocated); none yet
+    role.holding = Holding(WeightSource.ACTOR_BESIDE)
     role.agent = None  # single-turn (no multi_turn config)
     role._stream = None  # no fully asynchronous stream
-    role.adapter_mode = False  # full weights (no LoRA adapter served on its own)
     role.actor = SimpleNamespace(
         engine=SimpleNamespace(hf_named_tensors=lambda dtype=None: iter([("w", torch.ones(1))])),
         weights_version=0,
@@ -688,7 +688,7 @@ def test_rollout_role_pushes_only_when_the_actors_weights_moved():
     role.actor.weights_version = 1
     calls.clear()
     role.generate(request)
-    assert calls[0] == "sync ['w']" and role.synced_version == 1
+    assert calls[0] == "sync ['w']" and role.holding.version == 1
 
 
 def test_rollout_role_pushes_a_megatron_actors_hf_tensors():
@@ -699,7 +699,8 @@ def test_rollout_role_pushes_a_megatron_actors_hf_tensors():
     from types import SimpleNamespace
 
     from engine.device import DEVICES
-    from engine.workers.rollout import RolloutWorker
+    from engine.workers.rollout import Holding, RolloutWorker
+    from engine.workers.rollout_engine import WeightSource
 
     weights = {
         "model.layers.0.self_attn.q_proj.weight": torch.ones(2, 2),
@@ -715,12 +716,12 @@ def test_rollout_role_pushes_a_megatron_actors_hf_tensors():
     role = RolloutWorker.__new__(RolloutWorker)  # no engine to build: the push alone
     role.cfg = SimpleNamespace(name="vllm", dtype="bfloat16")
     role.device = DEVICES["cpu"]
-    role.megatron_actor = True
-    role.adapter_mode = False  # full weights (no LoRA adapter served on its own)
+    role.rollout_dtype = torch.bfloat16  # the rollout's dtype, whatever the actor's
+    role.holding = Holding(WeightSource.ACTOR_BESIDE)  # full weights, no LoRA adapter
     role.actor = SimpleNamespace(
         engine=SimpleNamespace(hf_named_tensors=hf_named_tensors), weights_version=3
     )
     role.engine = SimpleNamespace(sync_weights=lambda pairs: pushed.append([n for n, _ in pairs]))
     role.sync_weights()
-    assert pushed == [list(weights)] and role.synced_version == 3
-    assert asked == [None]  # the CPU has no bf16 rollout: float32 as trained
+    assert pushed == [list(weights)] and role.holding.version == 3
+    assert asked == [torch.bfloat16]  # gathered in the rollout's dtype

@@ -11,8 +11,8 @@ import dataclasses
 import torch
 
 from engine.config.routing_replay import RECORD, REPLAY
+from engine.models.router_tap import RouterTap, find_routers
 from engine.train.forward import response_logprobs
-from engine.train.router_tap import RouterTap, find_routers
 from engine.train.routing_replay import RoutingReplay, put_back
 
 CPU = torch.device("cpu")

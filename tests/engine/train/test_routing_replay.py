@@ -1,4 +1,4 @@
-"""MoE routing replay on a Hugging Face Qwen3-MoE (engine.train.router_tap,
+"""MoE routing replay on a Hugging Face Qwen3-MoE (engine.models.router_tap,
 engine.train.routing_replay), on the CPU: the routing recorded in one layout
 (packed bins) is replayed in another (padded micro-batches) after the router weights
 moved far enough that free routing differs; the replayed forward takes exactly the
@@ -12,10 +12,10 @@ import torch
 
 from engine.config.routing_replay import RECORD, REPLAY
 from engine.controller.dispatch import take
+from engine.models.router_tap import RouterTap, find_routers
 from engine.models.tiny import random_model, tiny_config
 from engine.train.forward import response_logprobs
 from engine.train.packing import model_call
-from engine.train.router_tap import RouterTap, find_routers
 from engine.train.routing_replay import RoutingReplay, lay_out, put_back
 from engine.train.ulysses import UlyssesGroup
 from engine.types import TokenBatch

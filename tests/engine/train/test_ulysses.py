@@ -395,7 +395,7 @@ def test_an_sp_update_equals_the_data_parallel_one(tiny_model_dir):
 
 
 def test_the_ranks_of_a_group_receive_the_same_rows():
-    from engine.runtime import role_layouts
+    from engine.workers.spawn import role_layouts
 
     cfg = _config(
         "algorithm.adv_estimator=gae",
