@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from engine.agents.streaming import Completion
+from engine.rollout.turn_stream import Completion
 from engine.types import GenerationOutput, GenerationRequest, SamplingParams
 
 
