@@ -18,6 +18,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from engine.data.synthetic import write_splits
+
 DATA_SOURCE = "synthetic/shapes"
 ABILITY = "vision"
 COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220)}
@@ -90,18 +92,9 @@ def write_shapes_dataset(
     out_dir: str | Path, *, n_train: int = 512, n_val: int = 64, seed: int = 0, blank: bool = False
 ) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; return their paths."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, n in (("train", n_train), ("val", n_val)):
-        path = out / f"{split}.parquet"
-        rows = make_rows(n, split=split, seed=seed, blank=blank)
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(
+        out_dir, lambda n, split: make_rows(n, split=split, seed=seed, blank=blank), n_train, n_val
+    )
 
 
 def corpus_lines() -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,14 @@ def make_rows(n: int, *, split: str, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def write_synthetic_dataset(
-    out_dir: str | Path, *, n_train: int = 2048, n_val: int = 256, seed: int = 0
+def write_splits(
+    out_dir: str | Path,
+    rows_of: Callable[[int, str], list[dict[str, Any]]],
+    n_train: int,
+    n_val: int,
 ) -> tuple[Path, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; return their paths."""
+    """``train.parquet`` and ``val.parquet`` under ``out_dir`` from ``rows_of(n, split)``
+    (every task's writer: this one's, the chats', engine.data.shapes'); their paths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -64,9 +69,18 @@ def write_synthetic_dataset(
     paths = []
     for split, n in (("train", n_train), ("val", n_val)):
         path = out / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(make_rows(n, split=split, seed=seed)), path)
+        pq.write_table(pa.Table.from_pylist(rows_of(n, split)), path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def write_synthetic_dataset(
+    out_dir: str | Path, *, n_train: int = 2048, n_val: int = 256, seed: int = 0
+) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; return their paths."""
+    return write_splits(
+        out_dir, lambda n, split: make_rows(n, split=split, seed=seed), n_train, n_val
+    )
 
 
 def sample_problems(n: int, *, seed: int = 0) -> list[tuple[str, str]]:
@@ -100,15 +114,9 @@ def write_synthetic_chats(
     out_dir: str | Path, *, n_train: int = 512, n_val: int = 64, seed: int = 0, turns: int = 2
 ) -> tuple[Path, Path]:
     """Write the conversations' ``train.parquet`` and ``val.parquet`` under ``out_dir``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, n in (("train", n_train), ("val", n_val)):
-        path = out / f"{split}.parquet"
-        rows = make_chat_rows(n, split=split, seed=seed, turns=turns)
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(
+        out_dir,
+        lambda n, split: make_chat_rows(n, split=split, seed=seed, turns=turns),
+        n_train,
+        n_val,
+    )
