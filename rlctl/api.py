@@ -12,32 +12,27 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.backends import get_backend
+from rlctl.backends.base import Backend
 from rlctl.bundled import bundled_dir
 from rlctl.errors import RlctlError
 from rlctl.jobs import SUBMISSION_INCOMPLETE, Job, JobState, JobStore
+from rlctl.prepared import Prepared
 from rlctl.progress import Progress, read_progress
 from rlctl.recipe import Recipe, load_recipe
-from rlctl.spec import JobSpec, build_spec
+from rlctl.spec import build_spec
+
+if TYPE_CHECKING:
+    from engine.schema import EngineConfig
+    from rlctl.planner.model import Plan, PlanRequest
+    from rlctl.planner.sft import SFTRequest
 
 BUNDLED_RECIPES = bundled_dir("recipes")
 # A PENDING job with no handle this old was never submitted (the CLI died mid-launch).
 STALE_SUBMISSION_S = 600.0
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A recipe resolved for a backend: what ``plan`` shows and ``launch`` runs."""
-
-    recipe: Recipe
-    plan: Any  # rlctl.plan.Plan
-    spec: JobSpec
-    files: dict[str, str]  # rendered files, by name
-    software: list[str]  # the image and what the setup installs, for people
 
 
 def find_recipe(ref: str) -> Path:
@@ -67,7 +62,7 @@ def validate(ref: str) -> Recipe:
     return recipe
 
 
-def plan_recipe(recipe: Recipe) -> Any:
+def plan_recipe(recipe: Recipe) -> Plan:
     if recipe.is_sft:
         from rlctl.planner.sft import plan_sft
 
@@ -77,20 +72,7 @@ def plan_recipe(recipe: Recipe) -> Any:
     return make_plan(plan_request(recipe))
 
 
-def _hardware(recipe: Recipe) -> tuple[str | None, int, int | None]:
-    """(accelerator, devices per node, devices in all or None: the planner picks)."""
-    from rlctl.hardware import parse_accelerator_spec
-
-    hw = recipe.hardware
-    if hw.is_cpu:  # cpu:N is N workers per node; hardware.nodes of them
-        return None, hw.cpu_workers, hw.cpu_workers * (hw.nodes or 1)
-    if hw.accelerators == "auto":
-        return "H100", 8, None
-    acc, per_node = parse_accelerator_spec(hw.accelerators)
-    return acc.name, per_node, per_node * hw.nodes if hw.nodes else None
-
-
-def sft_request(recipe: Recipe) -> Any:
+def sft_request(recipe: Recipe) -> SFTRequest:
     """What the SFT planner needs (rlctl/planner/sft.py): the model, the hardware, the
     typed SFT config of the recipe's keys and the keys it pinned."""
     from engine.schema import SFT, ConfigError, load
@@ -103,7 +85,7 @@ def sft_request(recipe: Recipe) -> Any:
     except ConfigError as exc:
         problems = [p.replace("base config: ", "engine.", 1) for p in exc.problems]
         raise RecipeError(f"recipe {recipe.source}: " + "; ".join(problems)) from None
-    accelerator, per_node, _ = _hardware(recipe)
+    accelerator, per_node, _ = recipe.hardware.target()
     return SFTRequest(
         model=recipe.model,
         accelerator=accelerator,
@@ -114,14 +96,14 @@ def sft_request(recipe: Recipe) -> Any:
     )
 
 
-def plan_request(recipe: Recipe) -> Any:
+def plan_request(recipe: Recipe) -> PlanRequest:
     """What the planner needs to know about a recipe: the model, the hardware, and the
     engine's typed config the recipe makes with the keys the person pinned in it."""
     from engine.schema import estimator_needs
     from rlctl.plan import PlanRequest
 
     cfg = _typed_engine_config(recipe)
-    accelerator, per_node, devices = _hardware(recipe)
+    accelerator, per_node, devices = recipe.hardware.target()
     actor = cfg.actor_rollout_ref.actor
     return PlanRequest(
         model=recipe.model,
@@ -143,7 +125,7 @@ def plan_request(recipe: Recipe) -> Any:
     )
 
 
-def _typed_engine_config(recipe: Recipe) -> Any:
+def _typed_engine_config(recipe: Recipe) -> EngineConfig:
     """The engine config the recipe's keys make, typed by the engine's schema (no
     cross-field rules yet: the plan fills in sizes first). The recipe parser checked
     every key, so a problem here is reported the same way, naming the key."""
@@ -159,36 +141,42 @@ def _typed_engine_config(recipe: Recipe) -> Any:
 
 
 def prepare(recipe: Recipe, backend: str, job_id: str, **backend_options: Any) -> Prepared:
+    """The recipe planned, resolved and rendered for ``backend`` as job ``job_id``."""
+    return prepare_for(recipe, get_backend(backend, **backend_options), job_id)
+
+
+def prepare_for(recipe: Recipe, impl: Backend, job_id: str) -> Prepared:
     plan = plan_recipe(recipe)
-    impl = get_backend(backend, **backend_options)
-    spec = build_spec(recipe, plan, impl.paths(job_id))
-    return Prepared(recipe, plan, spec, impl.render(job_id, spec), impl.describe_software(spec))
+    spec = build_spec(recipe, plan, impl.paths(job_id, recipe.checkpoints))
+    return Prepared(job_id, recipe, plan, spec, impl.render(job_id, spec))
 
 
 def launch(
     ref: str, backend: str = "local", store: JobStore | None = None, **backend_options: Any
 ) -> Job:
-    """Validate, plan, record, submit. Bad input fails before anything is recorded."""
+    """Validate, plan, record, submit. Bad input fails before anything is recorded; the
+    job is made once, under the id it is recorded with (drawn first, recorded last)."""
     store = store or JobStore()
-    recipe = load_recipe(find_recipe(ref))
+    path = find_recipe(ref)
+    recipe = load_recipe(path)
     impl = get_backend(backend, **backend_options)
     secrets = _secret_values(recipe)
     # every check before any record: the recipe, the plan, the backend's own (e.g. an
     # enabled cloud)
-    prepared = prepare(recipe, backend, job_id="pending", **backend_options)
+    prepared = prepare_for(recipe, impl, store.new_id(recipe.name))
     if hasattr(impl, "preflight"):
         impl.preflight()
 
     job = store.create(
         name=recipe.name,
-        recipe_path=str(find_recipe(ref)),
+        recipe_path=str(path),
         recipe_yaml=recipe.to_yaml(),
         plan_json=json.dumps(prepared.plan.to_json()),
         backend=backend,
+        job_id=prepared.job_id,
     )
     try:
-        spec = build_spec(recipe, prepared.plan, impl.paths(job.id))
-        handle = impl.submit(job, spec, secrets)
+        handle = impl.submit(job, prepared, secrets)
     except BaseException as exc:
         store.transition(job.id, JobState.FAILED, reason=f"submission failed: {exc}")
         raise

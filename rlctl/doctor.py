@@ -17,10 +17,13 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import RlctlError
 from rlctl.preflight import checkpoint_gib
+
+if TYPE_CHECKING:
+    from rlctl.prepared import Prepared
 
 # Release images that name their engine's version in the tag.
 _IMAGE_VERSIONS = {
@@ -102,7 +105,7 @@ def _bucket(root: str) -> Finding:
     return Finding("bucket", True, f"{root}: written, read back and cleaned up from here")
 
 
-def _this_node(prepared: Any) -> list[Finding]:
+def _this_node(prepared: Prepared) -> list[Finding]:
     """The node's checks (``engine.doctor``) on this machine, in the engine's Python."""
     plan, recipe, spec = prepared.plan, prepared.recipe, prepared.spec
     kind = "cpu"

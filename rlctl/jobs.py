@@ -195,6 +195,17 @@ class JobStore:
 
     # -- writes -------------------------------------------------------------------------
 
+    def new_id(self, name: str) -> str:
+        """A job id for a recipe called ``name`` that no job has yet: drawn before the job
+        is made (its paths hold it), recorded with ``create(job_id=...)``."""
+        prefix = _id_prefix(name)
+        with self._read() as db:
+            for _ in range(_ID_ATTEMPTS):
+                job_id = f"{prefix}-{_random_suffix()}"
+                if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                    return job_id
+        raise RuntimeError(f"could not draw a free job id after {_ID_ATTEMPTS} attempts")
+
     def create(
         self,
         *,
@@ -204,37 +215,57 @@ class JobStore:
         plan_json: str,
         backend: str,
         log_path: str | None = None,
+        job_id: str | None = None,
     ) -> Job:
-        """Record a new job in state PENDING, before it is submitted."""
-        prefix = _id_prefix(name)
-        now = time.time()
+        """Record a new job in state PENDING, before it is submitted: under ``job_id``
+        (from ``new_id``), or a new id drawn here."""
         for _ in range(_ID_ATTEMPTS):
-            job_id = f"{prefix}-{_random_suffix()}"
+            given = job_id or f"{_id_prefix(name)}-{_random_suffix()}"
             try:
-                with self._write() as db:
-                    db.execute(
-                        "INSERT INTO jobs (id, name, recipe_path, recipe_yaml, plan_json, "
-                        "backend, handle, state, log_path, created_at, updated_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
-                        (
-                            job_id,
-                            name,
-                            str(recipe_path),
-                            recipe_yaml,
-                            plan_json,
-                            backend,
-                            JobState.PENDING.value,
-                            None if log_path is None else str(log_path),
-                            now,
-                            now,
-                        ),
-                    )
-                    return _fetch(db, job_id)
+                return self._insert(
+                    given, name, recipe_path, recipe_yaml, plan_json, backend, log_path
+                )
             except sqlite3.IntegrityError as err:
                 if "jobs.id" not in str(err):
                     raise
-                log.debug("job id %s taken, drawing another", job_id)
+                if job_id is not None:  # another launch drew it meanwhile
+                    raise RlctlError(
+                        f"job id {job_id} was taken while this job was prepared",
+                        hint="launch again: nothing was recorded or submitted",
+                    ) from None
+                log.debug("job id %s taken, drawing another", given)
         raise RuntimeError(f"could not draw a free job id after {_ID_ATTEMPTS} attempts")
+
+    def _insert(
+        self,
+        job_id: str,
+        name: str,
+        recipe_path: str,
+        recipe_yaml: str,
+        plan_json: str,
+        backend: str,
+        log_path: str | None,
+    ) -> Job:
+        now = time.time()
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO jobs (id, name, recipe_path, recipe_yaml, plan_json, "
+                "backend, handle, state, log_path, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    name,
+                    str(recipe_path),
+                    recipe_yaml,
+                    plan_json,
+                    backend,
+                    JobState.PENDING.value,
+                    None if log_path is None else str(log_path),
+                    now,
+                    now,
+                ),
+            )
+            return _fetch(db, job_id)
 
     def set_handle(self, job_id: str, handle: dict[str, Any]) -> Job:
         """Record the backend's handle (in any state: see the module docstring)."""

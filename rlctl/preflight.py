@@ -37,11 +37,13 @@ def preflight_command(
     num_params: int,
     model: str | None,
     trust_remote_code: bool,
+    mounted: bool = False,
 ) -> tuple[str, ...]:
     """``python -m engine.doctor`` with the plan's checks, the same on every node (the
     job script adds the node's own words); () when the recipe turned it off.
     ``devices``: KIND:COUNT on each node, None on CPU; ``checkpoints``: where the engine
-    writes them (a folder or a bucket URL); ``num_params``: the trained model's; ``model``: the
+    writes them (a folder or a bucket URL; ``mounted``: a bucket mounted at that folder,
+    checked through the mount as the engine writes it); ``num_params``: the trained model's; ``model``: the
     path the engine reads it from, None when the job's setup builds it."""
     if not recipe.preflight:
         return ()
@@ -52,7 +54,7 @@ def preflight_command(
         args.append(f"--rollout={recipe.rollout}")
     if recipe.trainer == "megatron":
         args.append("--backend=megatron")
-    if "://" in checkpoints:  # a bucket: written through its SDK, no local disk
+    if mounted or "://" in checkpoints:  # a bucket: no local disk to fill
         args.append(f"--bucket={checkpoints}")
     else:
         args.append(f"--disk={checkpoints}:{checkpoint_gib(num_params):.2f}")
@@ -63,9 +65,3 @@ def preflight_command(
         if trust_remote_code:
             args.append("--trust-remote-code")
     return tuple(args)
-
-
-def with_bucket(command: tuple[str, ...], bucket: str) -> tuple[str, ...]:
-    """``command`` checking ``bucket`` in place of the recipe's (SkyPilot: the bucket as
-    the nodes mount it)."""
-    return tuple(f"--bucket={bucket}" if a.startswith("--bucket=") else a for a in command)

@@ -145,6 +145,24 @@ class HardwareSpec:
         _, _, count = self.accelerators.partition(":")
         return int(count) if count else 2
 
+    @property
+    def named(self) -> bool:
+        """The recipe named the accelerator (not ``auto``, not CPU workers)."""
+        return self.accelerators != "auto" and not self.is_cpu
+
+    def target(self) -> tuple[str | None, int, int | None]:
+        """What the planner sizes for, ``auto`` decided here: (the accelerator, None for
+        CPU workers; devices per node; devices in all, None: the planner picks). ``auto``
+        is H100:8 nodes: SkyPilot asks for them, Slurm for any GPU (``named``)."""
+        if self.is_cpu:  # cpu:N is N workers per node; nodes of them
+            return None, self.cpu_workers, self.cpu_workers * (self.nodes or 1)
+        if not self.named:
+            return "H100", 8, None
+        from rlctl.hardware import parse_accelerator_spec
+
+        acc, per_node = parse_accelerator_spec(self.accelerators)
+        return acc.name, per_node, per_node * self.nodes if self.nodes else None
+
 
 @dataclass(frozen=True)
 class Recipe:

@@ -29,14 +29,27 @@ from rlctl.wheel import WHEEL_NAME
 BASE_PYTHON = "python3"
 
 if TYPE_CHECKING:
+    from engine.schema import EngineConfig, SFTConfig
     from rlctl.plan import Plan
 
 
 @dataclass(frozen=True)
+class BucketMount:
+    """A bucket the backend mounts on every node (SkyPilot's file mounts)."""
+
+    source: str  # scheme://bucket
+    at: str  # the mount point on the nodes
+
+
+@dataclass(frozen=True)
 class JobPaths:
-    """Where the job's files live on the machine that runs it."""
+    """Where the job's files live on the machine that runs it, decided by its backend."""
 
     root: str  # the job's directory there
+    # where the engine keeps checkpoints, as the nodes reach the recipe's `checkpoints:`
+    # (None: the run directory); under ``mount`` when the backend mounts their bucket
+    checkpoints: str | None = None
+    mount: BucketMount | None = None
 
     @property
     def model_dir(self) -> str:
@@ -190,24 +203,24 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
     else:
         keys[field_key["train"]] = list(recipe.data.train)
         keys[field_key["val"]] = list(recipe.data.val)
-    keys[field_key["run_dir"]] = recipe.checkpoints or paths.run_dir
+    assert paths.checkpoints or not recipe.checkpoints, "paths made without the checkpoints"
+    keys[field_key["run_dir"]] = paths.checkpoints or paths.run_dir
     # Order: what the recipe's fields mean, then the plan's sizing, then the recipe's
     # own engine keys (a person's explicit choice wins; the planner checked them).
     merged = {**keys, **recipe.engine_overrides(), **plan.engine_overrides(), **recipe.engine}
     files, shipped = ship_files(merged, recipe.source, paths.root)
     merged.update(shipped)  # the engine reads the shipped copies
     model = None if recipe.model == TINY_MODEL else recipe.model
-    cfg = engine_config(merged, recipe.source, model, sft=recipe.is_sft)
+    cfg = job_engine_config(merged, recipe.source, model, sft=recipe.is_sft)
     trainer = cfg.trainer
     cpu = trainer.device == "cpu" or recipe.hardware.is_cpu
-    nodes, per_node = trainer.nnodes, trainer.n_gpus_per_node
-    if not recipe.is_sft:  # the RL roles' pools of their own
-        nodes, per_node = _rl_job_nodes(cfg, plan, nodes, per_node)
     layout = Layout(
-        nodes=nodes,
-        devices_per_node=per_node,
+        # the planner's: the training's and the pools of their own (rollout, reward
+        # model, teachers) placed beside it
+        nodes=plan.nodes,
+        devices_per_node=plan.devices_per_node,
         accelerator=None if cpu else plan.accelerator,
-        accelerator_named=not cpu and recipe.hardware.accelerators != "auto",
+        accelerator_named=not cpu and recipe.hardware.named,
         cpus_per_worker=trainer.cpus_per_worker,
     )
     model_cfg = cfg.model if recipe.is_sft else cfg.actor_rollout_ref.model
@@ -218,7 +231,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         engine_yaml=to_yaml(cfg, compact=True),
         setup=tuple(setup),
         image=default_image(layout.hardware, recipe.rollout),
-        extras=extras_needed(cfg),
+        extras=extras_needed(cfg, paths.mount),
         # SFT's trainer has no restarts of its own: its run goes once under the supervisor
         max_restarts=getattr(trainer, "max_restarts", 0),
         env=dict(recipe.env),
@@ -227,38 +240,24 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         engine_module="engine.sft" if recipe.is_sft else "engine.main",
         preflight=preflight_command(
             recipe,
-            f"{layout.hardware.torch_device}:{per_node}" if layout.hardware else None,
+            f"{layout.hardware.torch_device}:{layout.devices_per_node}"
+            if layout.hardware
+            else None,
             trainer.default_local_dir,
             plan.model.num_params,
             None if model_cfg.path == paths.model_dir else model_cfg.path,
             model_cfg.trust_remote_code,
+            mounted=paths.mount is not None,  # SkyPilot: the bucket as the nodes see it
         ),
     )
 
 
-def _rl_job_nodes(cfg: Any, plan: Plan, nodes: int, per_node: int) -> tuple[int, int]:
-    """The job's nodes and devices per node with the rollout's, the reward model's and
-    the teachers' own pools beside the training's (each placed as the planner places it:
-    on shared nodes when one node holds both, else nodes of its own)."""
-    from rlctl.planner.model import job_nodes
-
-    rollout, rm, distill = cfg.actor_rollout_ref.rollout, cfg.reward_model, cfg.distillation
-    pools = []  # (nodes, devices per node) of each role's own pool, in the planner's order
-    if rollout.placement == "separate":
-        pools.append((rollout.separate_nnodes, rollout.separate_n_gpus_per_node))
-    if rm.enable and rm.enable_resource_pool:  # planner/reward_pool.py
-        pools.append((rm.nnodes, rm.n_gpus_per_node))
-    if distill.enabled and distill.nnodes > 0:  # planner/teacher_pool.py
-        pools.append((distill.nnodes, distill.n_gpus_per_node))
-    node_size = plan.split.node_size if plan.split is not None else plan.devices_per_node
-    for pool_nodes, pool_per_node in pools:
-        nodes, per_node = job_nodes(nodes, per_node, pool_nodes, pool_per_node, node_size)
-    return nodes, per_node
-
-
-def extras_needed(cfg: Any) -> tuple[str, ...]:
+def extras_needed(
+    cfg: EngineConfig | SFTConfig, mount: BucketMount | None = None
+) -> tuple[str, ...]:
     """rlctl's extras (pyproject) this engine config uses (an RL or an SFT config): on a
-    node, pip installs the ones the image lacks."""
+    node, pip installs the ones the image lacks. With the checkpoints' bucket mounted,
+    the bucket's."""
     extras = ["engine"]
     if hasattr(cfg, "actor_rollout_ref"):
         roles = cfg.actor_rollout_ref
@@ -269,7 +268,7 @@ def extras_needed(cfg: Any) -> tuple[str, ...]:
         extras.append("megatron")
     if set(cfg.trainer.loggers) - {"console"}:
         extras.append("trackers")
-    where = str(cfg.trainer.default_local_dir)
+    where = mount.source if mount else str(cfg.trainer.default_local_dir)
     if where.startswith("s3://"):
         extras.append("aws")
     elif where.startswith("gs://"):
@@ -277,9 +276,9 @@ def extras_needed(cfg: Any) -> tuple[str, ...]:
     return tuple(extras)
 
 
-def engine_config(
+def job_engine_config(
     dotted: dict[str, Any], source: str, model: str | None = None, sft: bool = False
-) -> Any:
+) -> EngineConfig | SFTConfig:
     """The engine's typed config for these keys, validated; errors name the recipe's keys.
     With ``model``, the Megatron roles' and the Ulysses sizes are also checked against its
     config (``model_problems``): what the engine would refuse once the cluster is up.
@@ -304,7 +303,7 @@ def engine_config(
     return cfg
 
 
-def model_problems(cfg: Any, model: str) -> list[str]:
+def model_problems(cfg: EngineConfig, model: str) -> list[str]:
     """``megatron_problems``, Ulysses sizes that do not divide the model's heads, MoE
     routing replay of a dense model, and a quantized checkpoint trained in full."""
     from types import SimpleNamespace
@@ -330,7 +329,7 @@ def model_problems(cfg: Any, model: str) -> list[str]:
     return problems
 
 
-def sft_model_problems(cfg: Any, model: str) -> list[str]:
+def sft_model_problems(cfg: SFTConfig, model: str) -> list[str]:
     """An SFT run's Megatron sizes and Ulysses size against the model's config."""
     from types import SimpleNamespace
 
@@ -345,7 +344,7 @@ def sft_model_problems(cfg: Any, model: str) -> list[str]:
     return ulysses_heads_problems(e.ulysses_sequence_parallel_size, key, fields)
 
 
-def megatron_problems(cfg: Any, model: str) -> list[str]:
+def megatron_problems(cfg: EngineConfig, model: str) -> list[str]:
     """Why the Megatron engine would refuse this model with these sizes (TP must divide
     the heads, PP form the stages, EP divide the experts, the model type be convertible),
     from its config fields, before anything is launched. Empty without Megatron roles."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rlctl.jobs import Job, JobState
+from rlctl.prepared import Prepared, Rendered
 from rlctl.spec import JobPaths, JobSpec
 
 
@@ -22,22 +23,20 @@ class Observed:
 class Backend(Protocol):
     name: str
 
-    def paths(self, job_id: str) -> JobPaths:
-        """Where the job's files will live where it runs."""
+    def paths(self, job_id: str, checkpoints: str | None = None) -> JobPaths:
+        """Where the job's files will live where it runs, and where the engine keeps the
+        recipe's ``checkpoints`` (a path or a bucket URL) as the nodes reach them."""
         ...
 
-    def describe_software(self, spec: JobSpec) -> list[str]:
-        """The image the nodes run and what the setup installs, one line each
-        (``rlctl plan``)."""
+    def render(self, job_id: str, spec: JobSpec) -> Rendered:
+        """The files the job runs (name -> content) and the nodes' software (the image
+        decided here, once), for ``rlctl plan`` and ``submit``."""
         ...
 
-    def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
-        """The files the job runs (name -> content), for ``rlctl plan`` and ``submit``."""
-        ...
-
-    def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
-        """Start the job; return the handle to store. ``secrets`` are values, passed to
-        the job's environment only (never written to a file)."""
+    def submit(self, job: Job, prepared: Prepared, secrets: Mapping[str, str]) -> dict:
+        """Start the prepared job (rendered under ``job.id``) as it is; return the handle
+        to store. ``secrets`` are values, passed to the job's environment only (never
+        written to a file)."""
         ...
 
     def status(self, job: Job) -> Observed: ...

@@ -25,6 +25,7 @@ from rlctl import __version__
 from rlctl.backends.base import Observed
 from rlctl.home import job_dir
 from rlctl.jobs import Job, JobState
+from rlctl.prepared import Prepared, Rendered
 from rlctl.render import render
 from rlctl.spec import JobPaths, JobSpec
 
@@ -67,14 +68,11 @@ echo "$code" > "$2"; exit "$code"
 class LocalBackend:
     name = "local"
 
-    def paths(self, job_id: str) -> JobPaths:
-        return JobPaths(root=str(job_dir(job_id, create=False)))  # submit creates it
+    def paths(self, job_id: str, checkpoints: str | None = None) -> JobPaths:
+        # submit creates the directory
+        return JobPaths(root=str(job_dir(job_id, create=False)), checkpoints=checkpoints)
 
-    def describe_software(self, spec: JobSpec) -> list[str]:
-        """What ``rlctl plan`` says about the software: this machine's, as it is."""
-        return [f"software: this Python ({sys.executable}), rlctl {__version__}; no image"]
-
-    def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
+    def render(self, job_id: str, spec: JobSpec) -> Rendered:
         script = render(
             "local_job.sh.j2",
             job_id=job_id,
@@ -87,12 +85,16 @@ class LocalBackend:
             preflight=spec.with_python(spec.preflight, sys.executable),
             engine_command=spec.with_python(spec.supervised_command(), sys.executable),
         )
-        return {"run.sh": script, "engine.yaml": spec.engine_yaml, **spec.file_texts}
+        return Rendered(
+            files={"run.sh": script, "engine.yaml": spec.engine_yaml, **spec.file_texts},
+            # the software: this machine's, as it is
+            software=(f"software: this Python ({sys.executable}), rlctl {__version__}; no image",),
+        )
 
-    def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
-        root = Path(spec.paths.root)
+    def submit(self, job: Job, prepared: Prepared, secrets: Mapping[str, str]) -> dict:
+        root = Path(prepared.spec.paths.root)
         root.mkdir(parents=True, exist_ok=True)
-        for name, content in self.render(job.id, spec).items():
+        for name, content in prepared.files.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)  # shipped tools/
             (root / name).write_text(content)
         log = (root / LOG).open("ab")

@@ -31,28 +31,35 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from secrets import token_hex
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from rlctl import __version__
 from rlctl.backends.base import Observed
 from rlctl.backends.skypilot_infra import OWN_CLUSTERS, check_offered, fallbacks, parse_infra
 from rlctl.backends.skypilot_profile import NodeSoftware, for_infra, load_profile
+from rlctl.backends.skypilot_task import (  # noqa: F401 (CHECKPOINT_MOUNT: importable here too)
+    CHECKPOINT_MOUNT,
+    JobRecovery,
+    SkyResources,
+    SkyTask,
+    checkpoint_mount,
+    dump_task,
+)
 from rlctl.errors import RlctlError
 from rlctl.jobs import Job, JobState
-from rlctl.preflight import with_bucket
+from rlctl.prepared import Prepared, Rendered
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec, Layout
 from rlctl.wheel import build_wheel, local_wheel
 
+if TYPE_CHECKING:
+    import sky
+
 INSTALL_HINT = "pip install 'rlctl[skypilot]'"
 RAY_PORT = 6379  # SkyPilot's own Ray listens on 6380
-CHECKPOINT_MOUNT = "/checkpoints"
 REMOTE_ROOT = "/tmp/rlctl"  # where each job's files live on the nodes
 JOIN_TIMEOUT_S = 900  # nodes of a multi-node cluster come up minutes apart on some clouds
 DEFAULT_DISK_GB = 512  # image (~20 GB), model weights, HF cache, local checkpoint staging
-BUCKET_SCHEMES = ("s3", "gs", "r2")
 RECOVERY_STRATEGIES = ("FAILOVER", "EAGER_NEXT_REGION")
 _HEREDOC = "RLCTL_ENGINE_YAML_END"
 PREFLIGHT_PORT = 29511  # rank 0's, for the pre-flight's all-reduce over the nodes
@@ -100,36 +107,14 @@ class SkyPilotOptions:
 _CLUSTER_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
+@dataclass(frozen=True)
+class SkyPilotRendered(Rendered):
+    """The files, and the task they show, which ``submit`` hands to SkyPilot."""
+
+    task: SkyTask
+
+
 # ---------------------------------------------------------------------------------
-
-
-def checkpoint_mount(url: str | None) -> tuple[dict[str, Any], str] | None:
-    """``s3://bucket/a/b`` -> (the file_mounts entry for the bucket, the path under the
-    mount where the engine keeps its checkpoints); None for a local path or no bucket."""
-    if not url or "://" not in url:
-        return None
-    scheme, _, rest = url.partition("://")
-    bucket, _, sub = rest.partition("/")
-    if scheme not in BUCKET_SCHEMES or not bucket:
-        raise RlctlError(
-            f"checkpoints: {url!r} is not a bucket SkyPilot can mount",
-            hint="use s3://BUCKET/path, gs://BUCKET/path or r2://BUCKET/path",
-        )
-    # MOUNT writes each file to the bucket when it is closed, in order: the engine's
-    # "complete" marker lands after the checkpoint's files (MOUNT_CACHED uploads later,
-    # in any order, so a preemption could leave a marker before its shards).
-    entry = {"source": f"{scheme}://{bucket}", "mode": "MOUNT"}
-    path = f"{CHECKPOINT_MOUNT}/{sub.strip('/')}" if sub.strip("/") else CHECKPOINT_MOUNT
-    return entry, path
-
-
-def engine_yaml_for(spec: JobSpec, checkpoint_dir: str | None) -> str:
-    """The engine's config as the nodes see it: checkpoints under the bucket mount."""
-    if checkpoint_dir is None:
-        return spec.engine_yaml
-    cfg = yaml.safe_load(spec.engine_yaml)
-    cfg["trainer"]["default_local_dir"] = checkpoint_dir
-    return yaml.safe_dump(cfg, sort_keys=False)
 
 
 def _local_file(job_id: str, name: str) -> Path:
@@ -162,83 +147,82 @@ class SkyPilotBackend:
 
     # ---- rendering (no SkyPilot needed) ---------------------------------------
 
-    def paths(self, job_id: str) -> JobPaths:
-        return JobPaths(root=f"{self.options.remote_root.rstrip('/')}/{job_id}")
+    def paths(self, job_id: str, checkpoints: str | None = None) -> JobPaths:
+        """A bucket in ``checkpoints`` is mounted on the nodes: the engine writes there."""
+        root = f"{self.options.remote_root.rstrip('/')}/{job_id}"
+        mount = checkpoint_mount(checkpoints)
+        if mount is None:
+            return JobPaths(root=root, checkpoints=checkpoints)
+        return JobPaths(root=root, checkpoints=mount[1], mount=mount[0])
 
-    def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
-        config = self.task_config(job_id, spec)
+    def render(self, job_id: str, spec: JobSpec) -> SkyPilotRendered:
+        task = self.build_task(job_id, spec)
         header = (
             f"# rlctl job {job_id} ({spec.recipe.name}): a SkyPilot task, rendered by rlctl"
             f" {__version__}.\n# Secrets appear by name only: pass their values with"
             " `sky launch --secret NAME` (read from your environment).\n"
         )
-        return {
-            "task.yaml": header + dump_task(config),
-            "setup.sh": config["setup"],
-            "run.sh": config["run"],
-            **spec.file_texts,  # mounted from the job's local directory (task_config)
+        files = {
+            "task.yaml": header + dump_task(task.to_yaml_config()),
+            "setup.sh": task.setup,
+            "run.sh": task.run,
+            **spec.file_texts,  # mounted from the job's local directory (build_task)
         }
+        return SkyPilotRendered(files, self._software(spec, task.resources.image_id), task)
 
-    def task_config(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
-        """The SkyPilot task as a dict (what ``sky.Task.from_yaml_config`` takes)."""
+    def build_task(self, job_id: str, spec: JobSpec) -> SkyTask:
+        """The SkyPilot task that runs ``spec`` as job ``job_id``."""
+        lay = spec.layout
+        env = dict(lay.hardware.env) if lay.hardware else {}
+        env.update(spec.env)
+        # the wheel of this rlctl, which the setup installs on every node, and the
+        # recipe's shipped files (written there by ``sky_task``)
+        mounts = {spec.paths.wheel: str(local_wheel(job_id))}
+        for f in spec.files:
+            mounts[f"{spec.paths.root}/{f.name}"] = str(_local_file(job_id, f.name))
+        return SkyTask(
+            name=safe_name(job_id),
+            num_nodes=lay.nodes,
+            resources=self._resources(spec),
+            envs=env,
+            # Values never here: rlctl passes them as secrets_overrides at launch. The Ray
+            # token is made per launch (every node needs the same one to join the cluster).
+            secrets=(*spec.secrets, RAY_TOKEN),
+            file_mounts=mounts,
+            bucket=spec.paths.mount,
+            setup=self._setup(job_id, spec),
+            run=self._run(job_id, spec, lay, env),
+        )
+
+    def _resources(self, spec: JobSpec) -> SkyResources:
         lay = spec.layout
         acc = lay.hardware
         opts = self.options
-        mount = checkpoint_mount(spec.recipe.checkpoints)
-        resources: dict[str, Any] = {}
-        if self.infra.value:
-            resources["infra"] = self.infra.value
-        if lay.accelerator is None:
+        choices: list[str] = []
+        if acc is not None:
+            check_offered(acc, self.infra)
+            offered = fallbacks(acc, self.infra) if opts.fallbacks else []
+            choices = [f"{a.skypilot_name}:{lay.devices_per_node}" for a in offered]
+            choices = (
+                choices if len(choices) > 1 else [f"{acc.skypilot_name}:{lay.devices_per_node}"]
+            )
+        # SkyPilot restarts a run that failed (any non-zero exit) this many times and
+        # recovers a preempted one without counting it; it cannot tell a configuration
+        # error from a crash (its recover_on_exit_codes would retry the listed codes
+        # without any limit), so every failure counts here.
+        recovery = JobRecovery(opts.recovery, spec.max_restarts)
+        return SkyResources(
+            infra=self.infra.value or None,
+            accelerators=tuple(choices),
             # cpu:N is N workers, one CPU each (the local backend runs the quickstart's
             # two on two cores); asking for more refuses nodes the job fits on.
-            resources["cpus"] = f"{max(2, lay.devices_per_node)}+"
-        else:
-            check_offered(acc, self.infra)
-            choices = fallbacks(acc, self.infra) if opts.fallbacks else []
-            if len(choices) > 1:
-                resources["ordered"] = [
-                    {"accelerators": f"{a.skypilot_name}:{lay.devices_per_node}"} for a in choices
-                ]
-            else:
-                resources["accelerators"] = f"{acc.skypilot_name}:{lay.devices_per_node}"
-        resources["use_spot"] = opts.use_spot
-        resources["disk_size"] = opts.disk_size_gb
-        image_id = self.image_id(spec)
-        if image_id is not None:  # None: the nodes' own software (the site's profile)
-            resources["image_id"] = image_id
-        if opts.ports:
-            resources["ports"] = [int(p) for p in opts.ports]
-        if opts.cluster is None:
-            # SkyPilot restarts a run that failed (any non-zero exit) this many times and
-            # recovers a preempted one without counting it; it cannot tell a
-            # configuration error from a crash (its recover_on_exit_codes would retry the
-            # listed codes without any limit), so every failure counts here.
-            resources["job_recovery"] = {
-                "strategy": opts.recovery,
-                "max_restarts_on_errors": spec.max_restarts,
-            }
-        env = dict(acc.env) if acc else {}
-        env.update(spec.env)
-        config: dict[str, Any] = {
-            "name": safe_name(job_id),
-            "num_nodes": lay.nodes,
-            "resources": resources,
-        }
-        if env:
-            config["envs"] = env
-        # Values never here: rlctl passes them as secrets_overrides at launch. The Ray
-        # token is made per launch (every node needs the same one to join the cluster).
-        config["secrets"] = {name: None for name in (*spec.secrets, RAY_TOKEN)}
-        # the wheel of this rlctl, which the setup installs on every node
-        config["file_mounts"] = {spec.paths.wheel: str(local_wheel(job_id))}
-        # the recipe's shipped files (written there by ``task``), on every node
-        for f in spec.files:
-            config["file_mounts"][f"{spec.paths.root}/{f.name}"] = str(_local_file(job_id, f.name))
-        if mount:
-            config["file_mounts"][CHECKPOINT_MOUNT] = mount[0]
-        config["setup"] = self._setup(job_id, spec)
-        config["run"] = self._run(job_id, spec, lay, env, mount[1] if mount else None)
-        return config
+            cpus=f"{max(2, lay.devices_per_node)}+" if acc is None else None,
+            use_spot=opts.use_spot,
+            disk_size=opts.disk_size_gb,
+            image_id=self.image_id(spec),
+            ports=tuple(int(p) for p in opts.ports),
+            job_recovery=recovery if opts.cluster is None else None,
+        )
 
     def image_id(self, spec: JobSpec) -> str | None:
         """SkyPilot's ``image_id``: the recipe's image, else the site profile's (``none``:
@@ -251,13 +235,12 @@ class SkyPilotBackend:
         spec.image.check_pullable(image_id, f"skypilot ({self.infra.value or 'any cloud'})")
         return image_id
 
-    def describe_software(self, spec: JobSpec) -> list[str]:
+    def _software(self, spec: JobSpec, image_id: str | None) -> tuple[str, ...]:
         """What ``rlctl plan`` says about the nodes' software."""
-        image_id = self.image_id(spec)
         image = image_id.removeprefix("docker:") if image_id else "none (the nodes' own software)"
         if image_id and image == spec.image.ref:
             image += f": {spec.image.contents}"
-        return [f"image: {image}", spec.setup_line("the image's Python")]
+        return (f"image: {image}", spec.setup_line("the image's Python"))
 
     def _setup(self, job_id: str, spec: JobSpec) -> str:
         return render(
@@ -276,12 +259,11 @@ class SkyPilotBackend:
         spec: JobSpec,
         lay: Layout,
         env: Mapping[str, str],
-        checkpoint_dir: str | None,
         engine_command: tuple[str, ...] | None = None,
         ray_port: int = RAY_PORT,
         join_timeout_s: int = JOIN_TIMEOUT_S,
     ) -> str:
-        engine_yaml = engine_yaml_for(spec, checkpoint_dir)
+        engine_yaml = spec.engine_yaml
         if not engine_yaml.endswith("\n"):
             engine_yaml += "\n"
         if _HEREDOC in engine_yaml.splitlines():
@@ -309,10 +291,7 @@ class SkyPilotBackend:
             heredoc=_HEREDOC,
             ray=f"{spec.paths.env}/bin/ray",
             engine_command=spec.on_node(engine_command or spec.engine_command),
-            # the bucket as the nodes see it: mounted, written through the mount
-            preflight=spec.on_node(
-                with_bucket(spec.preflight, checkpoint_dir) if checkpoint_dir else spec.preflight
-            ),
+            preflight=spec.on_node(spec.preflight),
             preflight_port=PREFLIGHT_PORT,
         )
 
@@ -339,11 +318,13 @@ class SkyPilotBackend:
 
     # ---- talking to SkyPilot --------------------------------------------------
 
-    def task(self, job_id: str, spec: JobSpec, secrets: Mapping[str, str]) -> Any:
-        """The ``sky.Task`` SkyPilot's own parser makes of the config (secret values
-        passed as overrides, never written into the config)."""
+    def sky_task(
+        self, job_id: str, spec: JobSpec, task: SkyTask, secrets: Mapping[str, str]
+    ) -> sky.Task:
+        """The ``sky.Task`` SkyPilot's own parser makes of ``task`` (secret values passed
+        as overrides, never written into the config), with the file mounts' sources
+        written on this machine."""
         sky = import_sky()
-        config = self.task_config(job_id, spec)
         build_wheel(local_wheel(job_id, create=True).parent)  # the file mount's source
         for f in spec.files:  # and theirs
             local = _local_file(job_id, f.name)
@@ -354,7 +335,9 @@ class SkyPilotBackend:
             raise RlctlError(f"no values for the secrets {', '.join(missing)}")
         values = {RAY_TOKEN: token_hex(16), **{k: secrets[k] for k in spec.secrets}}
         try:
-            return sky.Task.from_yaml_config(config, secrets_overrides=list(values.items()))
+            return sky.Task.from_yaml_config(
+                task.to_yaml_config(), secrets_overrides=list(values.items())
+            )
         except Exception as exc:  # SkyPilot's schema errors name the field
             raise RlctlError(
                 f"SkyPilot refused the task: {exc}",
@@ -393,9 +376,11 @@ class SkyPilotBackend:
 
         return sdk.get(sdk.enabled_clouds())
 
-    def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
+    def submit(self, job: Job, prepared: Prepared, secrets: Mapping[str, str]) -> dict:
         sky = import_sky()
-        task = self.task(job.id, spec, secrets)
+        rendered = prepared.rendered
+        assert isinstance(rendered, SkyPilotRendered), "prepared for another backend"
+        task = self.sky_task(job.id, prepared.spec, rendered.task, secrets)
         name = safe_name(job.id)
         opts = self.options
         if opts.cluster is None:
@@ -535,23 +520,6 @@ def _field(record: Any, name: str) -> Any:
 
 def _value(status: Any) -> str:
     return str(getattr(status, "value", status))
-
-
-class _TaskDumper(yaml.SafeDumper):
-    """Multi-line strings (setup, run) as literal blocks: the YAML reads like the script."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_TaskDumper.add_representer(str, _str)
-
-
-def dump_task(config: Mapping[str, Any]) -> str:
-    """The task as YAML that ``sky launch`` reads back to the same config."""
-    return yaml.dump(dict(config), Dumper=_TaskDumper, sort_keys=False, width=100)
 
 
 def ray_library() -> str:

@@ -38,6 +38,7 @@ from rlctl.backends.slurm_profile import (  # noqa: F401 (the profile, importabl
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator
 from rlctl.jobs import Job, JobState
+from rlctl.prepared import Prepared, Rendered
 from rlctl.render import TEMPLATES, render
 from rlctl.spec import JobPaths, JobSpec
 from rlctl.wheel import build_wheel, local_wheel
@@ -137,8 +138,8 @@ class SlurmBackend:
 
     # -- paths and rendering --------------------------------------------------------
 
-    def paths(self, job_id: str) -> JobPaths:
-        return JobPaths(root=f"{self._job_root()}/{job_id}")
+    def paths(self, job_id: str, checkpoints: str | None = None) -> JobPaths:
+        return JobPaths(root=f"{self._job_root()}/{job_id}", checkpoints=checkpoints)
 
     def _job_root(self) -> str:
         root = self.profile.job_root.rstrip("/") or "/"
@@ -160,7 +161,7 @@ class SlurmBackend:
                 raise RlctlError(f"slurm: odd home directory on {self.profile.ssh}")
         return self._remote_home
 
-    def render(self, job_id: str, spec: JobSpec) -> dict[str, str]:
+    def render(self, job_id: str, spec: JobSpec) -> Rendered:
         p = self.profile
         root = spec.paths.root
         if not PLAIN_PATH.match(root):
@@ -233,12 +234,13 @@ class SlurmBackend:
             ),
         )
         library = (TEMPLATES / "ray" / "ray_cluster.sh").read_text()
-        return {
+        files = {
             "job.sbatch": script,
             "ray_cluster.sh": library,
             "engine.yaml": spec.engine_yaml,
             **spec.file_texts,  # on the shared filesystem: every node reads them
         }
+        return Rendered(files, self._software(spec, image))
 
     def image(self, spec: JobSpec) -> str | None:
         """The container image the steps run in (None: no container runtime): the
@@ -250,21 +252,21 @@ class SlurmBackend:
         spec.image.check_pullable(image, f"slurm ({self.profile.container})")
         return image
 
-    def describe_software(self, spec: JobSpec) -> list[str]:
+    def _software(self, spec: JobSpec, image: str | None) -> tuple[str, ...]:
         """What ``rlctl plan`` says about the nodes' software."""
-        image = self.image(spec)
         where = (
             f"image: {image} ({self.profile.container})"
             if image
             else "the nodes' own python3 (after the profile's prelude); no container"
         )
-        return [where, spec.setup_line("that Python")]
+        return (where, spec.setup_line("that Python"))
 
     # -- submit -------------------------------------------------------------------
 
-    def submit(self, job: Job, spec: JobSpec, secrets: Mapping[str, str]) -> dict:
+    def submit(self, job: Job, prepared: Prepared, secrets: Mapping[str, str]) -> dict:
+        spec = prepared.spec
         root = spec.paths.root
-        files: dict[str, str | bytes] = dict(self.render(job.id, spec))
+        files: dict[str, str | bytes] = dict(prepared.files)
         wheel = build_wheel(local_wheel(job.id, create=True).parent)
         files[Path(spec.paths.wheel).name] = wheel.read_bytes()
         shell = Shell(self.profile.ssh)

@@ -74,7 +74,7 @@ ASCEND = {
 
 def _spec(raw, backend):
     recipe = parse_recipe(raw)
-    return build_spec(recipe, api.plan_recipe(recipe), backend.paths("job-1"))
+    return build_spec(recipe, api.plan_recipe(recipe), backend.paths("job-1", recipe.checkpoints))
 
 
 def test_slurm_in_a_container_refuses_the_private_default_before_anything_runs(tmp_path):
@@ -84,20 +84,22 @@ def test_slurm_in_a_container_refuses_the_private_default_before_anything_runs(t
     assert not (tmp_path / "jobs").exists()
     # the recipe's image: wins over the default (and over the profile's)
     own = "registry.example.com/rl/ascend:1"
-    files = backend.render("job-1", _spec({**ASCEND, "image": own}, backend))
+    files = backend.render("job-1", _spec({**ASCEND, "image": own}, backend)).files
     assert f"--container-image={own}" in files["job.sbatch"]
     # no container runtime: the image does not matter, the nodes' Python runs the job
     bare = SlurmBackend(SlurmProfile(job_root=str(tmp_path / "jobs")))
-    assert "--container-image" not in bare.render("job-1", _spec(ASCEND, bare))["job.sbatch"]
+    assert "--container-image" not in bare.render("job-1", _spec(ASCEND, bare)).files["job.sbatch"]
 
 
 def test_the_recipe_image_wins_over_the_site_profile_on_skypilot():
     gpu = {**ASCEND, "hardware": {"accelerators": "H100:8"}}
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"), profile={})
     backend.software = NodeSoftware(image="registry.example.com/site:1")
-    site = backend.task_config("job-1", _spec(gpu, backend))
+    site = backend.build_task("job-1", _spec(gpu, backend)).to_yaml_config()
     assert site["resources"]["image_id"] == "docker:registry.example.com/site:1"
-    mine = backend.task_config("job-1", _spec({**gpu, "image": "ghcr.io/me/rl:2"}, backend))
+    mine = backend.build_task(
+        "job-1", _spec({**gpu, "image": "ghcr.io/me/rl:2"}, backend)
+    ).to_yaml_config()
     assert mine["resources"]["image_id"] == "docker:ghcr.io/me/rl:2"
 
 

@@ -6,6 +6,7 @@ runs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
 from rlctl.backends.slurm import Shell, SlurmBackend
 from rlctl.errors import RlctlError
 from rlctl.jobfiles import TOOLS_KEY
+from rlctl.prepared import Rendered
 from rlctl.recipe import load_recipe
 from rlctl.spec import build_spec
 
@@ -99,13 +101,10 @@ def test_the_tools_file_ships_with_a_local_job_and_loads_there(home, tmp_path, m
     assert prepared.files["tools/demo.yaml"] == TOOLS  # rlctl plan shows them
     assert tools_path(prepared.files["engine.yaml"]) == f"{root}/tools/demo.yaml"
 
-    real = LocalBackend.render
-    monkeypatch.setattr(
-        LocalBackend,
-        "render",
-        lambda self, job_id, spec: {**real(self, job_id, spec), "run.sh": ""},
+    blank = Rendered({**prepared.files, "run.sh": ""}, prepared.software)  # runs nothing
+    handle = LocalBackend().submit(
+        type("Job", (), {"id": "t-1"})(), dataclasses.replace(prepared, rendered=blank), {}
     )
-    handle = LocalBackend().submit(type("Job", (), {"id": "t-1"})(), prepared.spec, {})
     deadline = time.monotonic() + 30
     while not (root / EXIT_CODE).exists():
         assert time.monotonic() < deadline
@@ -125,8 +124,8 @@ def test_the_tools_file_ships_with_a_local_job_and_loads_there(home, tmp_path, m
 def test_slurm_stages_the_files_in_the_shared_job_directory(home, tmp_path):
     recipe = load_recipe(write_recipe(tmp_path / "mine"))
     backend = SlurmBackend(job_root=str(tmp_path / "shared"))
-    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths("t-1"))
-    files = backend.render("t-1", spec)
+    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths("t-1", recipe.checkpoints))
+    files = backend.render("t-1", spec).files
     root = Path(spec.paths.root)
     assert tools_path(files["engine.yaml"]) == f"{root}/tools/demo.yaml"
     backend._stage(Shell(None), str(root), files)  # the submit's staging, on this host
@@ -137,8 +136,9 @@ def test_slurm_stages_the_files_in_the_shared_job_directory(home, tmp_path):
 def test_skypilot_mounts_the_files_on_every_node(home, tmp_path):
     recipe = load_recipe(write_recipe(tmp_path / "mine"))
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
-    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths("t-1"))
-    config = backend.task_config("t-1", spec)
+    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths("t-1", recipe.checkpoints))
+    task = backend.build_task("t-1", spec)
+    config = task.to_yaml_config()
     local = home / "jobs" / "t-1" / "tools"
     assert config["file_mounts"][f"{spec.paths.root}/tools/demo.yaml"] == str(local / "demo.yaml")
     assert config["file_mounts"][f"{spec.paths.root}/tools/lib/notes.py"] == str(
@@ -146,7 +146,9 @@ def test_skypilot_mounts_the_files_on_every_node(home, tmp_path):
     )
     assert f"tool_config_path: {spec.paths.root}/tools/demo.yaml\n" in config["run"]
     pytest.importorskip("sky", reason="skypilot is not installed")
-    backend.task("t-1", spec, {})  # writes the mounts' sources, then SkyPilot parses the task
+    backend.sky_task(
+        "t-1", spec, task, {}
+    )  # writes the mounts' sources, then SkyPilot parses the task
     assert (local / "demo.yaml").read_text() == TOOLS
     assert (local / "lib" / "notes.py").read_text() == NOTES
 

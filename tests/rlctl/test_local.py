@@ -14,6 +14,7 @@ import pytest
 from rlctl.backends import local
 from rlctl.backends.local import LocalBackend
 from rlctl.images import default_image
+from rlctl.prepared import Prepared, Rendered
 from rlctl.spec import JobPaths, JobSpec, Layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def submit(tmp_path: Path, monkeypatch, script: str) -> dict:
     """Submit ``script`` as the job's run.sh through the backend's real runner."""
-    monkeypatch.setattr(LocalBackend, "render", lambda self, job_id, spec: {"run.sh": script})
     cpu = Layout(
         nodes=1, devices_per_node=1, accelerator=None, accelerator_named=False, cpus_per_worker=1
     )
@@ -35,7 +35,8 @@ def submit(tmp_path: Path, monkeypatch, script: str) -> dict:
         extras=("engine",),
         max_restarts=0,
     )
-    return LocalBackend().submit(SimpleNamespace(id="t-1"), spec, {})  # type: ignore[arg-type]
+    prepared = Prepared("t-1", None, None, spec, Rendered({"run.sh": script}, ()))  # type: ignore[arg-type]
+    return LocalBackend().submit(SimpleNamespace(id="t-1"), prepared, {})  # type: ignore[arg-type]
 
 
 def wait_exit_code(handle: dict, timeout: float) -> str:

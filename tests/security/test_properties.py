@@ -432,9 +432,11 @@ def test_rendered_scripts_pass_payloads_literally(examples, quick):
 
             # local: the whole run.sh, its setup steps and `exec` caught by functions
             local = LocalBackend()
-            spec = build_spec(recipe, plan, type(local.paths("j"))(str(scratch / "job")))
+            spec = build_spec(
+                recipe, plan, type(local.paths("j"))(str(scratch / "job"), recipe.checkpoints)
+            )
             (scratch / "job").mkdir()
-            script = local.render("j", spec)["run.sh"]
+            script = local.render("j", spec).files["run.sh"]
             (scratch / "run.sh").write_text(script)
             assert not spec.setup
             stub = "exec() { :; " + echoed(names).replace("\n", "; ") + "}\n"
@@ -444,8 +446,8 @@ def test_rendered_scripts_pass_payloads_literally(examples, quick):
 
             # slurm: the allocation's header, up to the Ray library
             slurm = SlurmBackend(SlurmProfile(job_root=str(scratch / "sl")))
-            spec = build_spec(recipe, plan, slurm.paths("j"))
-            files = slurm.render("j", spec)
+            spec = build_spec(recipe, plan, slurm.paths("j", recipe.checkpoints))
+            files = slurm.render("j", spec).files
             header = files["job.sbatch"].split('. "$RLCTL_ROOT/ray_cluster.sh"')[0]
             done = run(header + echoed(names), scratch)
             assert done.returncode == 0, done.stderr
@@ -454,9 +456,9 @@ def test_rendered_scripts_pass_payloads_literally(examples, quick):
 
             # skypilot: setup.sh whole; run.sh's header and its engine config heredoc
             sky = SkyPilotBackend(SkyPilotOptions(cloud="k8s", remote_root=str(scratch / "sk")))
-            spec = build_spec(recipe, plan, sky.paths("j"))
+            spec = build_spec(recipe, plan, sky.paths("j", recipe.checkpoints))
             try:
-                files = sky.render("j", spec)
+                files = sky.render("j", spec).files
             except RlctlError as exc:  # a line that would end the heredoc
                 assert "RLCTL_ENGINE_YAML_END" in str(exc)
                 return

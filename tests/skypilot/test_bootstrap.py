@@ -80,7 +80,7 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_pr
     recipe = load_recipe(find_recipe("quickstart"))
     root = tmp_path / "job"
     backend = SkyPilotBackend(SkyPilotOptions(cloud="k8s", remote_root=str(tmp_path)))
-    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job", recipe.checkpoints))
     spec = dataclasses.replace(  # setup steps replaced by a marker each "node" writes
         spec,
         setup=(("python", "-c", "import socket; open('setup-done', 'a').write('x')"),),
@@ -105,7 +105,6 @@ def test_two_node_task_forms_a_ray_cluster_and_runs_the_engine(tmp_path, find_pr
             cpus_per_worker=1,
         ),
         spec.env,
-        checkpoint_dir=None,
         engine_command=(sys.executable, str(probe), str(result), spec.paths.engine_config),
         ray_port=port,
         join_timeout_s=120,
@@ -183,7 +182,7 @@ def test_engine_failure_is_the_task_exit_code(tmp_path, find_processes):
     """Rank 0 returns the engine's exit code (75 = stopped on SIGTERM) and still stops Ray."""
     recipe = load_recipe(find_recipe("quickstart"))
     backend = SkyPilotBackend(SkyPilotOptions(remote_root=str(tmp_path)))
-    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job", recipe.checkpoints))
     _job_env(Path(spec.paths.root))
     run = backend._run(
         "job",
@@ -196,7 +195,6 @@ def test_engine_failure_is_the_task_exit_code(tmp_path, find_processes):
             cpus_per_worker=1,
         ),
         {},
-        checkpoint_dir=None,
         engine_command=(sys.executable, "-c", "raise SystemExit(75)"),
         ray_port=_free_port(),
     )
@@ -231,8 +229,8 @@ def test_engine_failure_is_the_task_exit_code(tmp_path, find_processes):
 def test_wrong_node_count_fails_before_ray(tmp_path):
     recipe = load_recipe(find_recipe("quickstart"))
     backend = SkyPilotBackend(SkyPilotOptions(remote_root=str(tmp_path)))
-    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job"))
-    run = backend._run("job", spec, Layout(2, 1, None, False, 1), {}, checkpoint_dir=None)
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job", recipe.checkpoints))
+    run = backend._run("job", spec, Layout(2, 1, None, False, 1), {})
     env = {
         **os.environ,
         "SKYPILOT_NODE_RANK": "0",

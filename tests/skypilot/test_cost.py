@@ -52,7 +52,7 @@ def test_backend_estimate_without_a_catalog_says_unavailable(monkeypatch, tmp_pa
     monkeypatch.setattr(rlctl.cost, "CATALOG_DIR", tmp_path)
     recipe = load_recipe(find_recipe("dapo_qwen32b"))
     backend = SkyPilotBackend(SkyPilotOptions(cloud="aws/us-east-1"))
-    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("j"))
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("j", recipe.checkpoints))
     assert backend.estimate(spec).startswith(UNAVAILABLE)
     _catalog(tmp_path)
     assert backend.estimate(spec).startswith("$1,573.12/h (16 x $98.32")

@@ -22,8 +22,12 @@ PRELUDE = "source /shared/envs/rl/bin/activate"
 
 def _config(cloud, profile, recipe="quickstart"):
     backend = SkyPilotBackend(SkyPilotOptions(cloud=cloud), profile=profile)
-    spec = build_spec(RECIPES[recipe], plan_recipe(RECIPES[recipe]), backend.paths("j"))
-    return backend.task_config("j", spec)
+    spec = build_spec(
+        RECIPES[recipe],
+        plan_recipe(RECIPES[recipe]),
+        backend.paths("j", RECIPES[recipe].checkpoints),
+    )
+    return backend.build_task("j", spec).to_yaml_config()
 
 
 def test_profile_file_sets_image_and_prelude_for_its_infra(tmp_path, monkeypatch):
@@ -37,8 +41,10 @@ def test_profile_file_sets_image_and_prelude_for_its_infra(tmp_path, monkeypatch
         )
     )
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path))
-    config = SkyPilotBackend(SkyPilotOptions(cloud="slurm/my-cluster")).task_config(
-        "j", _spec_for("slurm/my-cluster")
+    config = (
+        SkyPilotBackend(SkyPilotOptions(cloud="slurm/my-cluster"))
+        .build_task("j", _spec_for("slurm/my-cluster"))
+        .to_yaml_config()
     )
     assert "image_id" not in config["resources"]  # the nodes' own software
     for section in ("setup", "run"):  # first, before anything needs Python or Ray
@@ -58,7 +64,7 @@ def test_profile_file_sets_image_and_prelude_for_its_infra(tmp_path, monkeypatch
 def _spec_for(cloud):
     backend = SkyPilotBackend(SkyPilotOptions(cloud=cloud), profile={})
     recipe = RECIPES["quickstart"]
-    return build_spec(recipe, plan_recipe(recipe), backend.paths("j"))
+    return build_spec(recipe, plan_recipe(recipe), backend.paths("j", recipe.checkpoints))
 
 
 def test_no_profile_keeps_the_plans_public_image():

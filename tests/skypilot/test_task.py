@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlctl.api import bundled_recipes, plan_recipe
+from rlctl.api import bundled_recipes, plan_recipe, prepare_for
 from rlctl.backends.skypilot import (
     CHECKPOINT_MOUNT,
     RAY_TOKEN,
@@ -44,7 +44,7 @@ REFUSED = {
 
 
 def _spec(recipe, backend, job_id="job-1"):
-    return build_spec(recipe, plan_recipe(recipe), backend.paths(job_id))
+    return build_spec(recipe, plan_recipe(recipe), backend.paths(job_id, recipe.checkpoints))
 
 
 def _plain(value):
@@ -67,11 +67,12 @@ def test_every_recipe_on_every_cloud_is_accepted_by_skypilot_or_refused(name, cl
             backend.render("job-1", spec)
         assert err.value.hint  # says what to do instead
         return
-    files = backend.render("job-1", spec)
+    rendered = backend.render("job-1", spec)
+    files = rendered.files
     config = yaml.safe_load(files["task.yaml"])
-    assert config == backend.task_config("job-1", spec)  # the YAML reads back exactly
+    assert config == rendered.task.to_yaml_config()  # the YAML reads back exactly
     assert "\nrun: |" in files["task.yaml"]  # scripts as literal blocks
-    task = backend.task("job-1", spec, _secrets(spec))  # sky.Task.from_yaml_config
+    task = backend.sky_task("job-1", spec, rendered.task, _secrets(spec))  # from_yaml_config
     plan = plan_recipe(recipe)
     assert task.num_nodes == plan.nodes
     resources = list(task.resources)
@@ -101,20 +102,26 @@ def test_every_recipe_on_every_cloud_is_accepted_by_skypilot_or_refused(name, cl
 
 def test_fallbacks_are_ordered_and_only_where_the_cloud_offers_them():
     recipe = RECIPES["ppo-qwen7b-gsm8k"]  # H100:8
-    on_gcp = SkyPilotBackend(SkyPilotOptions(cloud="gcp")).task_config(
-        "j", _spec(recipe, SkyPilotBackend())
+    on_gcp = (
+        SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
+        .build_task("j", _spec(recipe, SkyPilotBackend()))
+        .to_yaml_config()
     )
     assert on_gcp["resources"]["ordered"] == [
         {"accelerators": "H100:8"},
         {"accelerators": "H200:8"},
     ]
     # RunPod's catalog calls its H200 "H200-SXM": no fallback there.
-    on_runpod = SkyPilotBackend(SkyPilotOptions(cloud="runpod")).task_config(
-        "j", _spec(recipe, SkyPilotBackend())
+    on_runpod = (
+        SkyPilotBackend(SkyPilotOptions(cloud="runpod"))
+        .build_task("j", _spec(recipe, SkyPilotBackend()))
+        .to_yaml_config()
     )
     assert on_runpod["resources"]["accelerators"] == "H100:8"
-    plain = SkyPilotBackend(SkyPilotOptions(cloud="gcp", fallbacks=False)).task_config(
-        "j", _spec(recipe, SkyPilotBackend())
+    plain = (
+        SkyPilotBackend(SkyPilotOptions(cloud="gcp", fallbacks=False))
+        .build_task("j", _spec(recipe, SkyPilotBackend()))
+        .to_yaml_config()
     )
     assert plain["resources"]["accelerators"] == "H100:8" and "ordered" not in plain["resources"]
 
@@ -222,7 +229,7 @@ def test_checkpoint_bucket_is_mounted_and_the_engine_resumes_from_it(url, source
     recipe = dataclasses.replace(RECIPES["ppo-qwen7b-gsm8k"], checkpoints=url)
     backend = SkyPilotBackend(SkyPilotOptions(cloud="aws"))
     spec = _spec(recipe, backend)
-    config = backend.task_config("job-1", spec)
+    config = backend.build_task("job-1", spec).to_yaml_config()
     assert config["file_mounts"][CHECKPOINT_MOUNT] == {"source": source, "mode": "MOUNT"}
     assert f"default_local_dir: {engine_dir}\n" in config["run"]
     assert "resume_mode: auto" in config["run"]
@@ -237,7 +244,7 @@ def test_managed_job_restarts_are_the_engines_trainer_max_restarts(restarts):
     base = RECIPES["grpo-qwen05b-gsm8k"]
     recipe = dataclasses.replace(base, engine={**base.engine, "trainer.max_restarts": restarts})
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
-    config = backend.task_config("job-1", _spec(recipe, backend))
+    config = backend.build_task("job-1", _spec(recipe, backend)).to_yaml_config()
     recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": restarts}
     assert config["resources"]["job_recovery"] == recovery
     task = sky.Task.from_yaml_config(config, secrets_overrides=[(RAY_TOKEN, "t")])
@@ -256,7 +263,9 @@ def test_spot_disk_ports_and_cluster_mode():
     opts = SkyPilotOptions(
         cloud="gcp", use_spot=True, disk_size_gb=300, ports=(8265,), cluster="my-cluster"
     )
-    config = SkyPilotBackend(opts).task_config("j", _spec(recipe, SkyPilotBackend()))
+    config = (
+        SkyPilotBackend(opts).build_task("j", _spec(recipe, SkyPilotBackend())).to_yaml_config()
+    )
     res = config["resources"]
     assert (res["use_spot"], res["disk_size"], res["ports"]) == (True, 300, [8265])
     assert "job_recovery" not in res  # a cluster is not recovered: managed jobs are
@@ -280,9 +289,11 @@ def test_bad_options_are_refused(kwargs):
 
 def test_ray_port_is_not_skypilots():
     recipe = RECIPES["dapo-qwen32b"]
-    run = SkyPilotBackend(SkyPilotOptions(cloud="gcp")).render(
-        "j", _spec(recipe, SkyPilotBackend())
-    )["run.sh"]
+    run = (
+        SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
+        .render("j", _spec(recipe, SkyPilotBackend()))
+        .files["run.sh"]
+    )
     assert "port=6379\n" in run
     assert "6380" not in run.replace("SkyPilot's Ray has 6380", "")
     assert 'address="auto"' not in run and "address=auto" not in run
@@ -362,9 +373,9 @@ def _job(handle=None):
 def test_managed_job_submit_status_logs_stop(fake_sky):
     recipe = RECIPES["dapo-qwen32b"]
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp", use_spot=True))
-    spec = _spec(recipe, backend, "dapo-qwen32b-abc123")
+    prepared = prepare_for(recipe, backend, _job().id)
     fake_sky.results["jobs.launch"] = ([7], None)
-    handle = backend.submit(_job(), spec, {"WANDB_API_KEY": SENTINEL})
+    handle = backend.submit(_job(), prepared, {"WANDB_API_KEY": SENTINEL})
     assert handle["mode"] == "managed" and handle["job_id"] == 7
     assert SENTINEL not in json.dumps(handle)  # what the job store keeps
     name, args, kwargs = fake_sky.calls[0]
@@ -414,9 +425,8 @@ def test_cluster_submit_status_stop(fake_sky):
     recipe = RECIPES["grpo-qwen05b-gsm8k"]
     opts = SkyPilotOptions(cloud="k8s", cluster="rl-dev", idle_minutes_to_autostop=30, down=True)
     backend = SkyPilotBackend(opts)
-    spec = _spec(recipe, backend)
     fake_sky.results["launch"] = (3, object())
-    handle = backend.submit(_job(), spec, {})
+    handle = backend.submit(_job(), prepare_for(recipe, backend, _job().id), {})
     assert (handle["mode"], handle["cluster"], handle["job_id"]) == ("cluster", "rl-dev", 3)
     json.dumps(handle)  # storable
     kwargs = fake_sky.calls[0][2]

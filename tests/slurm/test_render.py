@@ -34,8 +34,8 @@ def rendered(tmp_path: Path, recipe: Path | str, **profile) -> dict[str, str]:
     recipe_obj = load_recipe(REPO / "recipes" / recipe if isinstance(recipe, str) else recipe)
     plan = api.plan_recipe(recipe_obj)
     backend = SlurmBackend(SlurmProfile(job_root=str(tmp_path / "jobs"), **profile))
-    spec = build_spec(recipe_obj, plan, backend.paths(JOB_ID))
-    return backend.render(JOB_ID, spec)
+    spec = build_spec(recipe_obj, plan, backend.paths(JOB_ID, recipe_obj.checkpoints))
+    return backend.render(JOB_ID, spec).files
 
 
 def sbatch_lines(script: str) -> list[str]:
@@ -377,9 +377,9 @@ def test_rejected_submission_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm.Shell, "run", run)
     recipe = load_recipe(write_recipe(tmp_path, CPU2))
     backend = SlurmBackend(SlurmProfile(job_root=str(tmp_path / "jobs")))
-    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths(JOB_ID))
+    prepared = api.prepare_for(recipe, backend, JOB_ID)
     with pytest.raises(RlctlError, match="invalid partition specified: nosuch"):
-        backend.submit(make_job(tmp_path), spec, {})
+        backend.submit(make_job(tmp_path), prepared, {})
 
 
 def test_secrets_reach_the_remote_shell_through_stdin():
@@ -507,8 +507,9 @@ def test_submit_and_logs_over_ssh(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     recipe = load_recipe(write_recipe(tmp_path, CPU2))
     backend = SlurmBackend(SlurmProfile(job_root=str(tmp_path / "jobs")), ssh="me@login")
-    spec = build_spec(recipe, api.plan_recipe(recipe), backend.paths(JOB_ID))
-    got = backend.submit(make_job(tmp_path), spec, {"HF_TOKEN": NASTY})
+    got = backend.submit(
+        make_job(tmp_path), api.prepare_for(recipe, backend, JOB_ID), {"HF_TOKEN": NASTY}
+    )
     root = tmp_path / "jobs" / JOB_ID
     assert got == {
         "slurm_job_id": "77",

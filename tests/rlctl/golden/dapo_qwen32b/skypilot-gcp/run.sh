@@ -323,7 +323,7 @@ actor_rollout_ref:
     placement: colocate
     separate_nnodes: 0
     separate_n_gpus_per_node: 0
-    n: 16
+    'n': 16
     temperature: 1.0
     top_p: 1.0
     top_k: -1
@@ -343,7 +343,7 @@ actor_rollout_ref:
     update_weights_bucket_megabytes: 512
     lora_as_adapter: false
     val_kwargs:
-      n: 1
+      'n': 1
       temperature: 0.0
       top_p: 1.0
       top_k: -1
