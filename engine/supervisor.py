@@ -26,6 +26,15 @@ scheduler, budget permitting, unless ``--stop-marker``
 exists (the user's stop): the supervisor records it as a requeue and creates the marker,
 and the batch script requeues the job. A job the scheduler requeued by itself (a node
 failed) is counted too: ``SLURM_RESTART_COUNT`` above the requeues on record.
+
+With ``--hand-back CODE`` (SkyPilot's managed jobs) the supervisor never restarts the
+engine itself: an ending worth retrying, budget permitting, ends it with CODE, which the
+task lists in ``recover_on_exit_codes``, and SkyPilot starts the whole job again (Ray on
+every node too: a node whose Ray died comes back). Any other ending leaves with a code
+SkyPilot does not retry (``max_restarts_on_errors: 0``): a configuration error fails at
+once. The record then lives beside the checkpoints, in the bucket, so that the count
+outlives the cluster; an attempt found running at the start ended with its cluster (a
+preemption: SkyPilot recovers those without counting, and so does the record).
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ EXIT_LIMIT = 1  # a requeued job already past its restarts: not started again
 RESTART = "restart"  # started again here, by the supervisor
 REQUEUE = "requeue"  # left to the scheduler, which starts the job again
 STOP = "stop"  # the job ends with the attempt's exit code
+RECOVERED = "recovered"  # its cluster went; SkyPilot recovered the job (not counted)
 RESTARTED = (RESTART, REQUEUE)
 
 
@@ -74,7 +84,7 @@ class Attempt:
     exit_code: int | None = None
     reason: str | None = None  # engine.exits.REASONS
     message: str = ""
-    next: str | None = None  # RESTART, REQUEUE, STOP; None while it runs
+    next: str | None = None  # RESTART, REQUEUE, RECOVERED, STOP; None while it runs
     why: str = ""
 
     @property
@@ -160,6 +170,7 @@ class Supervisor:
         requeue_marker: Path | None = None,
         stop_marker: Path | None = None,
         scheduler_restarts: int = 0,
+        hand_back: int | None = None,
         out: Any = None,
     ) -> None:
         self.command = list(command)
@@ -167,10 +178,14 @@ class Supervisor:
         self.exit_record = record.with_name(EXIT_RECORD_FILE)
         self.delay_s = delay_s
         self.requeue_marker, self.stop_marker = requeue_marker, stop_marker
+        self.hand_back = hand_back
         self.out = out  # where its lines go; None: sys.stderr at the time
         previous = read_restarts(record)
         self.restarts = Restarts(max_restarts, previous.attempts if previous else [])
-        self._count_scheduler_restarts(scheduler_restarts)
+        if hand_back is None:
+            self._count_scheduler_restarts(scheduler_restarts)
+        else:
+            self._note_recovery()
         self.child: subprocess.Popen | None = None
         self.stopped = False  # a stop from outside: no restart after it
         self.terminate = False  # ... by SIGTERM, which the engine gets too
@@ -195,6 +210,15 @@ class Supervisor:
                     why="its allocation ended before the engine started",
                 )
             )
+
+    def _note_recovery(self) -> None:
+        """SkyPilot started the job again while an attempt was running: its cluster
+        went (a preemption), which SkyPilot recovers without counting; so does this."""
+        attempts = self.restarts.attempts
+        if attempts and attempts[-1].running:
+            last = attempts[-1]
+            last.next, last.why = RECOVERED, "its cluster went; SkyPilot recovered the job"
+            last.message = "preempted, or a node failed"
 
     def say(self, line: str) -> None:
         print(f"supervisor: {line}", file=self.out or sys.stderr, flush=True)
@@ -225,6 +249,8 @@ class Supervisor:
             attempt = Attempt(len(r.attempts) + 1, time.time())
             r.attempts.append(attempt)
             code = self.attempt(attempt)
+            if self.hand_back is not None:
+                return self.handed_back(attempt, code)
             if attempt.next == REQUEUE and self.requeue_marker is not None:
                 self.requeue_marker.touch()
             if attempt.next != RESTART:
@@ -235,6 +261,17 @@ class Supervisor:
                 self.save()
                 self.say(attempt.why)
                 return code
+
+    def handed_back(self, attempt: Attempt, code: int) -> int:
+        """``--hand-back``: a restart is SkyPilot's to make (exit ``hand_back``); any
+        other ending must not exit with that code, or SkyPilot would start it again."""
+        if attempt.next in RESTARTED:
+            attempt.next = REQUEUE
+            attempt.why = attempt.why.split(":")[0] + ": SkyPilot starts the job again"
+            self.save()
+            self.say(attempt.why)
+            return self.hand_back
+        return EXIT_LIMIT if code == self.hand_back else code
 
     def pause(self, seconds: float) -> None:
         """Between attempts; a stop from outside ends it (short sleeps: nothing a signal
@@ -261,7 +298,7 @@ class Supervisor:
             self.restarts.used,
             self.restarts.max_restarts,
             self.stopped,
-            requeue=self.requeue_marker is not None,
+            requeue=self.requeue_marker is not None or self.hand_back is not None,
             user_stop=self.stop_marker is not None and self.stop_marker.exists(),
         )
         attempt.ended_at, attempt.exit_code = time.time(), code
@@ -281,6 +318,7 @@ def supervisor_args(
     requeue_marker: str | None = None,
     stop_marker: str | None = None,
     module: str = "engine.main",
+    hand_back: int | None = None,
 ) -> list[str]:
     """The arguments of ``python -m engine.supervisor`` (what a job script runs after its
     Python) for the engine's ``engine_args`` (``module``: engine.main, or engine.sft)."""
@@ -291,6 +329,8 @@ def supervisor_args(
         args += ["--requeue-marker", requeue_marker]
     if stop_marker is not None:
         args += ["--stop-marker", stop_marker]
+    if hand_back is not None:
+        args += ["--hand-back", str(hand_back)]
     return [*args, "--", *engine_args]
 
 
@@ -308,6 +348,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--delay-s", type=float, default=DELAY_S, metavar="S")
     parser.add_argument("--requeue-marker", type=Path, metavar="FILE")
     parser.add_argument("--stop-marker", type=Path, metavar="FILE")
+    parser.add_argument(
+        "--hand-back", type=int, metavar="CODE", help="exit CODE in place of each restart"
+    )
     parser.add_argument("engine_args", nargs="*", metavar="ARG")
     return parser
 
@@ -325,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         requeue_marker=args.requeue_marker,
         stop_marker=args.stop_marker,
         scheduler_restarts=int(count) if count.isdigit() else 0,
+        hand_back=args.hand_back,
     ).run()
 
 

@@ -137,20 +137,26 @@ class JobSpec:
         return ("python", "-m", self.engine_module, *self.engine_args)
 
     def supervised_command(
-        self, requeue_marker: str | None = None, stop_marker: str | None = None
+        self,
+        requeue_marker: str | None = None,
+        stop_marker: str | None = None,
+        record: str | None = None,
+        hand_back: int | None = None,
     ) -> tuple[str, ...]:
         """The engine under its supervisor (``engine.supervisor``), which starts it again
         after a failure worth retrying, at most ``max_restarts`` times, and records each
-        attempt in ``paths.restarts``; the markers as the Slurm job script passes them."""
+        attempt in ``record`` (default ``paths.restarts``); the markers as the Slurm job
+        script passes them, ``hand_back`` as SkyPilot's run section does."""
         from engine.schema import supervisor_args
 
         args = supervisor_args(
             self.max_restarts,
-            self.paths.restarts,
+            record or self.paths.restarts,
             self.engine_args,
             requeue_marker=requeue_marker,
             stop_marker=stop_marker,
             module=self.engine_module,
+            hand_back=hand_back,
         )
         return ("python", *args)
 

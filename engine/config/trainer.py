@@ -99,8 +99,8 @@ class TrainerConfig:
         " stopped for a reason worth retrying: preempted (75), hung (76), a worker's"
         " process or node died; never after a configuration error (2), the NaN stop or an"
         " error that would recur. The job's supervisor restarts it (engine.supervisor:"
-        " local, and Slurm within its allocation or by requeue), SkyPilot's managed jobs"
-        " through max_restarts_on_errors. 0: never.",
+        " local, and Slurm within its allocation or by requeue; on SkyPilot's managed"
+        " jobs it exits 75 and SkyPilot starts the job again). 0: never.",
     )
     export_hf_dir: str | None = setting(
         None,

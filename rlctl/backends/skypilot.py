@@ -18,8 +18,8 @@ which cloud offers which accelerator); SkyPilot provisions, runs and recovers it
     prelude run first in setup and run (e.g. a Slurm cluster without Pyxis)
 
 Two modes: a managed job (the default; ``sky.jobs.launch``, recovered after a
-preemption and restarted up to ``max_restarts_on_errors`` times after a failure: the
-engine config's ``trainer.max_restarts``), or a
+preemption, and started again when the engine's supervisor hands a restart back with exit
+75, at most ``trainer.max_restarts`` times; nothing else is retried), or a
 cluster (``cluster=NAME``: ``sky.launch``, with autostop or down). The SDK is imported
 lazily: ``rlctl plan`` renders and validates without it.
 """
@@ -64,6 +64,7 @@ RECOVERY_STRATEGIES = ("FAILOVER", "EAGER_NEXT_REGION")
 _HEREDOC = "RLCTL_ENGINE_YAML_END"
 PREFLIGHT_PORT = 29511  # rank 0's, for the pre-flight's all-reduce over the nodes
 RAY_TOKEN = "RAY_AUTH_TOKEN"  # Ray's token authentication (templates/ray/ray_cluster.sh)
+EXIT_HANDED_BACK = 75  # the engine's EXIT_PREEMPTED: the supervisor's "start the job again"
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,21 @@ class SkyPilotRendered(Rendered):
 
 
 # ---------------------------------------------------------------------------------
+
+
+def restart_command(spec: JobSpec, managed: bool) -> tuple[str, ...]:
+    """The engine under its supervisor. In a managed job it hands each restart to
+    SkyPilot (exit 75: the job starts again on every node, Ray included), and its record
+    of the attempts sits beside the checkpoints, in the bucket when they are there, so
+    that the count outlives a cluster (without a bucket it is on the head node's disk,
+    and a recovery onto a new cluster starts it anew). On a cluster of one's own
+    (``--cluster``: nothing recovers the job) it restarts the engine in place."""
+    if not managed:
+        return spec.supervised_command()
+    record = spec.paths.restarts
+    if spec.paths.mount and spec.paths.checkpoints:
+        record = f"{spec.paths.checkpoints}/{Path(record).name}"
+    return spec.supervised_command(record=record, hand_back=EXIT_HANDED_BACK)
 
 
 def _local_file(job_id: str, name: str) -> Path:
@@ -206,11 +222,12 @@ class SkyPilotBackend:
             choices = (
                 choices if len(choices) > 1 else [f"{acc.skypilot_name}:{lay.devices_per_node}"]
             )
-        # SkyPilot restarts a run that failed (any non-zero exit) this many times and
-        # recovers a preempted one without counting it; it cannot tell a configuration
-        # error from a crash (its recover_on_exit_codes would retry the listed codes
-        # without any limit), so every failure counts here.
-        recovery = JobRecovery(opts.recovery, spec.max_restarts)
+        # SkyPilot recovers a preempted run without counting it. A failure is the
+        # supervisor's to judge (``restart_command``): it exits 75 for a restart, which
+        # SkyPilot makes (recover_on_exit_codes, unlimited: the supervisor counts them
+        # against trainer.max_restarts), and any other code fails the job at once (a
+        # configuration error, a failed pre-flight: never retried).
+        recovery = JobRecovery(opts.recovery, 0, (EXIT_HANDED_BACK,))
         return SkyResources(
             infra=self.infra.value or None,
             accelerators=tuple(choices),
@@ -290,7 +307,9 @@ class SkyPilotBackend:
             engine_yaml=engine_yaml,
             heredoc=_HEREDOC,
             ray=f"{spec.paths.env}/bin/ray",
-            engine_command=spec.on_node(engine_command or spec.engine_command),
+            engine_command=spec.on_node(
+                engine_command or restart_command(spec, self.options.cluster is None)
+            ),
             preflight=spec.on_node(spec.preflight),
             preflight_port=PREFLIGHT_PORT,
         )

@@ -19,11 +19,13 @@ BUCKET_SCHEMES = ("s3", "gs", "r2")
 
 @dataclass(frozen=True)
 class JobRecovery:
-    """A managed job's: SkyPilot recovers a preempted run without counting it and
-    restarts a failed one (any non-zero exit) at most ``max_restarts_on_errors`` times."""
+    """A managed job's: SkyPilot recovers a preempted run without counting it, restarts
+    a failed one (any other non-zero exit) at most ``max_restarts_on_errors`` times, and
+    one that exited with a code in ``recover_on_exit_codes`` always."""
 
     strategy: str  # FAILOVER | EAGER_NEXT_REGION
     max_restarts_on_errors: int
+    recover_on_exit_codes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,13 @@ class SkyResources:
         if self.ports:
             out["ports"] = list(self.ports)
         if self.job_recovery is not None:
+            recovery = self.job_recovery
             out["job_recovery"] = {
-                "strategy": self.job_recovery.strategy,
-                "max_restarts_on_errors": self.job_recovery.max_restarts_on_errors,
+                "strategy": recovery.strategy,
+                "max_restarts_on_errors": recovery.max_restarts_on_errors,
             }
+            if recovery.recover_on_exit_codes:
+                out["job_recovery"]["recover_on_exit_codes"] = list(recovery.recover_on_exit_codes)
         return out
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from engine.exits import ExitRecord
 from engine.supervisor import (
+    EXIT_LIMIT,
+    RECOVERED,
     REQUEUE,
     RESTART,
     STOP,
@@ -156,7 +158,9 @@ def test_the_record_is_rewritten_whole_while_an_attempt_runs(tmp_path):
 def run_signalled(tmp_path: Path, plan: list, sig: int = signal.SIGTERM, **kwargs) -> int:
     """The supervisor as a process of its own, ``sig`` sent to it once its engine runs."""
     record = tmp_path / "restarts.json"
-    options = ", ".join(f"{k}=Path({str(v)!r})" for k, v in kwargs.items())
+    options = ", ".join(
+        f"{k}={v!r}" if isinstance(v, int) else f"{k}=Path({str(v)!r})" for k, v in kwargs.items()
+    )
     script = (
         f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
         "from pathlib import Path\n"
@@ -256,6 +260,63 @@ def test_a_requeued_job_within_its_limit_runs_on(tmp_path):
     restarts = read_restarts(record)
     assert code == 0 and restarts is not None
     assert summary(restarts) == [(75, "preempted", REQUEUE), (0, "finished", STOP)]
+
+
+# --hand-back 75 (SkyPilot's managed jobs: recover_on_exit_codes [75], no retries of its own)
+
+
+def test_hand_back_makes_each_restart_skypilots(tmp_path):
+    """A hang: not started again here; the supervisor exits 75 for SkyPilot to start the
+    job again, and the next start (a new supervisor, the same record) goes on counting."""
+    command = fake(tmp_path, (76, "hung"), (1, "worker_died"), (0, None))
+    code, restarts = supervise(tmp_path, command, 3, hand_back=75)
+    assert code == 75 and (tmp_path / "starts").read_text() == "1"
+    assert summary(restarts) == [(76, "hung", REQUEUE)]
+    assert restarts.attempts[0].why == "restart 1 of 3: SkyPilot starts the job again"
+    code, restarts = supervise(tmp_path, command, 3, hand_back=75)
+    assert code == 75 and restarts.used == 2
+    code, restarts = supervise(tmp_path, command, 3, hand_back=75)
+    assert code == 0
+    assert summary(restarts) == [
+        (76, "hung", REQUEUE),
+        (1, "worker_died", REQUEUE),
+        (0, "finished", STOP),
+    ]
+
+
+@pytest.mark.parametrize(("code", "reason"), [(2, "config"), (2, None), (1, "worker_error")])
+def test_hand_back_never_hands_back_what_would_fail_again(tmp_path, code, reason):
+    exit_code, restarts = supervise(tmp_path, fake(tmp_path, (code, reason)), 3, hand_back=75)
+    assert exit_code == code and summary(restarts)[0][2] == STOP
+
+
+def test_hand_back_past_the_limit_exits_with_a_code_skypilot_does_not_retry(tmp_path):
+    """A preemption with no restart left exits 75 from the engine: handed on as 75,
+    SkyPilot would recover it without end."""
+    command = fake(tmp_path, (75, "preempted"), (75, "preempted"))
+    assert supervise(tmp_path, command, 1, hand_back=75)[0] == 75
+    code, restarts = supervise(tmp_path, command, 1, hand_back=75)
+    assert code == EXIT_LIMIT
+    assert restarts.attempts[-1].why == "no restart left (trainer.max_restarts=1)"
+
+
+def test_hand_back_a_cluster_lost_mid_attempt_is_not_counted(tmp_path):
+    """The record (in the bucket) shows an attempt still running: its cluster went, and
+    SkyPilot recovered the job without counting it; so does the supervisor."""
+    record = tmp_path / "restarts.json"
+    record.write_text(json.dumps(Restarts(1, [Attempt(1, time.time())]).to_json()))
+    code, restarts = supervise(tmp_path, fake(tmp_path, (0, None)), 1, hand_back=75)
+    assert code == 0
+    assert [a.next for a in restarts.attempts] == [RECOVERED, STOP]
+    assert restarts.used == 0
+
+
+def test_hand_back_a_stop_that_reached_every_process_is_handed_back(tmp_path):
+    """SIGTERM to the supervisor and the engine alike (a node going down): saved, 75."""
+    code = run_signalled(tmp_path, [(0, None, 30.0)], hand_back=75)
+    assert code == 75
+    restarts = read_restarts(tmp_path / "restarts.json")
+    assert restarts is not None and summary(restarts) == [(75, "preempted", REQUEUE)]
 
 
 @pytest.mark.parametrize(

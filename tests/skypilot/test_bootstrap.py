@@ -243,3 +243,47 @@ def test_wrong_node_count_fails_before_ray(tmp_path):
     proc = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "the plan needs 2 x 1" in proc.stderr
+
+
+def test_a_worker_whose_ray_stopped_leaves_the_decision_to_the_head(tmp_path):
+    """A worker node's Ray stops while the head is up: the node waits for the head (whose
+    supervisor hands the restart to SkyPilot, exit 75) and leaves with 0, since a
+    non-zero exit of its own would fail the managed job before the head could say
+    anything. Ray is a stand-in here (its `ray start` returns at once): only the run
+    section's shell is under test."""
+    recipe = dataclasses.replace(load_recipe(find_recipe("quickstart")), preflight=False)
+    backend = SkyPilotBackend(SkyPilotOptions(remote_root=str(tmp_path)))
+    spec = build_spec(recipe, plan_recipe(recipe), backend.paths("job", recipe.checkpoints))
+    ray = Path(spec.paths.env) / "bin" / "ray"
+    ray.parent.mkdir(parents=True)
+    ray.write_text("#!/bin/sh\necho 'fake ray: stopped'\n")
+    ray.chmod(0o755)
+    head = socket.socket()  # the head's Ray port, as the worker polls it
+    head.bind(("127.0.0.1", 0))
+    head.listen(16)
+    layout = Layout(2, 1, None, False, 1)
+    run = backend._run("job", spec, layout, {}, ray_port=head.getsockname()[1])
+    env = {
+        **os.environ,
+        "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.2",
+        "SKYPILOT_NUM_NODES": "2",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        "RLCTL_NUM_CPUS": "1",
+        "RAY_AUTH_TOKEN": "t",
+    }
+    proc = subprocess.Popen(
+        ["bash", "-c", run], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=8)  # the head is still up: the worker waits for it
+        head.close()
+        assert proc.wait(timeout=30) == 0
+        out = proc.stdout.read() if proc.stdout else ""
+        assert "fake ray: stopped" in out
+        assert "this node's Ray stopped while the head is still up: the head decides" in out
+    finally:
+        head.close()
+        if proc.poll() is None:
+            proc.kill()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine.errors import EXIT_PREEMPTED
 from rlctl.api import bundled_recipes, plan_recipe, prepare_for
 from rlctl.backends.skypilot import (
     CHECKPOINT_MOUNT,
@@ -237,18 +238,45 @@ def test_checkpoint_bucket_is_mounted_and_the_engine_resumes_from_it(url, source
     assert CHECKPOINT_MOUNT in task.storage_mounts
 
 
-@pytest.mark.parametrize("restarts", [0, 5])
-def test_managed_job_restarts_are_the_engines_trainer_max_restarts(restarts):
-    """One key for every backend: SkyPilot's max_restarts_on_errors is the engine
-    config's trainer.max_restarts, and SkyPilot's own parser reads it so."""
+@pytest.mark.parametrize(("restarts", "bucket"), [(0, False), (5, True)])
+def test_managed_job_restarts_are_the_supervisors_and_skypilot_retries_nothing_else(
+    restarts, bucket
+):
+    """One key for every backend, trainer.max_restarts, counted by the engine's
+    supervisor, which exits 75 for each restart: SkyPilot recovers exit 75 and retries
+    no other failure (a configuration error, a failed pre-flight), as its own parser
+    reads the task. The record of the restarts sits beside the checkpoints: in the
+    bucket when they are there, so that the count outlives the cluster."""
     base = RECIPES["grpo-qwen05b-gsm8k"]
-    recipe = dataclasses.replace(base, engine={**base.engine, "trainer.max_restarts": restarts})
+    recipe = dataclasses.replace(
+        base,
+        engine={**base.engine, "trainer.max_restarts": restarts},
+        checkpoints="s3://ckpt/runs/a" if bucket else None,
+    )
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
     config = backend.build_task("job-1", _spec(recipe, backend)).to_yaml_config()
-    recovery = {"strategy": "FAILOVER", "max_restarts_on_errors": restarts}
+    recovery = {
+        "strategy": "FAILOVER",
+        "max_restarts_on_errors": 0,
+        "recover_on_exit_codes": [EXIT_PREEMPTED],
+    }
     assert config["resources"]["job_recovery"] == recovery
+    supervisor = next(line for line in config["run"].splitlines() if "engine.supervisor" in line)
+    assert f"--max-restarts {restarts} " in supervisor and "--hand-back 75 " in supervisor
+    record = (
+        f"{CHECKPOINT_MOUNT}/runs/a/restarts.json" if bucket else "/tmp/rlctl/job-1/restarts.json"
+    )
+    assert f"--record {record} " in supervisor
     task = sky.Task.from_yaml_config(config, secrets_overrides=[(RAY_TOKEN, "t")])
     assert all(r.job_recovery == recovery for r in task.resources)
+
+
+def test_a_cluster_of_ones_own_restarts_the_engine_in_place():
+    """``--cluster``: nothing recovers the job, so the supervisor restarts it itself."""
+    backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp", cluster="mine"))
+    config = backend.build_task("j", _spec(RECIPES["grpo-qwen05b-gsm8k"], backend)).to_yaml_config()
+    supervisor = next(line for line in config["run"].splitlines() if "engine.supervisor" in line)
+    assert "--hand-back" not in supervisor and "--max-restarts" in supervisor
 
 
 def test_bucket_scheme_skypilot_cannot_mount_is_refused():

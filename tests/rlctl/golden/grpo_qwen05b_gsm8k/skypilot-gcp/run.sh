@@ -193,8 +193,8 @@ if [ "$num_nodes" != 1 ] || { [ -n "$resource" ] && [ "$devices" != 1 ]; }; then
   exit 2
 fi
 # pre-flight (rlctl/preflight.py): this node's checks, and an all-reduce over the nodes,
-# before Ray starts; a failure ends the job with exit 2 (SkyPilot counts it against
-# max_restarts_on_errors: it cannot tell a configuration error from a crash)
+# before Ray starts; a failure ends the job with exit 2, which a managed job never
+# retries (max_restarts_on_errors: 0; only the supervisor's 75 is recovered)
 network=()
 [ "$num_nodes" -gt 1 ] && network=(--rendezvous="$head_ip:29511")
 if ! /tmp/rlctl/golden/env/bin/python -m engine.doctor --devices=cuda:1 --rollout=vllm --disk=/tmp/rlctl/golden/run:11.04 --model=Qwen/Qwen2.5-0.5B-Instruct --node="$(hostname)" --rank="$rank" --world="$num_nodes" "${network[@]}"; then
@@ -571,7 +571,7 @@ ray_kwargs:
 model_engine: null
 RLCTL_ENGINE_YAML_END
   code=0
-  /tmp/rlctl/golden/env/bin/python -m engine.main --config /tmp/rlctl/golden/engine.yaml || code=$?
+  /tmp/rlctl/golden/env/bin/python -m engine.supervisor --max-restarts 3 --record /tmp/rlctl/golden/restarts.json --hand-back 75 -- --config /tmp/rlctl/golden/engine.yaml || code=$?
   echo "rlctl: the engine exited with code $code"
   rlctl_ray_stop  # the workers see the head go and stop theirs
   exit "$code"
@@ -591,7 +591,13 @@ while kill -0 "$RLCTL_RAY_PID" 2>/dev/null && _rlctl_port_open "$head_ip" "$port
   sleep 5
 done
 if _rlctl_port_open "$head_ip" "$port"; then
-  echo "rlctl: this node's Ray stopped while the head is still up" >&2
-  exit 1
+  # The head decides for the job: its engine sees this node gone (or its watchdog
+  # the hang), and the supervisor hands the restart to SkyPilot, which starts Ray again
+  # on every node. A non-zero exit here would fail the managed job first.
+  echo "rlctl: this node's Ray stopped while the head is still up: the head decides" >&2
+  while _rlctl_port_open "$head_ip" "$port"; do
+    sleep 5
+  done
+  exit 0
 fi
 echo "rlctl: the head at $head_ip:$port is gone: stopping this node's Ray"
