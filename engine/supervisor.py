@@ -33,8 +33,9 @@ task lists in ``recover_on_exit_codes``, and SkyPilot starts the whole job again
 every node too: a node whose Ray died comes back). Any other ending leaves with a code
 SkyPilot does not retry (``max_restarts_on_errors: 0``): a configuration error fails at
 once. The record then lives beside the checkpoints, in the bucket, so that the count
-outlives the cluster; an attempt found running at the start ended with its cluster (a
-preemption: SkyPilot recovers those without counting, and so does the record).
+outlives the cluster. A stop from outside (SIGTERM: the cluster going away) and an
+attempt found running at the start (it ended with its cluster) are preemptions, which
+SkyPilot recovers without counting, and so does the record.
 """
 
 from __future__ import annotations
@@ -265,6 +266,12 @@ class Supervisor:
     def handed_back(self, attempt: Attempt, code: int) -> int:
         """``--hand-back``: a restart is SkyPilot's to make (exit ``hand_back``); any
         other ending must not exit with that code, or SkyPilot would start it again."""
+        if self.stopped and attempt.reason in ("preempted", "worker_died"):
+            # SIGTERM from outside: the cluster going away (SkyPilot recovers that
+            # without counting it) or the user's cancel (nothing is recovered)
+            attempt.next, attempt.why = RECOVERED, "stopped from outside: a preemption"
+            self.save()
+            return self.hand_back
         if attempt.next in RESTARTED:
             attempt.next = REQUEUE
             attempt.why = attempt.why.split(":")[0] + ": SkyPilot starts the job again"

@@ -311,12 +311,14 @@ def test_hand_back_a_cluster_lost_mid_attempt_is_not_counted(tmp_path):
     assert restarts.used == 0
 
 
-def test_hand_back_a_stop_that_reached_every_process_is_handed_back(tmp_path):
-    """SIGTERM to the supervisor and the engine alike (a node going down): saved, 75."""
+def test_hand_back_a_stop_from_outside_is_a_preemption_not_counted(tmp_path):
+    """SIGTERM to the supervisor and the engine alike (the allocation going away): saved,
+    75 for SkyPilot, and no restart spent (SkyPilot does not count a preemption)."""
     code = run_signalled(tmp_path, [(0, None, 30.0)], hand_back=75)
     assert code == 75
     restarts = read_restarts(tmp_path / "restarts.json")
-    assert restarts is not None and summary(restarts) == [(75, "preempted", REQUEUE)]
+    assert restarts is not None and summary(restarts) == [(75, "preempted", RECOVERED)]
+    assert restarts.used == 0
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -114,18 +115,22 @@ def by_step(metrics: Path) -> dict[int, dict]:
     return records
 
 
-def cancel_allocation_when(bucket, key: str, job_id: str, timeout: float = 900) -> str:
-    """Wait for ``key`` in the bucket, then cancel the Slurm allocation of the job's
-    cluster (its Slurm job is named after the cluster, which SkyPilot names after the
-    job); returns what squeue showed."""
+def wait_for_key(bucket, key: str, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
             bucket.head_object(Bucket="ckpt", Key=key)
-            break
+            return
         except bucket.exceptions.ClientError:
             assert time.monotonic() < deadline, f"{key} never appeared in the bucket"
             time.sleep(0.5)
+
+
+def cancel_allocation_when(bucket, key: str, job_id: str, timeout: float = 900) -> str:
+    """Wait for ``key`` in the bucket, then cancel the Slurm allocation of the job's
+    cluster (its Slurm job is named after the cluster, which SkyPilot names after the
+    job); returns what squeue showed."""
+    wait_for_key(bucket, key, timeout)
     jobs = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True,
                           env=SLURM_ENV).stdout  # fmt: skip
     ours = [line.split()[0] for line in jobs.splitlines() if line.split()[1].startswith(job_id)]
@@ -134,74 +139,134 @@ def cancel_allocation_when(bucket, key: str, job_id: str, timeout: float = 900) 
     return jobs
 
 
-def test_a_cancelled_allocation_is_recovered_and_resumes_from_the_bucket(
-    sky_env, bucket, uv_seeded, tmp_path, wait_state, follow_logs
-):
+@pytest.fixture
+def managed(sky_env, bucket, uv_seeded, tmp_path):
+    """``launch(name, **engine_keys) -> (job_id, rlctl)``: the quickstart as a managed job
+    on the local Slurm, checkpoints in the bucket under runs/NAME; every job launched is
+    stopped and its node directory removed after the test."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "skypilot.yaml").write_text(
         json.dumps({INFRA: {"image": "none",
                             "prelude": [f"export PATH={Path(sys.executable).parent}:$PATH"]}})
     )  # fmt: skip
-    recipe = tmp_path / "recover.yaml"
-    recipe.write_text(
-        f"extends: {REPO / 'recipes' / 'quickstart.yaml'}\n"
-        "name: sky-recover\n"
-        f"secrets: [{', '.join(KEYS)}]\n"
-        f"env: {{AWS_ENDPOINT_URL: '{bucket.endpoint}', AWS_DEFAULT_REGION: us-east-1}}\n"
-        "engine:\n"
-        f"  trainer.total_training_steps: {STEPS}\n"
-        "  trainer.save_freq: 2\n"
-        "  trainer.test_freq: -1\n"
-        "  trainer.val_before_train: false\n"
-        "  trainer.default_local_dir: s3://ckpt/runs/recover\n"
-    )
     env = {**sky_env, "RLCTL_HOME": str(home), **KEYS}
+    launched: list[str] = []
 
     def rlctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True,
                               text=True, timeout=timeout, env=env, cwd=tmp_path)  # fmt: skip
 
-    started = time.monotonic()
-    out = rlctl("launch", str(recipe), "--cloud", INFRA, timeout=900)  # managed: the default
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    job_id = out.stdout.split("launched ", 1)[1].split()[0]
-    node_dir = Path("/tmp/rlctl") / job_id
-    try:
-        # `rlctl logs -f` from the start: it follows the job across its recovery (once a
-        # managed job has ended, SkyPilot 0.14 answers only that it has)
-        with follow_logs(job_id, env, tmp_path) as follow:
-            squeue = cancel_allocation_when(
-                bucket, f"runs/recover/global_step_{CUT_AT}/COMPLETE", job_id
-            )
-            cut = time.monotonic() - started
-            done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=900,
-                              poll_s=5)  # fmt: skip
-            logs, _ = follow.communicate(timeout=300)
-        assert done["state"] == "SUCCEEDED", (done, logs[-4000:])
-        print(f"\nmanaged job {job_id}: allocation cancelled after {cut:.0f} s ({squeue.strip()}),"
-              f" SUCCEEDED after {time.monotonic() - started:.0f} s")  # fmt: skip
-        print("\n".join(line for line in logs.splitlines() if "step " in line or "rlctl:" in line
-                        or "resumed" in line))  # fmt: skip
-        assert done["reason"] == "recovered 1 time"  # SkyPilot's count, in rlctl status
-        assert f"resumed from s3://ckpt/runs/recover/global_step_{CUT_AT} at step {CUT_AT}" in logs
-        assert f"step {STEPS}/{STEPS} | score" in logs
+    def launch(name: str, **engine: object) -> tuple[str, object]:
+        keys = {
+            "trainer.total_training_steps": STEPS,
+            "trainer.save_freq": 2,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": "false",
+            "trainer.default_local_dir": f"s3://ckpt/runs/{name}",
+            **engine,
+        }
+        recipe = tmp_path / f"{name}.yaml"
+        recipe.write_text(
+            f"extends: {REPO / 'recipes' / 'quickstart.yaml'}\n"
+            f"name: sky-{name}\n"
+            f"secrets: [{', '.join(KEYS)}]\n"
+            f"env: {{AWS_ENDPOINT_URL: '{bucket.endpoint}', AWS_DEFAULT_REGION: us-east-1}}\n"
+            "engine:\n" + "".join(f"  {k}: {v}\n" for k, v in keys.items())
+        )
+        out = rlctl("launch", str(recipe), "--cloud", INFRA, timeout=900)  # managed: default
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        job_id = out.stdout.split("launched ", 1)[1].split()[0]
+        launched.append(job_id)
+        return job_id, rlctl
 
-        # The same engine config straight through, with the job's own Python, here.
-        straight = subprocess.run(
-            [str(node_dir / "env" / "bin" / "python"), "-m", "engine.main",
-             "--config", str(node_dir / "engine.yaml"),
-             f"trainer.default_local_dir={tmp_path / 'straight'}"],
-            capture_output=True, text=True, cwd=node_dir, timeout=900,
-            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
-        )  # fmt: skip
-        assert straight.returncode == 0, straight.stderr[-3000:]
-        expected = by_step(next((tmp_path / "straight").rglob("metrics.jsonl")))
-        # both attempts logged here (one host): steps 1-4 from the first, 5-8 the second
-        got = by_step(next((node_dir / "runs").rglob("metrics.jsonl")))
-        assert sorted(expected) == sorted(got) == list(range(1, STEPS + 1))
-        for step in expected:
-            assert got[step] == expected[step], f"step {step} differs from the straight run"
-    finally:
+    launch.env = env  # type: ignore[attr-defined]
+    yield launch
+    for job_id in launched:
         rlctl("stop", job_id, timeout=300)
-        shutil.rmtree(node_dir, ignore_errors=True)
+        shutil.rmtree(Path("/tmp/rlctl") / job_id, ignore_errors=True)
+
+
+def test_a_cancelled_allocation_is_recovered_and_resumes_from_the_bucket(
+    managed, bucket, tmp_path, wait_state, follow_logs
+):
+    started = time.monotonic()
+    job_id, rlctl = managed("recover")
+    node_dir = Path("/tmp/rlctl") / job_id
+    # `rlctl logs -f` from the start: it follows the job across its recovery (once a
+    # managed job has ended, SkyPilot 0.14 answers only that it has)
+    with follow_logs(job_id, managed.env, tmp_path) as follow:
+        squeue = cancel_allocation_when(
+            bucket, f"runs/recover/global_step_{CUT_AT}/COMPLETE", job_id
+        )
+        cut = time.monotonic() - started
+        done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=900,
+                          poll_s=5)  # fmt: skip
+        logs, _ = follow.communicate(timeout=300)
+    assert done["state"] == "SUCCEEDED", (done, logs[-4000:])
+    print(f"\nmanaged job {job_id}: allocation cancelled after {cut:.0f} s ({squeue.strip()}),"
+          f" SUCCEEDED after {time.monotonic() - started:.0f} s")  # fmt: skip
+    print("\n".join(line for line in logs.splitlines() if "step " in line or "rlctl:" in line
+                    or "resumed" in line or "supervisor" in line))  # fmt: skip
+    assert done["reason"] == "recovered 1 time"  # SkyPilot's count, in rlctl status
+    assert f"resumed from s3://ckpt/runs/recover/global_step_{CUT_AT} at step {CUT_AT}" in logs
+    assert f"step {STEPS}/{STEPS} | score" in logs
+    # The supervisor's record: the attempt its allocation took with it is not counted
+    # (a preemption, as SkyPilot counts it), the second finished.
+    record = json.loads((node_dir / "restarts.json").read_text())
+    assert [a["next"] for a in record["attempts"]] == ["recovered", "stop"], record
+
+    # The same engine config straight through, with the job's own Python, here.
+    straight = subprocess.run(
+        [str(node_dir / "env" / "bin" / "python"), "-m", "engine.main",
+         "--config", str(node_dir / "engine.yaml"),
+         f"trainer.default_local_dir={tmp_path / 'straight'}"],
+        capture_output=True, text=True, cwd=node_dir, timeout=900,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    expected = by_step(next((tmp_path / "straight").rglob("metrics.jsonl")))
+    # both attempts logged here (one host): steps 1-4 from the first, 5-8 the second
+    got = by_step(next((node_dir / "runs").rglob("metrics.jsonl")))
+    assert sorted(expected) == sorted(got) == list(range(1, STEPS + 1))
+    for step in expected:
+        assert got[step] == expected[step], f"step {step} differs from the straight run"
+
+
+def test_a_dead_worker_is_handed_back_to_skypilot_and_the_job_resumes(
+    managed, bucket, tmp_path, wait_state, follow_logs
+):
+    """A worker process killed mid-run (as the OOM killer would) with the allocation up:
+    the engine stops with the dead rank, the supervisor hands the restart to SkyPilot
+    (exit 75), which starts the job again on its cluster; the engine resumes from the
+    bucket, and the supervisor's record counts the restart."""
+    job_id, rlctl = managed("handback")
+    node_dir = Path("/tmp/rlctl") / job_id
+    with follow_logs(job_id, managed.env, tmp_path) as follow:
+        wait_for_key(bucket, "runs/handback/global_step_2/COMPLETE")
+        workers = json.loads(next(node_dir.rglob("workers.json")).read_text())
+        os.kill(workers[1]["pid"], signal.SIGKILL)
+        done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=900,
+                          poll_s=5)  # fmt: skip
+        logs, _ = follow.communicate(timeout=300)
+    print("\n".join(line for line in logs.splitlines() if "step " in line or "rlctl:" in line
+                    or "resumed" in line or "supervisor" in line))  # fmt: skip
+    assert done["state"] == "SUCCEEDED", (done, logs[-4000:])
+    assert done["reason"] == "recovered 1 time"
+    assert "restart 1 of 3: SkyPilot starts the job again" in logs
+    assert "resumed from s3://ckpt/runs/handback/global_step_" in logs
+    record = json.loads((node_dir / "restarts.json").read_text())
+    attempts = [(a["reason"], a["next"]) for a in record["attempts"]]
+    assert attempts == [("worker_died", "requeue"), ("finished", "stop")], record
+
+
+def test_a_failed_preflight_is_never_retried(managed, tmp_path, wait_state):
+    """The pre-flight on the nodes finds the checkpoint bucket missing (exit 2): the
+    managed job fails at once, not recovered."""
+    job_id, rlctl = managed("nobucket", **{"trainer.default_local_dir": "s3://absent/x"})
+    done = wait_state(rlctl, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=900,
+                      poll_s=5)  # fmt: skip
+    logs = rlctl("logs", job_id).stdout
+    print(done, logs[-2000:])
+    assert done["state"] == "FAILED", done
+    assert "recovered" not in done["reason"], done
