@@ -232,6 +232,13 @@ def logs(ref: str, follow: bool = False, store: JobStore | None = None) -> Itera
     yield from get_backend(job.backend).logs(job, follow)
 
 
+def memory_lines(ref: str, store: JobStore | None = None) -> list[str]:
+    """Each role's peak memory against the plan and the limit, as ``rlctl status`` shows
+    it (rlctl/memory_report.py); [] when the run logged none or its files are elsewhere."""
+    memory = read_progress((store or JobStore()).get(ref)).memory
+    return memory.lines() if memory else []
+
+
 def stop(ref: str, grace_s: float = 60.0, store: JobStore | None = None) -> Job:
     """Graceful first (the engine saves and exits), forceful after ``grace_s``."""
     store = store or JobStore()

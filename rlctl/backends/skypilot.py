@@ -456,23 +456,27 @@ class SkyPilotBackend:
         return the stream as it comes (chunks of text; None once it is complete)."""
         sky = import_sky()
         handle = job.handle
-        if handle["mode"] == "managed":
-            chunks = sky.jobs.tail_logs(
-                job_id=handle["job_id"], follow=follow, preload_content=False
+        if handle["mode"] != "managed":
+            yield from _lines(
+                sky.tail_logs(handle["cluster"], handle["job_id"], follow, preload_content=False)
             )
-        else:
-            chunks = sky.tail_logs(
-                handle["cluster"], handle["job_id"], follow, preload_content=False
+            return
+        ended = False
+        for line in _lines(
+            sky.jobs.tail_logs(job_id=handle["job_id"], follow=follow, preload_content=False)
+        ):
+            ended = ended or ENDED_MANAGED_JOB in line
+            yield line
+        if ended:
+            # SkyPilot 0.14 keeps a managed job's own output only while its cluster is
+            # up; the jobs controller's log stays: the recoveries, the exit codes, and
+            # a failed run's output, which the controller copies before it cleans up.
+            yield "rlctl: the job's own output went with its cluster; the jobs controller's log:"
+            yield from _lines(
+                sky.jobs.tail_logs(
+                    job_id=handle["job_id"], follow=False, controller=True, preload_content=False
+                )
             )
-        pending = ""
-        for chunk in chunks:
-            if chunk is None:  # the log is complete
-                break
-            pending += chunk
-            *done, pending = pending.split("\n")
-            yield from done
-        if pending:
-            yield pending
 
     def stop(self, job: Job, grace_s: float) -> None:
         sky = import_sky()
@@ -483,6 +487,22 @@ class SkyPilotBackend:
         sky.get(sky.cancel(handle["cluster"], job_ids=[handle["job_id"]]))
         if handle.get("down"):
             sky.get(sky.down(handle["cluster"]))
+
+
+ENDED_MANAGED_JOB = "is already in terminal state"  # SkyPilot's words for an ended job
+
+
+def _lines(chunks: Iterator[str | None]) -> Iterator[str]:
+    """The SDK's stream (chunks of text; None once it is complete), line by line."""
+    pending = ""
+    for chunk in chunks:
+        if chunk is None:
+            break
+        pending += chunk
+        *done, pending = pending.split("\n")
+        yield from done
+    if pending:
+        yield pending
 
 
 # ---------------------------------------------------------------------------------

@@ -64,7 +64,8 @@ def logs(
     job: options.JobRef,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
 ) -> None:
-    """Print a job's output.
+    """Print a job's output, then each role's peak memory against the plan (when its
+    run logged them and this machine can read its files).
 
     Example: `rlctl logs quickstart-k3x9 -f`
     """
@@ -72,6 +73,11 @@ def logs(
 
     for line in api.logs(job, follow=follow):
         typer.echo(line)
+    memory = api.memory_lines(job)
+    if memory:
+        typer.echo("")
+        for line in memory:
+            typer.echo(line)
 
 
 def stop(

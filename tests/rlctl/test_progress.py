@@ -359,3 +359,21 @@ def test_no_memory_lines_without_memory_metrics(tmp_path):
     p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path, plan=H100_PLAN))
     assert p.memory is None and p.to_json()["memory"] is None
     assert not any(line.startswith("memory:") for line in format_progress(p))
+
+
+def test_logs_end_with_the_peak_memory_against_the_plan(tmp_path):
+    """``rlctl logs JOB``: the run's output, then the same memory lines as status."""
+    root = tmp_path / "jobs" / "q"
+    records = [{"step": 1, "memory/peak_gib/actor.update": 36.0, "memory/limit_gib": 79.1}]
+    write_run(root, records, total=2, log="step 1/2 | score 0.5\n")
+    job = local_job(JobStore(tmp_path / "jobs.db"), root, running=False, plan=H100_PLAN)
+    shown = run_cli(["logs", job.id], tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [
+        "step 1/2 | score 0.5",
+        "",
+        "memory:   peak against the plan, of 79.1 GiB (a device's memory)",
+        "  actor      36.00 GiB (actor.update)  plan 33.69 GiB  ABOVE THE PLAN (+2.31 GiB)",
+    ]
+    write_run(root, [{"step": 1}], total=2, log="step 1/2 | score 0.5\n")  # none logged
+    assert run_cli(["logs", job.id], tmp_path).stdout.splitlines() == ["step 1/2 | score 0.5"]

@@ -330,6 +330,9 @@ def test_ray_port_is_not_skypilots():
 # ---- the SDK calls, against a stand-in ``sky`` ---------------------------------
 
 
+STREAM = ["line 1\nline", " 2\n", "last", None, "never"]  # tail_logs' chunks, by default
+
+
 class FakeSky(types.ModuleType):
     """Records calls; returns what SkyPilot 0.14's SDK returns (request ids, then
     values from get/stream_and_get). ``Task`` is SkyPilot's real one."""
@@ -348,6 +351,7 @@ class FakeSky(types.ModuleType):
         for name in ("launch", "job_status", "cancel", "down"):
             setattr(self, name, self._rec(name))
         self.tail_logs = self._logs("tail_logs")
+        self.streams: dict[bool, list] = {}  # by controller=: what tail_logs streams
 
     def _rec(self, name):
         def call(*args, **kwargs):
@@ -361,7 +365,7 @@ class FakeSky(types.ModuleType):
             self.calls.append((name, args, kwargs))
             if kwargs.get("output_stream") is not None and not kwargs.get("preload_content"):
                 raise ValueError("output_stream cannot be specified when preload_content is False")
-            return iter(["line 1\nline", " 2\n", "last", None, "never"])
+            return iter(self.streams.get(bool(kwargs.get("controller")), STREAM))
 
         return call
 
@@ -443,6 +447,21 @@ def test_managed_job_submit_status_logs_stop(fake_sky):
 
     assert list(backend.logs(job, follow=True)) == ["line 1", "line 2", "last"]
     assert fake_sky.calls[-1][2]["job_id"] == 7 and fake_sky.calls[-1][2]["follow"] is True
+    # An ended managed job: SkyPilot 0.14 has only its controller's log left
+    fake_sky.streams = {
+        False: ["Job 7 is already in terminal state FAILED. For more details, run: ...\n", None],
+        True: ["Job 7 failed: exit code 2\n== Logs of the user job ==\ndoctor: FAILED\n", None],
+    }
+    assert list(backend.logs(job, follow=False)) == [
+        "Job 7 is already in terminal state FAILED. For more details, run: ...",
+        "rlctl: the job's own output went with its cluster; the jobs controller's log:",
+        "Job 7 failed: exit code 2",
+        "== Logs of the user job ==",
+        "doctor: FAILED",
+    ]
+    assert fake_sky.calls[-1][2] == {
+        "job_id": 7, "follow": False, "controller": True, "preload_content": False
+    }  # fmt: skip
 
     fake_sky.results["jobs.cancel"] = None
     backend.stop(job, grace_s=1)
