@@ -35,6 +35,7 @@ from engine.exits import exit_words, reason_words
 from engine.memory_peaks import NEAR_LIMIT
 from engine.models.families import MODEL_TYPES, family_rules
 from engine.rollout.versions import SUPPORTED, version_tuple
+from engine.storage import open_store
 from engine.supervisor import RECORD_FILE as RESTARTS_FILE
 from engine.supervisor import Attempt, Restarts, read_restarts, supervisor_args
 from engine.train.lora_saved import CONFIG_FILE as ADAPTER_CONFIG_FILE
@@ -64,6 +65,7 @@ __all__ = [
     "key_problems",
     "load",
     "load_config",
+    "open_store",
     "pipeline_stage_layers",
     "quantized_model_problems",
     "read_restarts",

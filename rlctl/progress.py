@@ -170,7 +170,11 @@ def _readable_root(job: Job) -> Path | Progress:
     if not job.handle:
         return Progress(note="not submitted: no run to read")
     if job.backend == "skypilot":
-        return Progress(note="not readable from here: the metrics are on the cloud's nodes")
+        note = "not readable from here: the metrics are on the cloud's nodes"
+        if job.handle.get("restarts"):  # a managed job's record, in the bucket
+            restarts, problem = _bucket_restarts(job.handle["restarts"], job.state.terminal)
+            return Progress(note=f"{note}; {problem}" if problem else note, restarts=restarts)
+        return Progress(note=note)
     if job.handle.get("ssh"):
         return Progress(
             note=f"not readable from here: the job root is on {job.handle['ssh']} (over ssh)"
@@ -230,13 +234,33 @@ def _read(root: Path, log: Path, finished: bool, plan: Mapping[str, Any]) -> Pro
 
 def _restarts(root: Path, finished: bool) -> Restarts | None:
     """The supervisor's ``restarts.json`` in the job's directory (written whole, so
-    never torn), in words; None without one. An attempt still open in a job that is
-    over ended unrecorded (its supervisor was killed: ``rlctl stop`` past its grace)."""
-    from engine.schema import RESTARTS_FILE, read_restarts, reason_words
+    never torn), in words; None without one."""
+    from engine.schema import RESTARTS_FILE, read_restarts
 
     record = read_restarts(root / RESTARTS_FILE)
-    if record is None:
-        return None
+    return None if record is None else _in_words(record, finished)
+
+
+def _bucket_restarts(url: str, finished: bool) -> tuple[Restarts | None, str | None]:
+    """A SkyPilot managed job's record, read from its bucket (``url``: the file's), or
+    why it could not be read."""
+    from engine.schema import Restarts as Record
+    from engine.schema import open_store
+
+    folder, _, name = url.rpartition("/")
+    try:
+        text = open_store(folder).read_text(name)
+        record = Record.from_json(json.loads(text)) if text else None
+    except Exception as exc:  # credentials, the network: status must still print
+        return None, f"the restarts not read from {url}: {exc}"
+    return (None if record is None else _in_words(record, finished)), None
+
+
+def _in_words(record: Any, finished: bool) -> Restarts:
+    """The engine's record in words. An attempt still open in a job that is over ended
+    unrecorded (its supervisor was killed: ``rlctl stop`` past its grace)."""
+    from engine.schema import reason_words
+
     attempts = tuple(
         Attempt(
             number=a.number,

@@ -133,6 +133,15 @@ def restart_command(spec: JobSpec, managed: bool) -> tuple[str, ...]:
     return spec.supervised_command(record=record, hand_back=EXIT_HANDED_BACK)
 
 
+def restarts_url(spec: JobSpec) -> str | None:
+    """Where ``rlctl status`` reads a managed job's record of its restarts: in the
+    checkpoints' bucket, beside them (``restart_command``); None without a bucket."""
+    url = spec.recipe.checkpoints
+    if not spec.paths.mount or not url or not url.startswith(("s3://", "gs://")):
+        return None
+    return f"{url.rstrip('/')}/{Path(spec.paths.restarts).name}"
+
+
 def _local_file(job_id: str, name: str) -> Path:
     """Where a shipped file is written on this machine for SkyPilot to mount: beside
     the job's wheel, in its local job directory."""
@@ -406,7 +415,9 @@ class SkyPilotBackend:
             request = sky.jobs.launch(task, name=name)
             job_ids, _ = sky.stream_and_get(request)
             job_id = job_ids[0] if isinstance(job_ids, list | tuple) else job_ids
-            return {"mode": "managed", "name": name, "job_id": job_id, "request_id": str(request)}
+            handle = {"mode": "managed", "name": name, "job_id": job_id, "request_id": str(request)}
+            record = restarts_url(prepared.spec)
+            return {**handle, "restarts": record} if record else handle
         request = sky.launch(
             task,
             cluster_name=opts.cluster,

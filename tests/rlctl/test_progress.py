@@ -377,3 +377,51 @@ def test_logs_end_with_the_peak_memory_against_the_plan(tmp_path):
     ]
     write_run(root, [{"step": 1}], total=2, log="step 1/2 | score 0.5\n")  # none logged
     assert run_cli(["logs", job.id], tmp_path).stdout.splitlines() == ["step 1/2 | score 0.5"]
+
+
+def test_a_skypilot_managed_jobs_restarts_are_read_from_its_bucket(tmp_path):
+    """The supervisor on the head node keeps its record beside the checkpoints, in the
+    bucket; status reads it there (any store engine.storage opens: a file:// one here)
+    and says why when it cannot."""
+    bucket = tmp_path / "bucket" / "runs" / "a"
+    bucket.mkdir(parents=True)
+    handed_back = {
+        **HUNG,
+        "next": "requeue",
+        "why": "restart 1 of 3: SkyPilot starts the job again",
+    }
+    write_restarts(bucket, 3, handed_back, {})
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create(name="q", recipe_path="r.yaml", recipe_yaml="", plan_json="{}",
+                       backend="skypilot")  # fmt: skip
+    handle = {"mode": "managed", "job_id": 7, "restarts": f"file://{bucket}/restarts.json"}
+    job = store.set_handle(job.id, handle)
+    lines = format_progress(read_progress(job))
+    assert lines[0] == "progress: not readable from here: the metrics are on the cloud's nodes"
+    assert lines[1:3] == [
+        "restarts: 1 of 3 (trainer.max_restarts)",
+        "  1. exit 76, hung: see the log for every worker's stacks (the run hung at step 3:"
+        " rollout.generate ran 16 s, past its bound of 15 s); restart 1 of 3: SkyPilot starts"
+        " the job again",
+    ]
+    job = store.set_handle(job.id, {**handle, "restarts": "hdfs://b/restarts.json"})
+    p = read_progress(job)
+    assert (
+        p.restarts is None
+        and "the restarts not read from hdfs://b/restarts.json: unsupported" in (p.note or "")
+    )
+
+
+def test_the_record_is_in_the_bucket_only_when_the_checkpoints_are():
+    import dataclasses
+
+    from rlctl.api import bundled_recipes, plan_recipe
+    from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions, restarts_url
+    from rlctl.spec import build_spec
+
+    backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
+    recipe = {r.name: r for r in bundled_recipes()}["grpo-qwen05b-gsm8k"]
+    for checkpoints, url in [("gs://b/runs/a/", "gs://b/runs/a/restarts.json"), (None, None)]:
+        r = dataclasses.replace(recipe, checkpoints=checkpoints)
+        spec = build_spec(r, plan_recipe(r), backend.paths("j", r.checkpoints))
+        assert restarts_url(spec) == url
