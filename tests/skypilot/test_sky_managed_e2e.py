@@ -255,10 +255,9 @@ def test_a_dead_worker_is_handed_back_to_skypilot_and_the_job_resumes(
     assert done["reason"] == "recovered 1 time"
     assert "restart 1 of 3: SkyPilot starts the job again" in logs
     # SkyPilot 0.14's stream of a job started again on the same cluster ends with the
-    # first run (its "Job finished (status: FAILED)"); once the job has ended, `rlctl
-    # logs` prints the jobs controller's log, which has both runs
+    # first run (its "Job finished (status: FAILED)"); `rlctl logs` afterwards has the
+    # second (or, once the cluster is gone, the jobs controller's log, which has both)
     after = rlctl("logs", job_id, timeout=300).stdout
-    assert "rlctl: the job's own output went with its cluster" in after, after[-3000:]
     assert "resumed from s3://ckpt/runs/handback/global_step_" in after, after[-3000:]
     record = json.loads((node_dir / "restarts.json").read_text())
     attempts = [(a["reason"], a["next"]) for a in record["attempts"]]
