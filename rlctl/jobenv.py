@@ -15,12 +15,16 @@ the job's environment, never into the image's. ``env/bin/ray`` starts Ray with t
 Python, so Ray's workers import the same rlctl as the driver.
 
 An environment made from the same wheel is kept (a requeued or recovered job on the
-same node starts at once); a different wheel rebuilds it.
+same node starts at once); a different wheel rebuilds it. Nodes that share the job's
+directory (a shared file system; the "nodes" of one host in the tests) make it one at a
+time under a lock beside it, and the later ones keep what the first made.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 MARKER = ".rlctl-wheel-sha256"
@@ -59,8 +64,23 @@ def child_env(wheel: Path) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def locked(env: Path) -> Iterator[None]:
+    """Held while ``env`` is made or checked: an exclusive lock on a file beside it
+    (released by the kernel if this process dies)."""
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f".{env.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def make_env(env: Path, wheel: Path, extras: list[str], pip_args: list[str]) -> bool:
     """Make (or keep) the job's environment; True when it was (re)built."""
+    with locked(env):
+        return _make_env(env, wheel, extras, pip_args)
+
+
+def _make_env(env: Path, wheel: Path, extras: list[str], pip_args: list[str]) -> bool:
     run_env = child_env(wheel)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     marker = env / MARKER

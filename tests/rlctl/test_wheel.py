@@ -82,6 +82,25 @@ def _jobenv(wheel: Path, env: Path, extras: str = "engine") -> subprocess.Comple
 
 
 @pytest.mark.slow
+def test_nodes_sharing_the_job_directory_make_its_environment_once(wheel, tmp_path):
+    """Two nodes' setups at once on one file system (as two SkyPilot "nodes" of one host
+    did, one failing in pip's files under the other): one makes it, one keeps it."""
+    env = tmp_path / "env"
+    command = [sys.executable, "-m", "rlctl.jobenv", str(env), str(wheel)]
+    environ = {**os.environ, "PYTHONPATH": str(wheel), "PIP_NO_INDEX": "1"}
+    nodes = [
+        subprocess.Popen(command, env=environ, cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    states = sorted(line.split(":")[1].split()[-1] for o in outs for line in o.splitlines()
+                    if line.startswith("rlctl: job environment"))  # fmt: skip
+    assert states == ["installed", "kept"], outs
+
+
+@pytest.mark.slow
 def test_a_node_installs_the_wheel_over_the_images_packages(wheel, tmp_path):
     env = tmp_path / "env"
     made = _jobenv(wheel, env)
