@@ -123,81 +123,111 @@ def engine_args_for(
             "actor_rollout_ref.rollout.gpu_memory_utilization must be in (0, 1],"
             f" got {cfg.gpu_memory_utilization}"
         )
-    dtype = dtype or cfg.dtype
+    common = _Common(
+        model_path, tp, max_model_len, seed, trust_remote_code, load_format, dtype or cfg.dtype
+    )
     if backend == "vllm":
-        args = {
-            "model": model_path,
-            "tokenizer": model_path,
-            "tensor_parallel_size": tp,
-            "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "enforce_eager": cfg.enforce_eager,
-            "dtype": dtype,
-            "max_model_len": max_model_len,
-            # vLLM V1 always chunks prefill; the budget must still hold one full sequence
-            # for models whose prefill cannot be chunked.
-            "max_num_batched_tokens": max(cfg.max_num_batched_tokens, max_model_len),
-            "max_num_seqs": cfg.max_num_seqs,
-            "enable_chunked_prefill": cfg.enable_chunked_prefill,
-            "disable_log_stats": cfg.disable_log_stats,
-            "scheduling_policy": cfg.scheduling_policy,
-            "seed": seed,
-            "enable_sleep_mode": cfg.free_cache_engine,
-            # Colocated SPMD: the engine runs inside this (already distributed) process
-            # and its tensor-parallel peers, not in processes of its own.
-            "distributed_executor_backend": "external_launcher",
-            "enable_prefix_caching": cfg.enable_prefix_caching,
-            # Ray pins one device per worker, so TP peers cannot map each other's memory
-            # (custom all-reduce needs CUDA IPC between visible devices): use NCCL.
-            "disable_custom_all_reduce": True,
-            "trust_remote_code": trust_remote_code,
-            "load_format": load_format,
-            "skip_tokenizer_init": False,
-            # Log-probs of the distribution the token was drawn from: after temperature
-            # (as the training side computes them) and after top-k/top-p (which training
-            # does not apply: with those on, the gap is real, and TIS corrects for it).
-            # V1's default is the raw log-probs, before temperature.
-            "logprobs_mode": cfg.logprobs_mode,
-        }
-        if cfg.expert_parallel_size > 1:
-            args["enable_expert_parallel"] = True
-        if cfg.enable_rollout_routing_replay:  # each token's experts, for routing replay R3
-            args["enable_return_routed_experts"] = True
-        if cfg.cudagraph_capture_sizes:
-            args["compilation_config"] = {"cudagraph_capture_sizes": cfg.cudagraph_capture_sizes}
-        if kv_cache_bytes is not None:
-            args["kv_cache_memory_bytes"] = kv_cache_bytes
-        if hf_overrides:
-            args["hf_overrides"] = dict(hf_overrides)
-        return _with_engine_kwargs(args, cfg, backend)
-    if backend == "sglang":
-        args = {
-            "model_path": model_path,
-            "tp_size": tp,
-            "mem_fraction_static": cfg.gpu_memory_utilization,
-            "disable_cuda_graph": cfg.enforce_eager,
-            "dtype": dtype,
-            # SGLang caps a request's new tokens at context_length - 2 - prompt length
-            # (max_req_len = context_length - 1, less one more): two tokens of room let
-            # a full-length prompt get a full-length response, as on the other backends.
-            "context_length": max_model_len + SGLANG_CONTEXT_ROOM,
-            "max_prefill_tokens": max(cfg.max_num_batched_tokens, max_model_len),
-            "random_seed": seed,
-            "enable_memory_saver": cfg.free_cache_engine,
-            "skip_tokenizer_init": True,  # token ids in and out
-            "trust_remote_code": trust_remote_code,
-            "load_format": load_format,
-            "log_level": "error",
-            # -1 turns SGLang's chunked prefill off
-            "chunked_prefill_size": (
-                cfg.max_num_batched_tokens if cfg.enable_chunked_prefill else -1
-            ),
-            "disable_radix_cache": not cfg.enable_prefix_caching,
-            "max_running_requests": cfg.max_num_seqs,
-        }
-        if hf_overrides:
-            args["json_model_override_args"] = json.dumps(dict(hf_overrides))
-        return _with_engine_kwargs(args, cfg, backend)
-    raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        args = _vllm_args(cfg, common, kv_cache_bytes, hf_overrides)
+    elif backend == "sglang":
+        args = _sglang_args(cfg, common, hf_overrides)
+    else:
+        raise ValueError(f"unknown rollout backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    return _with_engine_kwargs(args, cfg, backend)
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What every backend's arguments are made from, beside the rollout config."""
+
+    model_path: str
+    tp: int
+    max_model_len: int
+    seed: int
+    trust_remote_code: bool
+    load_format: str
+    dtype: str
+
+
+def _vllm_args(
+    cfg: RolloutConfig,
+    c: _Common,
+    kv_cache_bytes: int | None,
+    hf_overrides: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    args = {
+        "model": c.model_path,
+        "tokenizer": c.model_path,
+        "tensor_parallel_size": c.tp,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "enforce_eager": cfg.enforce_eager,
+        "dtype": c.dtype,
+        "max_model_len": c.max_model_len,
+        # vLLM V1 always chunks prefill; the budget must still hold one full sequence
+        # for models whose prefill cannot be chunked.
+        "max_num_batched_tokens": max(cfg.max_num_batched_tokens, c.max_model_len),
+        "max_num_seqs": cfg.max_num_seqs,
+        "enable_chunked_prefill": cfg.enable_chunked_prefill,
+        "disable_log_stats": cfg.disable_log_stats,
+        "scheduling_policy": cfg.scheduling_policy,
+        "seed": c.seed,
+        "enable_sleep_mode": cfg.free_cache_engine,
+        # Colocated SPMD: the engine runs inside this (already distributed) process
+        # and its tensor-parallel peers, not in processes of its own.
+        "distributed_executor_backend": "external_launcher",
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        # Ray pins one device per worker, so TP peers cannot map each other's memory
+        # (custom all-reduce needs CUDA IPC between visible devices): use NCCL.
+        "disable_custom_all_reduce": True,
+        "trust_remote_code": c.trust_remote_code,
+        "load_format": c.load_format,
+        "skip_tokenizer_init": False,
+        # Log-probs of the distribution the token was drawn from: after temperature
+        # (as the training side computes them) and after top-k/top-p (which training
+        # does not apply: with those on, the gap is real, and TIS corrects for it).
+        # V1's default is the raw log-probs, before temperature.
+        "logprobs_mode": cfg.logprobs_mode,
+    }
+    if cfg.expert_parallel_size > 1:
+        args["enable_expert_parallel"] = True
+    if cfg.enable_rollout_routing_replay:  # each token's experts, for routing replay R3
+        args["enable_return_routed_experts"] = True
+    if cfg.cudagraph_capture_sizes:
+        args["compilation_config"] = {"cudagraph_capture_sizes": cfg.cudagraph_capture_sizes}
+    if kv_cache_bytes is not None:
+        args["kv_cache_memory_bytes"] = kv_cache_bytes
+    if hf_overrides:
+        args["hf_overrides"] = dict(hf_overrides)
+    return args
+
+
+def _sglang_args(
+    cfg: RolloutConfig, c: _Common, hf_overrides: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    args = {
+        "model_path": c.model_path,
+        "tp_size": c.tp,
+        "mem_fraction_static": cfg.gpu_memory_utilization,
+        "disable_cuda_graph": cfg.enforce_eager,
+        "dtype": c.dtype,
+        # SGLang caps a request's new tokens at context_length - 2 - prompt length
+        # (max_req_len = context_length - 1, less one more): two tokens of room let
+        # a full-length prompt get a full-length response, as on the other backends.
+        "context_length": c.max_model_len + SGLANG_CONTEXT_ROOM,
+        "max_prefill_tokens": max(cfg.max_num_batched_tokens, c.max_model_len),
+        "random_seed": c.seed,
+        "enable_memory_saver": cfg.free_cache_engine,
+        "skip_tokenizer_init": True,  # token ids in and out
+        "trust_remote_code": c.trust_remote_code,
+        "load_format": c.load_format,
+        "log_level": "error",
+        # -1 turns SGLang's chunked prefill off
+        "chunked_prefill_size": (cfg.max_num_batched_tokens if cfg.enable_chunked_prefill else -1),
+        "disable_radix_cache": not cfg.enable_prefix_caching,
+        "max_running_requests": cfg.max_num_seqs,
+    }
+    if hf_overrides:
+        args["json_model_override_args"] = json.dumps(dict(hf_overrides))
+    return args
 
 
 def _with_engine_kwargs(args: dict[str, Any], cfg: RolloutConfig, backend: str) -> dict[str, Any]:
