@@ -180,6 +180,28 @@ class RLDataset:
         for path in self.files:
             n = self._load_file(path, cfg)
             self._origins.extend((path, row) for row in range(n))
+        self._sample(max_samples, cfg)
+
+        ids, offsets = _tokenize_chats(
+            tokenizer,
+            self._template_chats(),
+            self.tools,
+            cfg.apply_chat_template_kwargs,
+            expand=self._image_tokens(),
+        )
+        ids, offsets = self._fit_prompt_length(ids, offsets, cfg)
+        if len(offsets) <= 1:
+            what = "after dropping over-long prompts " if self.num_filtered else ""
+            raise DataError(
+                f"the dataset is empty {what}(files: {', '.join(self.files)}); "
+                + (TRUNCATION_HINT if self.num_filtered else "add rows")
+            )
+        self._ids = ids
+        self._offsets = offsets
+
+    def _sample(self, max_samples: int, cfg: DataConfig) -> None:
+        """Keep ``max_samples`` rows (> 0): a random choice by ``cfg.seed`` when
+        ``cfg.shuffle``, else the first ones."""
         if 0 < max_samples < len(self._messages):
             rows = len(self._messages)
             keep = (
@@ -189,13 +211,9 @@ class RLDataset:
             )
             self._keep_rows([int(i) for i in keep])
 
-        ids, offsets = _tokenize_chats(
-            tokenizer,
-            self._template_chats(),
-            self.tools,
-            cfg.apply_chat_template_kwargs,
-            expand=self._image_tokens(),
-        )
+    def _fit_prompt_length(self, ids: Any, offsets: Any, cfg: DataConfig) -> tuple[Any, Any]:
+        """The tokenized prompts within ``data.max_prompt_length``: over-long ones dropped
+        (``filter_overlong_prompts``), refused or truncated (``truncation``)."""
         lengths = np.diff(offsets)
         over = np.flatnonzero(lengths > cfg.max_prompt_length)
         self.num_overlong = int(over.size)
@@ -236,14 +254,7 @@ class RLDataset:
                 cfg.max_prompt_length,
                 cfg.truncation,
             )
-        if len(offsets) <= 1:
-            what = "after dropping over-long prompts " if self.num_filtered else ""
-            raise DataError(
-                f"the dataset is empty {what}(files: {', '.join(self.files)}); "
-                + (TRUNCATION_HINT if self.num_filtered else "add rows")
-            )
-        self._ids = ids
-        self._offsets = offsets
+        return ids, offsets
 
     def _load_file(self, path: str, cfg: DataConfig) -> int:
         prompt_key = cfg.prompt_key
