@@ -164,15 +164,7 @@ def _packed(
     flash = "flash" in str(getattr(config, "_attn_implementation", ""))
     width = sum(lengths) if flash else max(lengths)
     width = -(-width // multiple) * multiple
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        k = next((k for k, free in enumerate(room) if free >= lengths[row]), len(bins))
-        if k == len(bins):
-            bins.append([])
-            room.append(width)
-        bins[k].append(row)
-        room[k] -= lengths[row]
+    bins = first_fit(lengths, width)
     ids = torch.zeros((len(bins), width), dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
     source = torch.full((len(bins), width), -1, dtype=torch.long)  # ModelCall.token_index
@@ -234,6 +226,20 @@ def _packed(
         token_index=source.to(device),
         pack=pack,
     )
+
+
+def first_fit(lengths: list[int], width: int) -> list[list[int]]:
+    """The rows (by index) in bins of ``width`` tokens: first fit by decreasing length."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        k = next((k for k, free in enumerate(room) if free >= lengths[row]), len(bins))
+        if k == len(bins):
+            bins.append([])
+            room.append(width)
+        bins[k].append(row)
+        room[k] -= lengths[row]
+    return bins
 
 
 def _packed_vision(

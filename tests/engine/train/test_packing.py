@@ -153,3 +153,13 @@ def test_packed_sum_pi_squared_and_values_equal_the_padded(model, tiny_model_dir
         v0 = response_values(critic, tokens, CPU)
         v1 = response_values(critic, tokens, CPU, packed=True)
     torch.testing.assert_close(v1 * mask, v0 * mask, rtol=0, atol=1e-9)
+
+
+def test_first_fit_by_decreasing_length_by_hand():
+    from engine.train.packing import first_fit
+
+    # longest first: 5 opens a bin (2 left), 4 opens one (3 left), 3 fits the second,
+    # 2 the first; a row as long as the bin has one of its own
+    assert first_fit([5, 3, 4, 2], 7) == [[0, 3], [2, 1]]
+    assert first_fit([7, 1], 7) == [[0], [1]]
+    assert first_fit([], 4) == []
