@@ -83,8 +83,58 @@ def _build_gpt(
     routing_replay: bool = False,
 ) -> nn.Module:
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    config = _transformer_config(
+        hf_config, parallel, stage, device, dtype, recompute, routing_replay
+    )
+    moe = moe_layers(hf_config)[stage.layer_offset : stage.layer_offset + stage.layers]
+    specs = [_layer_spec(hf_config, config.qk_layernorm, is_moe) for is_moe in moe]
+    gpt_kw = gpt_model_kwargs(hf_config)
+    if role == "critic":
+        gpt_kw["share_embeddings_and_output_weights"] = False
+    # With tied embeddings over several stages GPTModel moves the last stage's copy to
+    # CUDA to all-reduce it with the first's (``weight.data.cuda()``); on CPU it stays.
+    keep_on_cpu = device.type == "cpu" and stage.count > 1
+    # The stage's layers and the final norm, given as a block so that the final norm is
+    # ours too (the block's default is the wrapper that refuses sequence parallelism).
+    block = TransformerBlockSubmodules(layer_specs=specs, layer_norm=TorchRMSNorm)
+    with _tensor_cuda_is_identity() if keep_on_cpu else contextlib.nullcontext():
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=block,
+            pre_process=stage.first,
+            post_process=stage.last,
+            **gpt_kw,
+        )
+    first_layer = model.decoder.layers[0].layer_number - 1  # Megatron numbers from 1
+    if first_layer != stage.layer_offset:
+        raise EngineError(
+            f"Megatron places pipeline stage {stage.index}'s layers from {first_layer}; the"
+            f" engine expects {stage.layer_offset} (megatron_parallel.pipeline_stage_layers)"
+        )
+    if parallel.experts_apart:
+        _reduce_experts_over_their_grid(model)
+    if role == "critic" and stage.last:
+        model.output_layer = ValueHead(
+            hf_config.hidden_size, dtype, torch.device("cpu"), config.sequence_parallel
+        )
+    # Modules Megatron does not place itself (torch norms, the value head) come along.
+    return model.to(device.torch_device())
+
+
+def _transformer_config(
+    hf_config: Any,
+    parallel: MegatronParallel,
+    stage: Stage,
+    device: DeviceSpec,
+    dtype: torch.dtype,
+    recompute: bool,
+    routing_replay: bool,
+) -> Any:
+    """Megatron-core's TransformerConfig (MLA's for DeepSeek-style attention) for the
+    model, its parallel layout and this stage."""
+    from megatron.core.transformer import TransformerConfig
 
     kw = transformer_config_kwargs(hf_config)
     kw.pop("activation")  # "silu"
@@ -122,39 +172,7 @@ def _build_gpt(
         perform_initialization=True,
         gradient_accumulation_fusion=False,
     )
-    moe = moe_layers(hf_config)[stage.layer_offset : stage.layer_offset + stage.layers]
-    specs = [_layer_spec(hf_config, kw["qk_layernorm"], is_moe) for is_moe in moe]
-    gpt_kw = gpt_model_kwargs(hf_config)
-    if role == "critic":
-        gpt_kw["share_embeddings_and_output_weights"] = False
-    # With tied embeddings over several stages GPTModel moves the last stage's copy to
-    # CUDA to all-reduce it with the first's (``weight.data.cuda()``); on CPU it stays.
-    keep_on_cpu = device.type == "cpu" and stage.count > 1
-    # The stage's layers and the final norm, given as a block so that the final norm is
-    # ours too (the block's default is the wrapper that refuses sequence parallelism).
-    block = TransformerBlockSubmodules(layer_specs=specs, layer_norm=TorchRMSNorm)
-    with _tensor_cuda_is_identity() if keep_on_cpu else contextlib.nullcontext():
-        model = GPTModel(
-            config=config,
-            transformer_layer_spec=block,
-            pre_process=stage.first,
-            post_process=stage.last,
-            **gpt_kw,
-        )
-    first_layer = model.decoder.layers[0].layer_number - 1  # Megatron numbers from 1
-    if first_layer != stage.layer_offset:
-        raise EngineError(
-            f"Megatron places pipeline stage {stage.index}'s layers from {first_layer}; the"
-            f" engine expects {stage.layer_offset} (megatron_parallel.pipeline_stage_layers)"
-        )
-    if parallel.experts_apart:
-        _reduce_experts_over_their_grid(model)
-    if role == "critic" and stage.last:
-        model.output_layer = ValueHead(
-            hf_config.hidden_size, dtype, torch.device("cpu"), config.sequence_parallel
-        )
-    # Modules Megatron does not place itself (torch norms, the value head) come along.
-    return model.to(device.torch_device())
+    return config
 
 
 def _reduce_experts_over_their_grid(model: nn.Module) -> None:
