@@ -165,20 +165,8 @@ def _packed(
     width = sum(lengths) if flash else max(lengths)
     width = -(-width // multiple) * multiple
     bins = first_fit(lengths, width)
-    ids = torch.zeros((len(bins), width), dtype=torch.long)
-    pos = torch.zeros((len(bins), width), dtype=torch.long)
-    source = torch.full((len(bins), width), -1, dtype=torch.long)  # ModelCall.token_index
-    flat = batch_index(tokens)
-    where: list[tuple[int, int]] = [(0, 0)] * len(lengths)  # each row's bin and start
-    for k, rows in enumerate(bins):
-        at = 0
-        for row in rows:
-            ids[k, at : at + lengths[row]] = real[row]
-            pos[k, at : at + lengths[row]] = torch.arange(lengths[row])
-            source[k, at : at + lengths[row]] = flat[row][attention[row]]
-            where[row] = (k, at)
-            at += lengths[row]
-        pos[k, at:] = torch.arange(width - at)  # the tail: a row of its own
+    flat = [index[mask] for index, mask in zip(batch_index(tokens), attention, strict=True)]
+    ids, pos, source, where = _fill(bins, real, flat, width)
     # response token j of row i sits at its start + prompt + j; the head one before
     places = [
         (i, j, where[i][0], where[i][1] + prompt_lens[i] + j - 1)
@@ -226,6 +214,29 @@ def _packed(
         token_index=source.to(device),
         pack=pack,
     )
+
+
+def _fill(
+    bins: list[list[int]], real: list[torch.Tensor], flat: list[torch.Tensor], width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+    """The bins' token ids, positions (each row from 0; the tail a row of its own) and
+    each token's place in the batch (ModelCall.token_index, -1 for the tail), and each
+    row's (bin, start). ``real``/``flat``: each row's real tokens and their places."""
+    ids = torch.zeros((len(bins), width), dtype=torch.long)
+    pos = torch.zeros((len(bins), width), dtype=torch.long)
+    source = torch.full((len(bins), width), -1, dtype=torch.long)
+    where: list[tuple[int, int]] = [(0, 0)] * len(real)
+    for k, rows in enumerate(bins):
+        at = 0
+        for row in rows:
+            n = len(real[row])
+            ids[k, at : at + n] = real[row]
+            pos[k, at : at + n] = torch.arange(n)
+            source[k, at : at + n] = flat[row]
+            where[row] = (k, at)
+            at += n
+        pos[k, at:] = torch.arange(width - at)
+    return ids, pos, source, where
 
 
 def first_fit(lengths: list[int], width: int) -> list[list[int]]:
