@@ -442,23 +442,12 @@ def _split_lines(
 ) -> list[str]:
     c = best.split
     overlap = s.async_mode != "sync"
-    if overlap:
-        placement = (
-            f"placement: the rollout on devices of its own (async_training.mode={s.async_mode}:"
-            f" {_OVERLAP[s.async_mode]}, so a step takes the longer of the two; docs/async.md)"
-        )
-    else:
-        placement = (
-            "placement: the rollout on devices of its own (rollout.placement=separate,"
-            " async_training.mode=sync: generation and training take turns, so a step takes"
-            " both; one_step_off or fully_async would overlap them)"
-        )
     train_parts = f"old log-probs 2, update {8 if s.grad_ckpt else 6}"
     train_parts += ", reference 2" if s.reference else ""
     train_parts += f", critic {2 + (8 if s.grad_ckpt else 6)}" if s.critic else ""
     gen_1, train_1 = one
     lines = [
-        placement,
+        _placement_line(s),
         f"step compute: {s.train_batch} prompts × {s.n} samples × {s.seq_len} tokens ="
         f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {_fmt_params(m.compute_params)}"
         f"{' active' if m.is_moe else ''} params; generation 2 FLOPs × {GENERATION_TIME_FACTOR:g}"
@@ -514,6 +503,19 @@ def _split_lines(
         f" ({_ARR}.rollout.update_weights_bucket_megabytes; docs/async.md); not in the estimate"
     )
     return lines
+
+
+def _placement_line(s: _Settings) -> str:
+    if s.async_mode != "sync":
+        return (
+            f"placement: the rollout on devices of its own (async_training.mode={s.async_mode}:"
+            f" {_OVERLAP[s.async_mode]}, so a step takes the longer of the two; docs/async.md)"
+        )
+    return (
+        "placement: the rollout on devices of its own (rollout.placement=separate,"
+        " async_training.mode=sync: generation and training take turns, so a step takes"
+        " both; one_step_off or fully_async would overlap them)"
+    )
 
 
 def _nodes_line(c: _Split, what: str, fixed: _Layout | None, unit: str = "devices") -> str:
