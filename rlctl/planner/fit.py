@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -265,65 +266,73 @@ def _fit_rollout(
     state: _TrainMem,
     budget: float,
 ) -> tuple[_RolloutFit | None, str]:
-    mem = acc.memory_gib * GIB
-    devices = layout.devices
-    seq = s.seq_len
-    weights_total = 2 * m.num_params  # bf16
+    """The rollout engine on ``layout`` beside training's ``state``: its memory pool, its
+    TP and its KV cache (the arithmetic), then the lines that explain them; or None and
+    why it does not fit."""
     if s.rollout_backend == "hf":
-        # HF generate on the actor's own gathered (bf16) weights, per-device samples
-        kv_seq = m.kv_cache_bytes_per_token() * seq
-        room = budget - state.resident - weights_total - ROLLOUT_OVERHEAD_GIB * GIB
-        per_device = max(1, s.samples // devices)
-        if room < kv_seq:
-            return None, (
-                f"hf rollout gathers the whole model ({_fmt(weights_total)} bf16) next to"
-                f" {_fmt(state.resident)} of training state: no room for one sequence's KV"
-                f" ({_fmt(kv_seq)})"
-            )
-        micro = min(per_device, int(room // kv_seq))
-        on = (
-            f"its own bf16 copy of the weights ({_fmt(weights_total)}) on each of the rollout's"
-            f" {_count(devices, 'device')}, where no training state stays"
-            if s.separate
-            else f"the actor's gathered bf16 weights ({_fmt(weights_total)})"
-        )
-        return _RolloutFit(
-            tp=1,
-            fraction=0.0,
-            weights=weights_total,
-            kv_cache=micro * kv_seq,
-            pool=0.0,
-            hf_micro=micro,
-            lines=(
-                f"rollout (hf): generate() runs on {on}; {micro} sequences per call"
-                f" ({_fmt(micro * kv_seq)} of KV cache at"
-                f" {m.kv_cache_bytes_per_token() // 1024} KiB/token)"
-                + (
-                    ""
-                    if s.separate
-                    else f" next to {_fmt(state.resident)} of resident training state"
-                ),
-            ),
-        ), ""
+        return _fit_hf_rollout(m, s, layout.devices, state, budget)
+    fraction, problem = _pool_fraction(s, acc, state, budget)
+    if fraction is None:
+        return None, problem
+    kv = _KvPool(m, s, layout, fraction * acc.memory_gib * GIB)
+    tp, why = _rollout_tp(m, s, acc, layout, kv, fraction)
+    if tp is None:
+        return None, why
+    lines = _rollout_lines(m, s, acc, layout, state, budget, kv, fraction, tp, why)
+    return _RolloutFit(tp, fraction, kv.weights(tp), kv.cache(tp), kv.pool, None, lines), ""
 
+
+def _fit_hf_rollout(
+    m: ModelShape, s: _Settings, devices: int, state: _TrainMem, budget: float
+) -> tuple[_RolloutFit | None, str]:
+    """HF generate on the actor's own gathered (bf16) weights, per-device samples."""
+    weights_total = 2 * m.num_params  # bf16
+    kv_seq = m.kv_cache_bytes_per_token() * s.seq_len
+    room = budget - state.resident - weights_total - ROLLOUT_OVERHEAD_GIB * GIB
+    per_device = max(1, s.samples // devices)
+    if room < kv_seq:
+        return None, (
+            f"hf rollout gathers the whole model ({_fmt(weights_total)} bf16) next to"
+            f" {_fmt(state.resident)} of training state: no room for one sequence's KV"
+            f" ({_fmt(kv_seq)})"
+        )
+    micro = min(per_device, int(room // kv_seq))
+    on = (
+        f"its own bf16 copy of the weights ({_fmt(weights_total)}) on each of the rollout's"
+        f" {_count(devices, 'device')}, where no training state stays"
+        if s.separate
+        else f"the actor's gathered bf16 weights ({_fmt(weights_total)})"
+    )
+    line = (
+        f"rollout (hf): generate() runs on {on}; {micro} sequences per call"
+        f" ({_fmt(micro * kv_seq)} of KV cache at"
+        f" {m.kv_cache_bytes_per_token() // 1024} KiB/token)"
+        + ("" if s.separate else f" next to {_fmt(state.resident)} of resident training state")
+    )
+    return _RolloutFit(1, 0.0, weights_total, micro * kv_seq, 0.0, micro, (line,)), ""
+
+
+def _pool_fraction(
+    s: _Settings, acc: Accelerator, state: _TrainMem, budget: float
+) -> tuple[float | None, str]:
+    """gpu_memory_utilization: the recipe's, or what the budget leaves beside the
+    training state, rounded down to 0.05 and at most MAX_FRACTION; None and why when it
+    does not fit or is too small for an engine."""
+    mem = acc.memory_gib * GIB
     room = (budget - state.resident) / mem
     f_max = min(MAX_FRACTION, math.floor(room * 20 + 1e-9) / 20)
-    if s.fraction is not None:
-        if s.fraction > room + 1e-9 and s.separate:
+    if s.fraction is not None and s.fraction > room + 1e-9:
+        asks = f"pinned gpu_memory_utilization {s.fraction} asks for {_fmt(s.fraction * mem)}"
+        if s.separate:
             return None, (
-                f"pinned gpu_memory_utilization {s.fraction} asks for"
-                f" {_fmt(s.fraction * mem)} of a device whose budget is {_fmt(budget)}: at most"
+                f"{asks} of a device whose budget is {_fmt(budget)}: at most"
                 f" {max(f_max, 0):.2f} fits"
             )
-        if s.fraction > room + 1e-9:
-            return None, (
-                f"pinned gpu_memory_utilization {s.fraction} asks for"
-                f" {_fmt(s.fraction * mem)} while {_fmt(state.resident)} of training state"
-                f" stays on each device: at most {max(f_max, 0):.2f} fits (or offload)"
-            )
-        fraction = s.fraction
-    else:
-        fraction = f_max
+        return None, (
+            f"{asks} while {_fmt(state.resident)} of training state"
+            f" stays on each device: at most {max(f_max, 0):.2f} fits (or offload)"
+        )
+    fraction = s.fraction if s.fraction is not None else f_max
     if fraction < MIN_FRACTION and s.separate:
         return None, (
             f"gpu_memory_utilization {fraction} is below {MIN_FRACTION}: too little for a"
@@ -335,88 +344,133 @@ def _fit_rollout(
             f" leaves {_fmt(max(0.0, budget - state.resident))} of {_fmt(budget)}: too little"
             " for a rollout engine"
         )
-    pool = fraction * mem
-    replicas_of = {tp: devices // tp for tp in _tp_candidates(layout)}
-    overhead = ROLLOUT_OVERHEAD_GIB * GIB
+    return fraction, ""
 
-    def need(tp: int) -> tuple[int, int, float]:
-        per_replica = math.ceil(s.samples / replicas_of[tp])
+
+@dataclass(frozen=True)
+class _KvPool:
+    """The engine's memory pool on each device and what a TP puts in it: the weights'
+    share, the engine's overhead, and KV for the sequences in flight."""
+
+    m: ModelShape
+    s: _Settings
+    layout: _Layout
+    pool: float  # bytes per device
+
+    @property
+    def weights_total(self) -> float:
+        return 2 * self.m.num_params  # bf16
+
+    @functools.cached_property
+    def replicas_of(self) -> dict[int, int]:
+        return {tp: self.layout.devices // tp for tp in _tp_candidates(self.layout)}
+
+    def need(self, tp: int) -> tuple[int, int, float]:
+        """Sequences wanted in flight per replica, the fewest that must fit, and each
+        sequence's KV bytes per device."""
+        per_replica = math.ceil(self.s.samples / self.replicas_of[tp])
         want = min(per_replica, ROLLOUT_MAX_NUM_SEQS)
         minimum = min(per_replica, MIN_CONCURRENT_SEQS)
-        return want, minimum, seq * _kv_bytes_per_token_per_device(m, tp)
+        return want, minimum, self.s.seq_len * _kv_bytes_per_token_per_device(self.m, tp)
 
-    def fits(tp: int) -> bool:
-        _, minimum, per_seq = need(tp)
-        return weights_total / tp + overhead + minimum * per_seq <= pool
+    def weights(self, tp: int) -> float:
+        return self.weights_total / tp
 
+    def cache(self, tp: int) -> float:
+        return self.pool - self.weights(tp) - ROLLOUT_OVERHEAD_GIB * GIB
+
+    def fits(self, tp: int) -> bool:
+        _, minimum, per_seq = self.need(tp)
+        return self.weights(tp) + ROLLOUT_OVERHEAD_GIB * GIB + minimum * per_seq <= self.pool
+
+
+def _rollout_tp(
+    m: ModelShape, s: _Settings, acc: Accelerator, layout: _Layout, kv: _KvPool, fraction: float
+) -> tuple[int | None, str]:
+    """The rollout's TP and why (pinned; SGLang's multi-turn; else the smallest that
+    leaves room), or None and why none fits."""
+    total, pool = kv.weights_total, kv.pool
     if s.rollout_tp is not None:
         tp = s.rollout_tp
-        if tp not in replicas_of:
+        if tp not in kv.replicas_of:
             where = (
                 f"the rollout's own {layout.describe(acc.name)}"
                 if s.separate
-                else f"the {devices} devices the rollout shares with the actor"
+                else f"the {layout.devices} devices the rollout shares with the actor"
             )
             return None, f"pinned rollout tensor_model_parallel_size {tp} must divide {where}"
-        if not fits(tp):
+        if not kv.fits(tp):
             return None, (
-                f"pinned rollout TP {tp}: weights {_fmt(weights_total / tp)} + KV for"
-                f" {need(tp)[1]} sequences do not fit in the {_fmt(pool)} pool"
+                f"pinned rollout TP {tp}: weights {_fmt(total / tp)} + KV for"
+                f" {kv.need(tp)[1]} sequences do not fit in the {_fmt(pool)} pool"
             )
-        why = "pinned by the recipe"
-    elif s.multi_turn is not None and s.rollout_backend == "sglang":
-        tp = 1
-        if not fits(tp):
+        return tp, "pinned by the recipe"
+    if s.multi_turn is not None and s.rollout_backend == "sglang":
+        if not kv.fits(1):
             return None, (
                 f"rollout: multi-turn rollouts on SGLang run at TP 1, where bf16 weights"
-                f" ({_fmt(weights_total)}) and KV for {need(tp)[1]} sequences of {seq} tokens"
+                f" ({_fmt(total)}) and KV for {kv.need(1)[1]} sequences of {s.seq_len} tokens"
                 f" do not fit in a {_fmt(pool)} pool (gpu_memory_utilization {fraction:.2f})"
             )
-        why = "multi-turn rollouts on SGLang run at TP 1 (its members do not step together)"
-    else:
-        valid = [tp for tp in replicas_of if _tp_ok(m, tp)]
-        in_node = [
-            tp
-            for tp in valid
-            if tp <= layout.per_node and weights_total / tp <= 0.5 * pool and fits(tp)
-        ]
-        anywhere = [tp for tp in valid if fits(tp)]
-        if in_node:
-            tp = in_node[0]
-            why = (
-                "the smallest power of two whose weights take at most half the pool"
-                f" ({_fmt(weights_total / tp)} ≤ {_fmt(0.5 * pool)})"
-            )
-        elif anywhere:
-            tp = anywhere[0]
-            why = (
-                "no TP within a node keeps the weights under half the pool; the smallest"
-                " that fits the weights and KV for"
-                f" {need(tp)[1]} full-length sequences"
-            )
-            if tp > layout.per_node:
-                why += f" (spans {tp // layout.per_node} nodes: inter-node TP is slow)"
-        else:
-            if not valid:
-                return None, "rollout: " + _tp_heads_message(m, max(replicas_of))
-            blocked = [
-                tp for tp in replicas_of if not _tp_ok(m, tp) and fits(tp) and tp > max(valid)
-            ]
-            if blocked:
-                return None, (
-                    f"rollout: the weights need TP ≥ {blocked[0]}, but "
-                    + _tp_heads_message(m, blocked[0])
-                )
-            return None, (
-                f"rollout: bf16 weights ({_fmt(weights_total)}) and KV for"
-                f" {MIN_CONCURRENT_SEQS} sequences of {seq} tokens fit no TP up to"
-                f" {max(valid)} within a {_fmt(pool)} pool (gpu_memory_utilization"
-                f" {fraction:.2f})"
-            )
-    want, _, per_seq = need(tp)
-    weights = weights_total / tp
-    kv = pool - weights - overhead
-    holds = int(kv // per_seq)
+        return 1, "multi-turn rollouts on SGLang run at TP 1 (its members do not step together)"
+    valid = [tp for tp in kv.replicas_of if _tp_ok(m, tp)]
+    in_node = [
+        tp for tp in valid if tp <= layout.per_node and total / tp <= 0.5 * pool and kv.fits(tp)
+    ]
+    anywhere = [tp for tp in valid if kv.fits(tp)]
+    if in_node:
+        tp = in_node[0]
+        return tp, (
+            "the smallest power of two whose weights take at most half the pool"
+            f" ({_fmt(total / tp)} ≤ {_fmt(0.5 * pool)})"
+        )
+    if anywhere:
+        tp = anywhere[0]
+        why = (
+            "no TP within a node keeps the weights under half the pool; the smallest"
+            f" that fits the weights and KV for {kv.need(tp)[1]} full-length sequences"
+        )
+        if tp > layout.per_node:
+            why += f" (spans {tp // layout.per_node} nodes: inter-node TP is slow)"
+        return tp, why
+    return None, _no_rollout_tp(m, s, kv, valid, fraction)
+
+
+def _no_rollout_tp(
+    m: ModelShape, s: _Settings, kv: _KvPool, valid: list[int], fraction: float
+) -> str:
+    if not valid:
+        return "rollout: " + _tp_heads_message(m, max(kv.replicas_of))
+    blocked = [tp for tp in kv.replicas_of if not _tp_ok(m, tp) and kv.fits(tp) and tp > max(valid)]
+    if blocked:
+        return f"rollout: the weights need TP ≥ {blocked[0]}, but " + _tp_heads_message(
+            m, blocked[0]
+        )
+    return (
+        f"rollout: bf16 weights ({_fmt(kv.weights_total)}) and KV for"
+        f" {MIN_CONCURRENT_SEQS} sequences of {s.seq_len} tokens fit no TP up to"
+        f" {max(valid)} within a {_fmt(kv.pool)} pool (gpu_memory_utilization"
+        f" {fraction:.2f})"
+    )
+
+
+def _rollout_lines(
+    m: ModelShape,
+    s: _Settings,
+    acc: Accelerator,
+    layout: _Layout,
+    state: _TrainMem,
+    budget: float,
+    kv: _KvPool,
+    fraction: float,
+    tp: int,
+    why: str,
+) -> tuple[str, ...]:
+    """What ``rlctl plan`` says of the rollout: the pool, the TP, the KV cache."""
+    devices, seq = layout.devices, s.seq_len
+    want, _, per_seq = kv.need(tp)
+    cache = kv.cache(tp)
+    holds = int(cache // per_seq)
     if s.separate:
         first = (
             f"rollout ({s.rollout_backend}, on its own {_count(devices, 'device')}): no training"
@@ -441,19 +495,19 @@ def _fit_rollout(
             )
         )
     lines = [
-        first + f", a {_fmt(pool)} pool",
+        first + f", a {_fmt(kv.pool)} pool",
         f"rollout TP {tp}: {why}; divides {m.num_attention_heads} heads"
         + ("" if m.kv_latent_dim else f" and suits {m.num_kv_heads} KV heads")
         + f"; {_count(devices // tp, 'replica')}",
         f"KV cache: pool − weights − {ROLLOUT_OVERHEAD_GIB:g} GiB engine overhead ="
-        f" {_fmt(kv)} per device at {per_seq / seq / 1024:.0f} KiB/token; holds {holds}"
+        f" {_fmt(cache)} per device at {per_seq / seq / 1024:.0f} KiB/token; holds {holds}"
         f" sequences of {seq} tokens per replica ({want} wanted in flight:"
         f" min(samples per replica, {ROLLOUT_MAX_NUM_SEQS}))"
         + ("" if holds >= want else "; the engine queues the rest"),
     ]
     if tp > 1 and not acc.nvlink_like:
         lines.append(f"{acc.name} has no NVLink-class links: rollout TP {tp} runs over PCIe")
-    return _RolloutFit(tp, fraction, weights, kv, pool, None, tuple(lines)), ""
+    return tuple(lines)
 
 
 _RESIDENT = {
