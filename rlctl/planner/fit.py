@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlctl.hardware import Accelerator
@@ -169,6 +170,33 @@ def _fit_train(
     else:
         divisors = [k for k in _divisors(per_device) if k <= MAX_MICRO] or [1]
         micro = max(k for k in divisors if k == 1 or fits(k * seq))
+    token_len, problem = _token_len(s, c, dynamic, micro, fits, budget)
+    if token_len is None:
+        return None, problem
+    act = _train_activations(m, c, token_len if dynamic else micro * seq, seq)
+    return _TrainFit(
+        state,
+        micro,
+        dynamic,
+        token_len,
+        act.total,
+        act.logits,
+        _log_prob_micro(m, c, state, s, budget),
+        act.mask,
+    ), ""
+
+
+def _token_len(
+    s: _Settings,
+    c: _TrainCfg,
+    dynamic: bool,
+    micro: int,
+    fits: Callable[[int], bool],
+    budget: float | None,
+) -> tuple[int | None, str]:
+    """ppo_max_token_len_per_gpu, as the engine counts it per device: the recipe's, the
+    largest that fits (dynamic batch size, in steps of 1024 tokens), or micro × seq."""
+    seq = s.seq_len
     if s.token_len is not None:
         # per device: a Ulysses or CP group's micro-batch is SP × or CP × (the engine's)
         token_len = s.token_len * c.sp * c.cp
@@ -191,17 +219,7 @@ def _fit_train(
             candidate -= step
     else:
         token_len = micro * seq
-    act = _train_activations(m, c, token_len if dynamic else micro * seq, seq)
-    return _TrainFit(
-        state,
-        micro,
-        dynamic,
-        token_len,
-        act.total,
-        act.logits,
-        _log_prob_micro(m, c, state, s, budget),
-        act.mask,
-    ), ""
+    return token_len, ""
 
 
 def _step(state: _TrainMem) -> str:
