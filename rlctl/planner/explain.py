@@ -150,6 +150,37 @@ def _reasoning(
         lines += _context_parallel_lines(m, s, c, _budget_bytes(acc), lay.per_node)
     else:
         lines += _ulysses_lines(m, s, c, _budget_bytes(acc))
+    lines += _batch_lines(s, fit)
+    lines += list(fit.rollout.lines)
+    if s.multi_turn is not None:
+        lines += multi_turn_lines(s.multi_turn, s.prompt_len, s.response_len)
+    if t.state.host:
+        lines.append(
+            f"host RAM: the offloaded state takes {_fmt(t.state.host)} per device,"
+            f" {_fmt(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
+        )
+    if c.backend == "megatron" and m.is_moe:  # engine imported for Megatron plans only
+        from engine.schema import MODEL_TYPES
+
+        if m.model_type not in MODEL_TYPES:
+            lines.append(
+                f"megatron: sized here, but the engine has no conversion for"
+                f" {m.model_type!r} (it converts {', '.join(MODEL_TYPES)}): rlctl validate and"
+                " launch refuse it; use trainer: fsdp2 in the recipe"
+            )
+    image = default_image(acc, s.rollout_backend)
+    lines.append(
+        f"image: {image.ref}: {image.contents}"
+        if image.public
+        else f"image: {image.ref}, on no public registry: {image.build}"
+    )
+    return lines
+
+
+def _batch_lines(s: _Settings, fit: _Fit) -> list[str]:
+    """The mini- and micro-batches, and the token budget of dynamic batch size."""
+    c, t, lay = fit.train, fit.fitted, fit.layout
+    lines: list[str] = []
     per_device = fit.mini * s.n // lay.devices
     mini_why = (
         "pinned"
@@ -193,29 +224,6 @@ def _reasoning(
             f"dynamic batch size: on ({s.seq_len} tokens per sample, {why}): micro-batches"
             f" are packed up to {t.token_len} tokens{split}"
         )
-    lines += list(fit.rollout.lines)
-    if s.multi_turn is not None:
-        lines += multi_turn_lines(s.multi_turn, s.prompt_len, s.response_len)
-    if t.state.host:
-        lines.append(
-            f"host RAM: the offloaded state takes {_fmt(t.state.host)} per device,"
-            f" {_fmt(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
-        )
-    if c.backend == "megatron" and m.is_moe:  # engine imported for Megatron plans only
-        from engine.schema import MODEL_TYPES
-
-        if m.model_type not in MODEL_TYPES:
-            lines.append(
-                f"megatron: sized here, but the engine has no conversion for"
-                f" {m.model_type!r} (it converts {', '.join(MODEL_TYPES)}): rlctl validate and"
-                " launch refuse it; use trainer: fsdp2 in the recipe"
-            )
-    image = default_image(acc, s.rollout_backend)
-    lines.append(
-        f"image: {image.ref}: {image.contents}"
-        if image.public
-        else f"image: {image.ref}, on no public registry: {image.build}"
-    )
     return lines
 
 
