@@ -138,7 +138,7 @@ def main() -> None:
         if not (warm / "config.json").exists():
             run([py, "-m", "engine.models.tiny", str(base)], env)
             run([py, "-m", "engine.data.prepare", "secret", "--out", str(data)], env)
-            run([py, "-m", "engine.data.secret_warmup", "--model", str(base), "--out",
+            run([py, "-m", "engine.warmup.secret", "--model", str(base), "--out",
                  str(warm)], env)  # fmt: skip
         for name in tool_runs:
             run_dir, tools, main_args = work / name, data / "tools.yaml", ["-m", "engine.main"]

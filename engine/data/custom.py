@@ -32,14 +32,13 @@ def dataset_class(cfg: DataConfig) -> type:
     custom = cfg.custom_cls
     if not custom.path:
         return RLDataset
-    from engine.reward.custom import load_custom_function
-    from engine.reward.types import RewardError
+    from engine.user_code import UserCodeError, load_user_callable
 
     try:
-        cls = load_custom_function(
+        cls = load_user_callable(
             custom.path, custom.name, path_key=PATH_KEY, name_key=NAME_KEY, what="class"
         )
-    except RewardError as exc:
+    except UserCodeError as exc:
         raise DataError(str(exc)) from None
     where = f"{NAME_KEY}={custom.name!r} ({custom.path})"
     if not isinstance(cls, type):

@@ -24,7 +24,7 @@ TOOL = "secret"
 LOW, HIGH = 0, 9  # one digit: a guess is right 1 time in 10
 # The tool says the digit 8 times: a tiny model from random weights learns to copy a
 # repeated token in about 200 steps of the warm start; a lone one took 500 to over 1,000
-# steps, varying with the seed (engine.data.secret_warmup).
+# steps, varying with the seed (engine.warmup.secret).
 REPEAT = 8
 QUESTIONS = (
     "What is the secret number?",

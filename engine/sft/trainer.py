@@ -29,7 +29,7 @@ from engine.tracking import Tracker
 from engine.trainer import Preempted
 
 TOTAL_TOKENS = "total_tokens"  # in the trainer state's extra: tokens trained on so far
-# ``stop(step, metrics)``: a caller's rule to end the run early (engine.data.secret_warmup)
+# ``stop(step, metrics)``: a caller's rule to end the run early (engine.warmup.secret)
 StopRule = Callable[[int, dict[str, float]], bool]
 
 

@@ -26,8 +26,8 @@ def secret_task(tmp_path_factory, ray_cluster):
     """The warm-started model (an SFT run on a worker of the shared cluster) and the
     task's files."""
     from engine.data.secret import write_secret_task
-    from engine.data.secret_warmup import warm_start
     from engine.models.tiny import build_tiny_model
+    from engine.warmup.secret import warm_start
 
     root = tmp_path_factory.mktemp("secret")
     build_tiny_model(root / "base")

@@ -1,6 +1,6 @@
 """The learning proof of vision-language RL on CPU: GRPO with the HF rollout on the
 synthetic shapes task (engine.data.shapes: which square is larger, red or blue), a tiny
-Qwen2.5-VL warmed up on the answer's format only (engine.data.shapes_warmup: colours
+Qwen2.5-VL warmed up on the answer's format only (engine.warmup.shapes: colours
 drawn at random, whatever the image). The task's scorer pays +1 for the right colour and
 -1 for the wrong one, so a policy blind to the images scores 0 on average whatever it
 learns: the score rises only if the images reach generation and training intact, each
@@ -25,8 +25,8 @@ def warm_model(tmp_path_factory):
     small for two to pay, and two spin against any other work on the cores."""
     import torch
 
-    from engine.data.shapes_warmup import warm_start
     from engine.models.tiny_vl import build_tiny_vl_model
+    from engine.warmup.shapes import warm_start
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

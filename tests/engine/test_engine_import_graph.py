@@ -31,6 +31,15 @@ LOWER_FIRST = [
     ("engine.agents", "engine.rollout"),
     ("engine.train", "engine.rollout"),
     ("engine.workers", "engine.controller"),  # the roles, and their spawning, use Ray's plumbing
+    # The tiny models are built for the shipped tasks; the tasks' scorers read the tasks'
+    # data; SFT reads prompts with the RL data's loader; the warm starts drive all three.
+    # A user's file (a reward function, a tool, a dataset class) loads through
+    # engine.user_code, which none of them owns.
+    ("engine.models", "engine.data"),
+    ("engine.reward", "engine.data"),
+    ("engine.sft", "engine.data"),
+    ("engine.warmup", "engine.sft"),
+    ("engine.warmup", "engine.models"),
 ]
 
 

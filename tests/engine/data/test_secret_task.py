@@ -73,8 +73,8 @@ def test_warm_start_transcripts_train_on_the_models_turns_only(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from engine.agents.chat import ChatFormat
-    from engine.data.secret_warmup import CALL, transcript
     from engine.sft.conversation import ConversationTokenizer
+    from engine.warmup.secret import CALL, transcript
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     chat = ChatFormat(tokenizer, [tool_schema()])

@@ -11,7 +11,7 @@ image: its score is still 0 on average (engine.reward.shapes), and only RL that 
 the image can raise it. The steps run the engine's own image path (``RLDataset`` with
 the model's processor, ``TokenBatch`` with its images, the training forward).
 
-    python -m engine.data.shapes_warmup MODEL_DIR [--steps 30]   # in place
+    python -m engine.warmup.shapes MODEL_DIR [--steps 30]   # in place
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def warm_start(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.data.shapes_warmup",
+        prog="python -m engine.warmup.shapes",
         description="Warm a vision-language model up on the shapes task's answer format.",
     )
     parser.add_argument("model_dir", help="the model's folder, rewritten in place")

@@ -19,7 +19,7 @@ that scored. The transcripts are conversations in verl's SFT layout (a ``message
 column, the tool's schema in ``tools``), tokenized by the chat template with the tool as
 the rollout's prompts are, the loss on the model's turns only.
 
-    python -m engine.data.secret_warmup --model runs/tool/base --out runs/tool/warm
+    python -m engine.warmup.secret --model runs/tool/base --out runs/tool/warm
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def warm_start(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.data.secret_warmup", description=__doc__.splitlines()[0]
+        prog="python -m engine.warmup.secret", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--model", required=True, metavar="DIR", help="the model to start from")
     parser.add_argument("--out", required=True, metavar="DIR", help="where to save it")
