@@ -42,8 +42,8 @@ class Problem:
 
 def check_versions(backends: Sequence[str]) -> list[Problem]:
     """The installed versions of ``backends`` (vllm, sglang, megatron) against the
-    supported ranges (engine.rollout.versions)."""
-    from engine.rollout.versions import SUPPORTED, installed_version, version_tuple
+    supported ranges (engine.versions)."""
+    from engine.versions import SUPPORTED, installed_version, version_tuple
 
     problems = []
     for name in backends:

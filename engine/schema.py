@@ -34,13 +34,13 @@ from engine.errors import ConfigError
 from engine.exits import exit_words, reason_words
 from engine.memory_peaks import NEAR_LIMIT
 from engine.models.families import MODEL_TYPES, family_rules
-from engine.rollout.versions import SUPPORTED, version_tuple
 from engine.storage import open_store
 from engine.supervisor import RECORD_FILE as RESTARTS_FILE
 from engine.supervisor import Attempt, Restarts, read_restarts, supervisor_args
 from engine.train.lora_saved import CONFIG_FILE as ADAPTER_CONFIG_FILE
 from engine.train.lora_saved import adapter_settings
 from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
+from engine.versions import SUPPORTED, version_tuple
 
 __all__ = [
     "ADAPTER_CONFIG_FILE",

@@ -2,7 +2,7 @@
 
 By default a plan names an image anyone can pull today: the inference engine's own
 release image for the vendor (vLLM's for NVIDIA and ROCm, SGLang's for NVIDIA), pinned
-by tag to the release the engine is tested against (engine/rollout/versions.py's pins;
+by tag to the release the engine is tested against (engine/versions.py's pins;
 tests/rlctl/test_images.py keeps them equal). The node's setup then installs, over the
 image, exactly the rlctl the user launched from (a wheel shipped with the job,
 ``rlctl/wheel.py``) and the engine's dependencies the image lacks (``rlctl/jobenv.py``).
@@ -38,7 +38,7 @@ def check_image(image: str, source: str) -> None:
         )
 
 
-# The releases the public images are pinned to: engine/rollout/versions.py's `pinned`.
+# The releases the public images are pinned to: engine/versions.py's `pinned`.
 VLLM = "0.33.0"
 SGLANG = "0.5.23"
 

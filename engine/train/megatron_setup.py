@@ -20,7 +20,7 @@ from engine.train.megatron_parallel import MegatronParallel
 
 def require_megatron_core() -> str:
     """Check that a supported megatron-core is importable; returns its version."""
-    from engine.rollout.versions import BackendVersionError, check_version
+    from engine.versions import BackendVersionError, check_version
 
     version = check_version("megatron")  # a clear error naming the extra when missing
     try:

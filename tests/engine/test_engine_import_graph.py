@@ -35,6 +35,7 @@ LOWER_FIRST = [
     # data; SFT reads prompts with the RL data's loader; the warm starts drive all three.
     # A user's file (a reward function, a tool, a dataset class) loads through
     # engine.user_code, which none of them owns.
+    ("engine.rollout", "engine.config"),  # the version table is engine.versions, below both
     ("engine.models", "engine.data"),
     ("engine.reward", "engine.data"),
     ("engine.sft", "engine.data"),

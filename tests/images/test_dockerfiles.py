@@ -1,4 +1,4 @@
-"""The images agree with the code: pinned versions inside engine/rollout/versions.py's
+"""The images agree with the code: pinned versions inside engine/versions.py's
 ranges, the project's own version, and the tags that rlctl/hardware.py puts in plans.
 
 A small Dockerfile parser (FROM, ARG defaults, ``pip install`` requirements with
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.rollout.versions import SUPPORTED, in_range
+from engine.versions import SUPPORTED, in_range
 from rlctl import __version__
 from rlctl.hardware import ACCELERATORS
 
@@ -232,7 +232,7 @@ def test_pyproject_extras_state_the_supported_ranges():
         line = re.search(rf"^{extra} = \[(.*)\]$", _pyproject(), re.M)
         assert line, f"pyproject.toml has no [{extra}] extra"
         assert f'"{distribution or spec.distribution}{spec.range}"' in line.group(1), (
-            f"pyproject extra {extra!r} is {line.group(1)}, engine/rollout/versions.py says"
+            f"pyproject extra {extra!r} is {line.group(1)}, engine/versions.py says"
             f" {spec.distribution}{spec.range}"
         )
 

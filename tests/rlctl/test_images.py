@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from engine.rollout.versions import SUPPORTED
+from engine.versions import SUPPORTED
 from rlctl import api, images
 from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
 from rlctl.backends.skypilot_profile import NodeSoftware

