@@ -91,6 +91,19 @@ class GenerationOutput:
     routed_experts: list[torch.Tensor] | None = None
 
 
+# Multimodal rotary positions of text (an image's come from engine.models.mrope, which
+# builds on these types).
+def text_positions(length: int) -> torch.Tensor:
+    """(3, length): a text-only prompt's positions, the same in all three."""
+    return torch.arange(length).expand(3, length)
+
+
+def response_positions(prompt_3P: torch.Tensor, length: int) -> torch.Tensor:
+    """(3, length): the positions of ``length`` response tokens after the prompt's."""
+    start = int(prompt_3P.max()) + 1 if prompt_3P.numel() else 0
+    return torch.arange(start, start + length).expand(3, length)
+
+
 @dataclass
 class VisionInputs:
     """A vision-language batch's images and its tokens' multimodal rotary positions."""
@@ -107,8 +120,6 @@ class VisionInputs:
     ) -> VisionInputs:
         """The positions of rows laid out as ``TokenBatch.from_ragged`` lays them: each
         prompt's own (text-only rows: 0, 1, 2... in all three), its response after them."""
-        from engine.models.mrope import response_positions, text_positions
-
         batch, width = attention_mask_BS.shape
         positions = torch.zeros((batch, 3, width), dtype=torch.long)
         for i, row in enumerate(images):

@@ -57,14 +57,3 @@ def prompt_positions(
     if image != len(grids):
         raise ValueError(f"{len(grids)} images but pad tokens for {image}")
     return out
-
-
-def text_positions(length: int) -> torch.Tensor:
-    """(3, length): a text-only prompt's positions, the same in all three."""
-    return torch.arange(length).expand(3, length)
-
-
-def response_positions(prompt_3P: torch.Tensor, length: int) -> torch.Tensor:
-    """(3, length): the positions of ``length`` response tokens after the prompt's."""
-    start = int(prompt_3P.max()) + 1 if prompt_3P.numel() else 0
-    return torch.arange(start, start + length).expand(3, length)

@@ -37,6 +37,7 @@ LOWER_FIRST = [
     # engine.user_code, which none of them owns.
     ("engine.rollout", "engine.config"),  # the version table is engine.versions, below both
     ("engine.models", "engine.data"),
+    ("engine.models", "engine.types"),  # text's multimodal positions are the batch type's
     ("engine.reward", "engine.data"),
     ("engine.sft", "engine.data"),
     ("engine.warmup", "engine.sft"),
