@@ -21,6 +21,7 @@ from engine.config import (
     to_yaml,
 )
 from engine.config.load import load
+from engine.config.megatron_parallel import MegatronParallel, pipeline_stage_layers
 from engine.config.routing_replay import model_problems as routing_replay_model_problems
 from engine.config.sft import SFT
 from engine.config.sft_sections import SFTConfig
@@ -39,7 +40,6 @@ from engine.supervisor import RECORD_FILE as RESTARTS_FILE
 from engine.supervisor import Attempt, Restarts, read_restarts, supervisor_args
 from engine.train.lora_saved import CONFIG_FILE as ADAPTER_CONFIG_FILE
 from engine.train.lora_saved import adapter_settings
-from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
 from engine.versions import SUPPORTED, version_tuple
 
 __all__ = [

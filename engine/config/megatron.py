@@ -25,7 +25,7 @@ _NO_MCORE_OFFLOAD = (
 class MegatronConfig:
     """``strategy=megatron``: Megatron-core's parallel sizes (verl's ``<role>.megatron.*``).
     Data parallel is the rest of the world. The rules are in
-    ``engine.train.megatron_parallel`` (what the engine supports and why)."""
+    ``engine.config.megatron_parallel`` (what the engine supports and why)."""
 
     tensor_model_parallel_size: int = setting(
         1, "Ranks that split every layer (tensor parallel); they share their rows."
@@ -186,7 +186,7 @@ def megatron_rules(cfg: EngineConfig) -> list[str]:
     if not roles:
         return []
     # Pure python (no torch): importable wherever this module is.
-    from engine.train.megatron_parallel import CONFIG_KEYS, MegatronParallel
+    from engine.config.megatron_parallel import CONFIG_KEYS, MegatronParallel
 
     p = []
     if cfg.trainer.device == "npu":

@@ -159,7 +159,7 @@ def engine_rules(cfg: SFTConfig) -> list[str]:
     }
     world = cfg.trainer.world_size
     if cfg.megatron:
-        from engine.train.megatron_parallel import MegatronParallel
+        from engine.config.megatron_parallel import MegatronParallel
 
         if e.ulysses_sequence_parallel_size != 1:
             p.append(

@@ -107,6 +107,7 @@ import torch
 import torch.distributed as dist
 
 from engine.config import OptimConfig
+from engine.config.megatron_parallel import CONFIG_KEYS, MegatronParallel
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.train.megatron_checkpoint import MegatronCheckpoint, hf_state_dict_from_checkpoint
@@ -120,7 +121,6 @@ from engine.train.megatron_model import (
 )
 from engine.train.megatron_modules import SDPAttention
 from engine.train.megatron_ops import attention_mask_B1SS, check_consecutive_positions
-from engine.train.megatron_parallel import CONFIG_KEYS, MegatronParallel
 from engine.train.megatron_setup import _init_parallel_state, require_megatron_core
 from engine.train.megatron_update import MegatronUpdate
 from engine.train.megatron_weights import MegatronWeights

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.config.megatron_parallel import MegatronParallel
 from engine.errors import EngineError
 from engine.train.megatron_convert import is_expert, merge_from_tp
 from engine.train.megatron_model import _is_tp_split, _to_hf_pairs
 from engine.train.megatron_ops import _atomic_save
-from engine.train.megatron_parallel import MegatronParallel
 from engine.train.megatron_state import EngineState
 
 CHECKPOINT_FORMAT = 1

@@ -66,7 +66,7 @@ from typing import Any
 import torch
 
 from engine.models.families.base import WeightNames
-from engine.train.megatron_config import AttentionShape
+from engine.models.megatron_config import AttentionShape
 
 NamedTensor = tuple[str, torch.Tensor]
 COMMON_NAMES_ONLY = WeightNames()  # a family with no names of its own (Llama)

@@ -17,10 +17,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config.megatron_parallel import MegatronParallel, pipeline_stage_layers
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.models.families import family
-from engine.train.megatron_config import (
+from engine.models.megatron_config import (
     AttentionShape,
     gpt_model_kwargs,
     has_shared_expert_gate,
@@ -39,7 +40,6 @@ from engine.train.megatron_convert import (
     tp_split_dim,
 )
 from engine.train.megatron_modules import SDPAttention, TorchRMSNorm, ValueHead, _duplicated_linear
-from engine.train.megatron_parallel import MegatronParallel, pipeline_stage_layers
 from engine.train.megatron_pipeline import Stage, shift_layer
 
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.config.megatron_parallel import MegatronParallel
 from engine.device import DeviceSpec
 from engine.errors import EngineError
 from engine.train import megatron_context
-from engine.train.megatron_parallel import MegatronParallel
 
 # ---------------------------------------------------------------------------
 # megatron-core, imported lazily

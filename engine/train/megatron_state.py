@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.config import OptimConfig
+from engine.config.megatron_parallel import MegatronParallel
 from engine.device import DeviceSpec
 from engine.train.megatron_model import _local_experts
-from engine.train.megatron_parallel import MegatronParallel
 from engine.train.megatron_pipeline import Stage, StageLink
 from engine.train.routing_replay import NO_REPLAY
 

@@ -35,7 +35,7 @@ def one_problem(overrides: list[str]) -> str:
 
 
 def test_config_imports_without_torch_or_ray():
-    # Validating a Megatron config too: its rules (engine.train.megatron_parallel) are
+    # Validating a Megatron config too: its rules (engine.config.megatron_parallel) are
     # pure python, so rlctl checks such a recipe on a laptop without torch.
     code = (
         "import sys, engine.config, engine.main; "

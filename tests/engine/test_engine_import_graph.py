@@ -38,6 +38,9 @@ LOWER_FIRST = [
     ("engine.rollout", "engine.config"),  # the version table is engine.versions, below both
     ("engine.models", "engine.data"),
     ("engine.models", "engine.types"),  # text's multimodal positions are the batch type's
+    # The config validates Megatron's parallel sizes (engine.config.megatron_parallel) and
+    # reads the model's Megatron shape (engine.models.megatron_config); training reads both.
+    ("engine.train", "engine.config"),
     ("engine.reward", "engine.data"),
     ("engine.sft", "engine.data"),
     ("engine.warmup", "engine.sft"),
@@ -55,3 +58,9 @@ def test_subpackages_import_one_way(upper, lower):
 def test_package_graph_counts_imports_between_packages_only():
     graph = {"engine.a.x": {"engine.a.y", "engine.b.z"}, "engine.a.y": set(), "engine.b.z": set()}
     assert package_graph(graph) == {"engine.a": {"engine.b"}, "engine.b": set()}
+
+
+def test_no_two_subpackages_import_each_other():
+    packages = package_graph(import_graph(PACKAGE, runtime_only=True))
+    both = sorted((a, b) for a in packages for b in packages[a] if a < b and a in packages[b])
+    assert both == []

@@ -560,7 +560,7 @@ def test_moe_megatron_plans_pass_the_engine_checks(model, accelerator):
     which the plan turns on with TP)."""
     import transformers
 
-    from engine.train.megatron_parallel import MegatronParallel
+    from engine.config.megatron_parallel import MegatronParallel
     from rlctl.model_table import table_config
 
     plan = make_plan(PlanRequest(model, accelerator, None, train_backend="megatron"))
@@ -582,7 +582,7 @@ def test_a_pinned_expert_tensor_parallel_size_splits_the_experts():
     grid ETP × EP × PP divides the world, and the engine accepts the layout."""
     import transformers
 
-    from engine.train.megatron_parallel import MegatronParallel
+    from engine.config.megatron_parallel import MegatronParallel
     from rlctl.api import plan_recipe
     from rlctl.model_table import table_config
     from rlctl.recipe import parse_recipe
@@ -824,7 +824,7 @@ def test_context_parallel_plans_pass_engine_validation(request_kwargs):
     and the vocabulary; PP forms the stages) hold on the model's own config."""
     import transformers
 
-    from engine.train.megatron_parallel import MegatronParallel
+    from engine.config.megatron_parallel import MegatronParallel
     from rlctl.model_table import table_config
 
     plan = make_plan(PlanRequest(**request_kwargs))

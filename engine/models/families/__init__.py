@@ -6,7 +6,7 @@ mixtures of experts and their shared experts), which the planner sizes with and 
 conversion builds; its translation into Megatron-core's ``TransformerConfig`` (routing,
 RoPE, arguments of its own, settings it cannot convert); its weight names beyond every
 family's; and the sizes of its tiny test model. Everything else is shared:
-``engine.train.megatron_config`` (the config translation), ``megatron_convert`` (the
+``engine.models.megatron_config`` (the config translation), ``megatron_convert`` (the
 weights), ``engine.models.tiny`` (the tiny models) and ``rlctl.models`` (through
 ``engine.schema``) ask the family, never the model type.
 

@@ -86,16 +86,16 @@ def test_every_family_converts_both_ways(model_type):
     """The family's tiny model: checkpoint names to Megatron-core's and back, every
     tensor in place, with the family's names; its config translates without a problem."""
     torch = pytest.importorskip("torch")
-    from engine.models.tiny import random_model, tiny_config
-    from engine.rollout.weights import as_checkpoint, checkpoint_reverter
-    from engine.train.megatron_config import (
+    from engine.config.megatron_parallel import MegatronParallel
+    from engine.models.megatron_config import (
         AttentionShape,
         conversion_problems,
         gpt_model_kwargs,
         transformer_config_kwargs,
     )
+    from engine.models.tiny import random_model, tiny_config
+    from engine.rollout.weights import as_checkpoint, checkpoint_reverter
     from engine.train.megatron_convert import hf_to_megatron, megatron_to_hf
-    from engine.train.megatron_parallel import MegatronParallel
 
     cfg = tiny_config(model_type, **TINY)
     assert cfg.model_type == model_type

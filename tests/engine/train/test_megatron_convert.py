@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.models.families import family
-from engine.train.megatron_config import (
+from engine.models.megatron_config import (
     AttentionShape,
     gpt_model_kwargs,
     transformer_config_kwargs,
@@ -416,7 +416,7 @@ def test_expert_numbering():
 
 
 def test_moe_config_translation():
-    from engine.train.megatron_config import has_shared_expert_gate, moe_layers
+    from engine.models.megatron_config import has_shared_expert_gate, moe_layers
 
     qwen3 = transformer_config_kwargs(_moe_config("qwen3_moe", norm_topk_prob=True))
     assert qwen3["num_moe_experts"] == 4 and qwen3["moe_router_topk"] == 2
@@ -493,8 +493,8 @@ def test_deepseek_names_both_ways():
 
 
 def test_deepseek_config_translation():
-    from engine.train.megatron_config import conversion_problems, moe_layers
-    from engine.train.megatron_parallel import MegatronParallel
+    from engine.config.megatron_parallel import MegatronParallel
+    from engine.models.megatron_config import conversion_problems, moe_layers
 
     kw = transformer_config_kwargs(_deepseek_config())
     assert kw["multi_latent_attention"] and kw["qk_layernorm"]

@@ -4,7 +4,7 @@ needed). The schedule running on real stages is tested in test_megatron_backend.
 
 import pytest
 
-from engine.train.megatron_parallel import pipeline_stage_layers
+from engine.config.megatron_parallel import pipeline_stage_layers
 from engine.train.megatron_pipeline import Stage, layer_index, one_f_one_b, shift_layer
 
 

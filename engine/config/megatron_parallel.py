@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from engine.errors import ConfigError
-from engine.train.megatron_config import (
+from engine.models.megatron_config import (
     AttentionShape,
     conversion_problems,
     is_mla,
