@@ -272,9 +272,10 @@ class Supervisor:
             attempt.next, attempt.why = RECOVERED, "stopped from outside: a preemption"
             self.save()
             return self.hand_back
-        if attempt.next in RESTARTED:
+        if attempt.next in RESTARTED:  # counted in ``used`` already
+            r = self.restarts
             attempt.next = REQUEUE
-            attempt.why = attempt.why.split(":")[0] + ": SkyPilot starts the job again"
+            attempt.why = f"restart {r.used} of {r.max_restarts}: SkyPilot starts the job again"
             self.save()
             self.say(attempt.why)
             return self.hand_back

@@ -234,8 +234,9 @@ def logs(ref: str, follow: bool = False, store: JobStore | None = None) -> Itera
 
 def memory_lines(ref: str, store: JobStore | None = None) -> list[str]:
     """Each role's peak memory against the plan and the limit, as ``rlctl status`` shows
-    it (rlctl/memory_report.py); [] when the run logged none or its files are elsewhere."""
-    memory = read_progress((store or JobStore()).get(ref)).memory
+    it (rlctl/memory_report.py); [] when the run logged none or its files are elsewhere
+    (nothing is read from a bucket for it)."""
+    memory = read_progress((store or JobStore()).get(ref), bucket=False).memory
     return memory.lines() if memory else []
 
 

@@ -153,11 +153,17 @@ class Progress:
         }
 
 
-def read_progress(job: Job) -> Progress:
-    """The job's progress from its files, or a ``Progress`` with only a ``note``."""
+def read_progress(job: Job, bucket: bool = True) -> Progress:
+    """The job's progress from its files, or a ``Progress`` with only a ``note`` (and a
+    managed SkyPilot job's restarts, read from its bucket unless ``bucket`` is False)."""
     root = _readable_root(job)
     if isinstance(root, Progress):
-        return root
+        url = job.handle.get("restarts") if job.handle and bucket else None
+        if url is None:
+            return root
+        restarts, problem = _bucket_restarts(url, job.state.terminal)
+        note = f"{root.note}; {problem}" if problem else root.note
+        return dataclasses.replace(root, note=note, restarts=restarts)
     try:
         log = Path(job.handle.get("log") or root / "job.log")
         return _read(root, log, job.state.terminal, _plan(job))
@@ -170,11 +176,7 @@ def _readable_root(job: Job) -> Path | Progress:
     if not job.handle:
         return Progress(note="not submitted: no run to read")
     if job.backend == "skypilot":
-        note = "not readable from here: the metrics are on the cloud's nodes"
-        if job.handle.get("restarts"):  # a managed job's record, in the bucket
-            restarts, problem = _bucket_restarts(job.handle["restarts"], job.state.terminal)
-            return Progress(note=f"{note}; {problem}" if problem else note, restarts=restarts)
-        return Progress(note=note)
+        return Progress(note="not readable from here: the metrics are on the cloud's nodes")
     if job.handle.get("ssh"):
         return Progress(
             note=f"not readable from here: the job root is on {job.handle['ssh']} (over ssh)"

@@ -404,6 +404,7 @@ def test_a_skypilot_managed_jobs_restarts_are_read_from_its_bucket(tmp_path):
         " rollout.generate ran 16 s, past its bound of 15 s); restart 1 of 3: SkyPilot starts"
         " the job again",
     ]
+    assert read_progress(job, bucket=False).restarts is None  # rlctl logs' memory: no bucket read
     job = store.set_handle(job.id, {**handle, "restarts": "hdfs://b/restarts.json"})
     p = read_progress(job)
     assert (
