@@ -477,8 +477,11 @@ def _check_model_configs(cfg: EngineConfig) -> Any:
 
 
 def run_dir(cfg: EngineConfig) -> Path:
-    """Where logs and metrics go: the checkpoint dir when it is local, else a local
-    folder named after the run (a bucket holds only checkpoints)."""
+    """Where logs and metrics go: ``trainer.run_dir`` when set, else the checkpoint dir
+    when it is local, else a local folder named after the run (a bucket holds only
+    checkpoints)."""
+    if cfg.trainer.run_dir:
+        return Path(cfg.trainer.run_dir)
     root = cfg.trainer.default_local_dir
     if is_remote(root):
         return Path("runs") / cfg.trainer.project_name / cfg.trainer.experiment_name

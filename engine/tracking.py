@@ -7,6 +7,7 @@ that can show generated samples (``trainer.log_val_generations``) ``log_samples`
 
     console      one line per step on stdout: ``step 3/40 | score 0.123 | ...``
     jsonl        ``<run_dir>/metrics.jsonl``, one JSON object per step; always on
+                 (and ``progress.json`` beside checkpoints kept apart: engine.progress_file)
     tensorboard  ``<run_dir>/tensorboard`` (torch's ``SummaryWriter``)
     wandb        Weights & Biases; ``WANDB_MODE=offline`` works without a network
     mlflow       ``MLFLOW_TRACKING_URI``, else a file store in ``<run_dir>/mlruns``
@@ -37,6 +38,7 @@ from typing import Any, Protocol, TextIO
 
 from engine.config import LOGGERS, TrainerConfig
 from engine.errors import EngineError
+from engine.progress_file import ProgressMirror, mirror_folder
 
 INSTALL_HINT = "pip install 'rlctl[trackers]'"
 METRICS_FILE = "metrics.jsonl"
@@ -109,6 +111,9 @@ class Tracker:
         try:
             for name in dict.fromkeys(["jsonl", *cfg.loggers]):  # jsonl always, each once
                 self.loggers.append(_LOGGERS[name](info))
+            folder = mirror_folder(cfg)
+            if folder is not None:  # the run folder is out of rlctl's reach
+                self.loggers.append(ProgressMirror(folder, total_steps, resumed_from_step))
         except BaseException:
             self.close(failed=True)
             raise

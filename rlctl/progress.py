@@ -158,12 +158,7 @@ def read_progress(job: Job, bucket: bool = True) -> Progress:
     managed SkyPilot job's restarts, read from its bucket unless ``bucket`` is False)."""
     root = _readable_root(job)
     if isinstance(root, Progress):
-        url = job.handle.get("restarts") if job.handle and bucket else None
-        if url is None:
-            return root
-        restarts, problem = _bucket_restarts(url, job.state.terminal)
-        note = f"{root.note}; {problem}" if problem else root.note
-        return dataclasses.replace(root, note=note, restarts=restarts)
+        return _from_bucket(job, root) if bucket and job.handle else root
     try:
         log = Path(job.handle.get("log") or root / "job.log")
         return _read(root, log, job.state.terminal, _plan(job))
@@ -210,9 +205,18 @@ def _read(root: Path, log: Path, finished: bool, plan: Mapping[str, Any]) -> Pro
     records = _records(metrics) if metrics.is_file() else []
     if not records:
         return dataclasses.replace(read, note=f"no metrics yet ({metrics})")
+    return _summary(read, records, _total_steps(engine, log_text), finished, plan)
 
+
+def _summary(
+    read: Progress,
+    records: list[dict[str, Any]],
+    total: int | None,
+    finished: bool,
+    plan: Mapping[str, Any],
+) -> Progress:
+    """``read`` with what the last steps' records say (oldest first, at least one)."""
     step = records[-1]["step"]
-    total = _total_steps(engine, log_text)
     times = [t for r in records[-RECENT_STEPS:] if (t := _number(r.get(STEP_TIME_KEY))) is not None]
     step_s = statistics.median(times) if times else None
     eta = None
@@ -232,6 +236,51 @@ def _read(root: Path, log: Path, finished: bool, plan: Mapping[str, Any]) -> Pro
         scores=scores,
         memory=memory_report(records, plan, NEAR_LIMIT),
     )
+
+
+def _from_bucket(job: Job, unread: Progress) -> Progress:
+    """A SkyPilot job's progress from the files its run keeps beside the checkpoints in
+    their bucket (engine.progress_file; the supervisor's record when the bucket is
+    mounted); ``unread`` (why the run's folder is out of reach) when there are none."""
+    assert job.handle is not None
+    finished = job.state.terminal
+    read, problems = unread, []
+    if url := job.handle.get("restarts"):
+        restarts, problem = _bucket_restarts(url, finished)
+        read = dataclasses.replace(read, restarts=restarts)
+        problems += [problem] if problem else []
+    if url := job.handle.get("progress"):
+        records, total, problem = _bucket_records(url)
+        problems += [problem] if problem else []
+        if records:
+            read = _summary(read, records, total, finished, _plan(job))
+            read = dataclasses.replace(read, note=None, metrics_path=url)
+        elif problem is None:
+            read = dataclasses.replace(read, note=f"no metrics yet ({url})")
+    if problems:
+        read = dataclasses.replace(read, note="; ".join(filter(None, [read.note, *problems])))
+    return read
+
+
+def _bucket_records(url: str) -> tuple[list[dict[str, Any]], int | None, str | None]:
+    """The steps in a run's ``progress.json`` (engine.progress_file), its total steps,
+    and why it could not be read (None: it was, or there is none yet)."""
+    from engine.schema import open_store
+
+    folder, _, name = url.rpartition("/")
+    try:
+        text = open_store(folder).read_text(name)
+        data = json.loads(text) if text else {}
+    except Exception as exc:  # credentials, the network: status must still print
+        return [], None, f"the progress not read from {url}: {exc}"
+    steps = data.get("steps") if isinstance(data, dict) else None
+    records = [r for r in steps or [] if isinstance(r, dict) and _is_step(r.get("step"))]
+    total = data.get("total_steps") if isinstance(data, dict) else None
+    return records, total if _is_step(total) and total > 0 else None, None
+
+
+def _is_step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _restarts(root: Path, finished: bool) -> Restarts | None:
@@ -325,6 +374,8 @@ def _run_dir(root: Path, engine: Mapping[str, Any]) -> Path:
     """Where the engine writes metrics, as engine/runtime.py:run_dir decides, seen from
     the job's directory (the job runs there: local cwd, Slurm --chdir)."""
     trainer = _trainer(engine)
+    if isinstance(trainer.get("run_dir"), str) and trainer["run_dir"]:
+        return root / trainer["run_dir"]  # rlctl sets it when checkpoints are apart
     local_dir = trainer.get("default_local_dir")
     if not isinstance(local_dir, str) or not local_dir:
         return root / "run"  # rlctl/spec.py:JobPaths.run_dir, the default

@@ -33,13 +33,15 @@ FIELD_KEYS = {
         "model": "actor_rollout_ref.model.path",
         "train": "data.train_files",
         "val": "data.val_files",
-        "run_dir": "trainer.default_local_dir",
+        "checkpoints": "trainer.default_local_dir",
+        "run_dir": "trainer.run_dir",
     },
     True: {
         "model": "model.path",
         "train": "data.train_files",
         "val": "data.val_files",
-        "run_dir": "trainer.default_local_dir",
+        "checkpoints": "trainer.default_local_dir",
+        "run_dir": "trainer.run_dir",
     },
 }
 

@@ -120,6 +120,8 @@ class JobSpec:
     # python -m engine.doctor with the plan's checks, run on every node before the engine
     # (rlctl/preflight.py); () when the recipe turned it off
     preflight: tuple[str, ...] = ()
+    # the engine's trainer.default_local_dir, as the nodes reach it (a path, a bucket URL)
+    checkpoints: str = ""
 
     @property
     def file_texts(self) -> dict[str, str]:
@@ -210,7 +212,10 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
         keys[field_key["train"]] = list(recipe.data.train)
         keys[field_key["val"]] = list(recipe.data.val)
     assert paths.checkpoints or not recipe.checkpoints, "paths made without the checkpoints"
-    keys[field_key["run_dir"]] = paths.checkpoints or paths.run_dir
+    keys[field_key["checkpoints"]] = paths.checkpoints or paths.run_dir
+    if paths.checkpoints:  # metrics and logs stay on the node's disk: a bucket (mounted
+        # or not) cannot append to a file; progress.json goes beside the checkpoints
+        keys[field_key["run_dir"]] = paths.run_dir
     # Order: what the recipe's fields mean, then the plan's sizing, then the recipe's
     # own engine keys (a person's explicit choice wins; the planner checked them).
     merged = {**keys, **recipe.engine_overrides(), **plan.engine_overrides(), **recipe.engine}
@@ -255,6 +260,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
             model_cfg.trust_remote_code,
             mounted=paths.mount is not None,  # SkyPilot: the bucket as the nodes see it
         ),
+        checkpoints=trainer.default_local_dir,
     )
 
 

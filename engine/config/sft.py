@@ -392,6 +392,7 @@ def engine_view(cfg: SFTConfig, total_steps: int) -> EngineConfig:
         resume_from_path=t.resume_from_path,
         logger=t.logger,
         default_local_dir=t.default_local_dir,
+        run_dir=t.run_dir,
         max_actor_ckpt_to_keep=t.max_ckpt_to_keep,
         preemption_save_steps=t.preemption_save_steps,
         max_consecutive_skipped_updates=t.max_consecutive_skipped_updates,

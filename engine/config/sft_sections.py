@@ -458,6 +458,11 @@ class SFTTrainerConfig:
         "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
         "The run's folder (checkpoints, metrics): a local path or a bucket URL (s3://, gs://).",
     )
+    run_dir: str | None = setting(
+        None,
+        "The run's own folder (metrics.jsonl, the workers' table), a local path; null:"
+        " default_local_dir when that is local, else runs/<project_name>/<experiment_name>.",
+    )
     max_ckpt_to_keep: int | None = setting(None, "Keep the last K complete checkpoints; null: all.")
     seed: int = setting(1, "Seed of the model's build and the conversations' shuffle.")
     preemption_save_steps: int = setting(

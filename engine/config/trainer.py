@@ -69,6 +69,14 @@ class TrainerConfig:
         "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
         "The run's folder (checkpoints, metrics): a local path or a bucket URL (s3://, gs://).",
     )
+    run_dir: str | None = setting(
+        None,
+        "The run's own folder (metrics.jsonl, tensorboard, the workers' table and stacks),"
+        " a local path; null: default_local_dir when that is local, else"
+        " runs/<project_name>/<experiment_name>. rlctl sets it when the checkpoints are in a"
+        " bucket, mounted or not (a mounted bucket cannot append to a file); the run then"
+        " also writes progress.json beside the checkpoints for `rlctl status`.",
+    )
     max_actor_ckpt_to_keep: int | None = setting(
         None, "Keep the last K complete checkpoints; null: all."
     )

@@ -142,6 +142,28 @@ def restarts_url(spec: JobSpec) -> str | None:
     return f"{url.rstrip('/')}/{Path(spec.paths.restarts).name}"
 
 
+def progress_url(spec: JobSpec) -> str | None:
+    """Where ``rlctl status`` reads the run's progress (engine.progress_file): beside
+    the checkpoints when they are in a bucket, mounted or written to it by the engine;
+    None otherwise (the metrics stay on the head node)."""
+    from engine.progress_file import PROGRESS_FILE
+
+    if spec.paths.mount and spec.recipe.checkpoints:
+        folder = spec.recipe.checkpoints  # the mounted bucket, as this machine reaches it
+    elif spec.checkpoints.startswith(("s3://", "gs://")):
+        folder = spec.checkpoints
+    else:
+        return None
+    return f"{folder.rstrip('/')}/{PROGRESS_FILE}"
+
+
+def bucket_handle(spec: JobSpec, managed: bool) -> dict[str, str]:
+    """The job's files in its bucket that ``rlctl status`` reads: the progress, and a
+    managed job's restarts (on a cluster of one's own they stay on the head node)."""
+    urls = {"restarts": restarts_url(spec) if managed else None, "progress": progress_url(spec)}
+    return {key: url for key, url in urls.items() if url}
+
+
 def _local_file(job_id: str, name: str) -> Path:
     """Where a shipped file is written on this machine for SkyPilot to mount: beside
     the job's wheel, in its local job directory."""
@@ -416,8 +438,7 @@ class SkyPilotBackend:
             job_ids, _ = sky.stream_and_get(request)
             job_id = job_ids[0] if isinstance(job_ids, list | tuple) else job_ids
             handle = {"mode": "managed", "name": name, "job_id": job_id, "request_id": str(request)}
-            record = restarts_url(prepared.spec)
-            return {**handle, "restarts": record} if record else handle
+            return {**handle, **bucket_handle(prepared.spec, managed=True)}
         request = sky.launch(
             task,
             cluster_name=opts.cluster,
@@ -432,6 +453,7 @@ class SkyPilotBackend:
             "job_id": job_id,
             "request_id": str(request),
             "down": opts.down,  # stop tears the cluster down too (read by a later CLI call)
+            **bucket_handle(prepared.spec, managed=False),
         }
 
     def status(self, job: Job) -> Observed:

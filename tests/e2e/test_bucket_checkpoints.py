@@ -65,9 +65,11 @@ def test_checkpoints_to_a_bucket_and_resume(s3_server, tiny_model_dir, tmp_path,
         "runs/demo/global_step_4/rng/rank_1.pt",
     } <= keys
     assert not any(k.startswith("runs/demo/global_step_2/") for k in keys)  # kept the last 1
-    # Logs stay on the driver's machine: a bucket holds only checkpoints.
+    # Logs stay on the driver's machine; the bucket holds the checkpoints and the
+    # progress rlctl status reads when the run's machine is out of its reach.
     assert (tmp_path / "runs" / "rlctl" / "demo" / "metrics.jsonl").is_file()
     assert "testing-secret" not in first.stdout + first.stderr
+    assert progress_steps(tmp_path, f"{url}/progress.json") == ([1, 2, 3, 4], 4)
 
     resumed = run(6)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -76,3 +78,20 @@ def test_checkpoints_to_a_bucket_and_resume(s3_server, tiny_model_dir, tmp_path,
         o["Key"] for o in s3_server.list_objects_v2(Bucket="ckpt", Prefix="runs/demo/")["Contents"]
     }
     assert "runs/demo/global_step_6/COMPLETE" in keys
+    # the resumed run kept the first run's steps: the curve goes on from the bucket
+    assert progress_steps(tmp_path, f"{url}/progress.json") == ([1, 2, 3, 4, 5, 6], 6)
+
+
+def progress_steps(tmp_path, url: str) -> tuple[list[int], int | None]:
+    """The steps and total `rlctl status` shows for a SkyPilot job whose checkpoints
+    are at ``url``'s folder (rlctl reads the bucket the engine wrote)."""
+    from rlctl.jobs import JobStore
+    from rlctl.progress import read_progress
+
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create(name="q", recipe_path="r.yaml", recipe_yaml="", plan_json="{}",
+                       backend="skypilot")  # fmt: skip
+    job = store.set_handle(job.id, {"mode": "managed", "job_id": 1, "progress": url})
+    p = read_progress(job)
+    assert p.note is None, p.note
+    return [step for step, _ in p.scores], p.total_steps

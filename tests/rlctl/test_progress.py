@@ -103,6 +103,29 @@ def test_a_finished_job_has_no_time_left(tmp_path):
     assert "left" not in format_progress(p)[0]
 
 
+def test_checkpoints_in_a_bucket_leave_the_metrics_in_the_run_folder(tmp_path):
+    """rlctl sets trainer.run_dir when the checkpoints are apart (spec.py): the
+    metrics are read there, not under the engine's own runs/<project>/<experiment>."""
+    import dataclasses
+
+    from rlctl.api import bundled_recipes, plan_recipe
+    from rlctl.backends.local import LocalBackend
+    from rlctl.spec import build_spec
+
+    recipe = {r.name: r for r in bundled_recipes()}["grpo-qwen05b-gsm8k"]
+    recipe = dataclasses.replace(recipe, checkpoints="s3://b/runs/a")
+    paths = LocalBackend().paths("j", recipe.checkpoints)
+    spec = build_spec(recipe, plan_recipe(recipe), paths)
+    assert f"run_dir: {paths.run_dir}\n" in spec.engine_yaml
+
+    write_run(tmp_path, TEN, total=10)
+    (tmp_path / "engine.yaml").write_text(
+        f"trainer:\n  default_local_dir: s3://b/runs/a\n  run_dir: {tmp_path / 'run'}\n"
+    )
+    p = read_progress(local_job(JobStore(tmp_path / "jobs.db"), tmp_path))
+    assert (p.step, p.metrics_path) == (10, str(tmp_path / "run" / "metrics.jsonl"))
+
+
 @pytest.mark.parametrize("content", [None, "", '{"step": 1, "crit'])
 def test_no_metrics_yet_is_one_plain_line(tmp_path, content):
     write_run(tmp_path, [])
@@ -413,16 +436,58 @@ def test_a_skypilot_managed_jobs_restarts_are_read_from_its_bucket(tmp_path):
     )
 
 
-def test_the_record_is_in_the_bucket_only_when_the_checkpoints_are():
+def test_a_skypilot_jobs_progress_is_read_from_its_bucket(tmp_path):
+    """The run writes progress.json beside its checkpoints (engine.progress_file):
+    status shows step, score, pace, time left and memory from it, as from a local run."""
+    bucket = tmp_path / "bucket" / "runs" / "a"
+    bucket.mkdir(parents=True)
+    memory = {"memory/peak_gib/actor.update": 60.0, "memory/limit_gib": 80.0}
+    steps = [{**r, **memory} for r in TEN]
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.create(name="q", recipe_path="r.yaml", recipe_yaml="",
+                       plan_json=json.dumps(H100_PLAN), backend="skypilot")  # fmt: skip
+    url = f"file://{bucket}/progress.json"
+    job = store.set_handle(job.id, {"mode": "managed", "job_id": 7, "progress": url})
+    p = read_progress(job)
+    assert (p.note, p.step) == (f"no metrics yet ({url})", None)
+
+    (bucket / "progress.json").write_text(json.dumps({"total_steps": 40, "steps": steps}))
+    p = read_progress(job)
+    assert (p.step, p.total_steps, p.score, p.step_s, p.eta_s) == (10, 40, 1.0, 5.5, 165.0)
+    assert (p.note, p.metrics_path) == (None, url)
+    lines = format_progress(p)
+    assert lines[:2] == [
+        "progress: step 10/40 · score 1 · 5.5 s/step · 2m45s left",
+        "score:    ▁▂▃▃▄▅▆▆▇█  min 0.1 max 1 (steps 1-10)",
+    ]
+    assert any(line.startswith("memory:") for line in lines)
+    assert read_progress(job, bucket=False).step is None  # rlctl logs: no bucket read
+
+    job = store.set_handle(job.id, {"mode": "managed", "job_id": 7, "progress": "hdfs://b/p"})
+    p = read_progress(job)
+    assert p.step is None and "the progress not read from hdfs://b/p: unsupported" in p.note
+
+
+def test_the_files_in_the_bucket_are_where_the_checkpoints_are():
     import dataclasses
 
     from rlctl.api import bundled_recipes, plan_recipe
-    from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions, restarts_url
+    from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions, bucket_handle
     from rlctl.spec import build_spec
 
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
     recipe = {r.name: r for r in bundled_recipes()}["grpo-qwen05b-gsm8k"]
-    for checkpoints, url in [("gs://b/runs/a/", "gs://b/runs/a/restarts.json"), (None, None)]:
-        r = dataclasses.replace(recipe, checkpoints=checkpoints)
+    engine_bucket = {**recipe.engine, "trainer.default_local_dir": "s3://x/y"}
+    for changes, managed, cluster in [
+        ({"checkpoints": "gs://b/runs/a/"}, {
+            "restarts": "gs://b/runs/a/restarts.json",
+            "progress": "gs://b/runs/a/progress.json",
+        }, {"progress": "gs://b/runs/a/progress.json"}),
+        # written by the engine itself (not mounted): the restarts stay on the head node
+        ({"engine": engine_bucket}, {"progress": "s3://x/y/progress.json"}, None),
+        ({"checkpoints": None}, {}, {}),
+    ]:  # fmt: skip
+        r = dataclasses.replace(recipe, **changes)
         spec = build_spec(r, plan_recipe(r), backend.paths("j", r.checkpoints))
-        assert restarts_url(spec) == url
+        assert bucket_handle(spec, managed=True) == managed
+        assert bucket_handle(spec, managed=False) == (managed if cluster is None else cluster)

@@ -545,6 +545,7 @@ trainer:
   - console
   - wandb
   default_local_dir: /checkpoints/rlctl/dapo-qwen32b
+  run_dir: /tmp/rlctl/golden/run
   max_actor_ckpt_to_keep: null
   preemption_save_steps: 1
   max_consecutive_skipped_updates: 5

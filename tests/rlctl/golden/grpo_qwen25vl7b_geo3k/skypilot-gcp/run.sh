@@ -544,6 +544,7 @@ trainer:
   logger:
   - console
   default_local_dir: /tmp/rlctl/golden/run
+  run_dir: null
   max_actor_ckpt_to_keep: null
   preemption_save_steps: 1
   max_consecutive_skipped_updates: 5

@@ -307,6 +307,7 @@ trainer:
   logger:
   - console
   default_local_dir: /tmp/rlctl/golden/run
+  run_dir: null
   max_ckpt_to_keep: null
   seed: 1
   preemption_save_steps: 1
