@@ -35,6 +35,7 @@ from engine.errors import ConfigError
 from engine.exits import exit_words, reason_words
 from engine.memory_peaks import NEAR_LIMIT
 from engine.models.families import MODEL_TYPES, family_rules
+from engine.progress_file import PROGRESS_FILE
 from engine.storage import open_store
 from engine.supervisor import RECORD_FILE as RESTARTS_FILE
 from engine.supervisor import Attempt, Restarts, read_restarts, supervisor_args
@@ -46,6 +47,7 @@ __all__ = [
     "ADAPTER_CONFIG_FILE",
     "MODEL_TYPES",
     "NEAR_LIMIT",
+    "PROGRESS_FILE",
     "RESTARTS_FILE",
     "SFT",
     "SUPPORTED",

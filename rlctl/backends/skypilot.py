@@ -146,7 +146,7 @@ def progress_url(spec: JobSpec) -> str | None:
     """Where ``rlctl status`` reads the run's progress (engine.progress_file): beside
     the checkpoints when they are in a bucket, mounted or written to it by the engine;
     None otherwise (the metrics stay on the head node)."""
-    from engine.progress_file import PROGRESS_FILE
+    from engine.schema import PROGRESS_FILE
 
     if spec.paths.mount and spec.recipe.checkpoints:
         folder = spec.recipe.checkpoints  # the mounted bucket, as this machine reaches it

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.metrics import MACHINE_METRICS
+from engine.loop.metrics import MACHINE_METRICS
 from tests.skypilot.sky_harness import BASE, sky_slurm
 
 OPT_IN = "RLCTL_TEST_SKY_MANAGED"
@@ -231,6 +231,15 @@ def test_a_cancelled_allocation_is_recovered_and_resumes_from_the_bucket(
     assert sorted(expected) == sorted(got) == list(range(1, STEPS + 1))
     for step in expected:
         assert got[step] == expected[step], f"step {step} differs from the straight run"
+
+    # rlctl status reads the run's progress from the bucket (this machine's keys for it):
+    # the whole curve, across the recovery, the straight run's scores
+    env = {**managed.env, "AWS_ENDPOINT_URL": bucket.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+    seen = subprocess.run([sys.executable, "-c", CLI, "status", job_id, "--json"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    progress = json.loads(seen.stdout)[0]["progress"]
+    assert (progress["step"], progress["total_steps"], progress["note"]) == (STEPS, STEPS, None)
+    assert progress["scores"] == [[k, expected[k]["critic/score/mean"]] for k in sorted(expected)]
 
 
 def test_a_dead_worker_is_handed_back_to_skypilot_and_the_job_resumes(
