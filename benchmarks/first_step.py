@@ -167,7 +167,7 @@ def run_once(
 def trained(run_dir: Path) -> list[dict]:
     """What the run computed, step by step (the validation before it, the step, the
     validation after it), without what the machine decides (times, throughput, memory)."""
-    from engine.metrics import MACHINE_METRICS
+    from engine.loop.metrics import MACHINE_METRICS
 
     path = run_dir / "metrics.jsonl"
     return [

@@ -43,16 +43,16 @@ MASK_DROPPED = """\
 import runpy
 import sys
 
-import engine.generate
+import engine.loop.generate
 
 
-def generate(self, *args, _original=engine.generate.Generator.generate, **kwargs):
+def generate(self, *args, _original=engine.loop.generate.Generator.generate, **kwargs):
     rollout = _original(self, *args, **kwargs)
     rollout.response_masks = None
     return rollout
 
 
-engine.generate.Generator.generate = generate
+engine.loop.generate.Generator.generate = generate
 if __name__ == "__main__":  # the reward workers spawn and import this file again
     sys.argv = ["engine.main", *sys.argv[1:]]
     runpy.run_module("engine.main", run_name="__main__")

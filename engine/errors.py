@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 # The engine's exit codes: 0 done; 1 a failure (a worker died or raised); 2 a
 # configuration or usage error (EXIT_USER_ERROR); 75 stopped on SIGTERM, requeue me
-# (engine.trainer.Preempted); 76 a phase ran past the hang watchdog's bound, every
+# (engine.loop.trainer.Preempted); 76 a phase ran past the hang watchdog's bound, every
 # worker's stacks are in the log (EXIT_HUNG, engine.watchdog). Which of them a restart
 # may cure: engine.exits. docs/training.md, "Faults".
 EXIT_FAILED = 1

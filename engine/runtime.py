@@ -237,7 +237,7 @@ def read_data(cfg: EngineConfig, files: AgentFiles, clock: StartupClock) -> Driv
     with gc_paused():
         from transformers import AutoTokenizer
 
-        import engine.trainer  # noqa: F401  (torch and the loop's modules, imported here)
+        import engine.loop.trainer  # noqa: F401  (torch and the loop's modules, imported here)
         from engine.data.custom import build_dataset
         from engine.data.loader import PromptLoader
         from engine.models.hf_config import is_vision_language
@@ -366,9 +366,9 @@ def train(
     cfg: EngineConfig, workers: Any, reward: Any, data: DriverData, clock: StartupClock
 ) -> None:
     """The loop, on workers that are up, with its trackers and checkpoints."""
-    from engine.scoring import Scorer
+    from engine.loop.scoring import Scorer
+    from engine.loop.trainer import Trainer
     from engine.tracking import Tracker
-    from engine.trainer import Trainer
     from engine.watchdog import watching
 
     checkpoints = CheckpointManager(cfg.trainer)

@@ -48,7 +48,7 @@ MESSAGE_WIDTH = 160  # of an attempt's message, on its line
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 # the engine's console line (engine/tracking.py:console_line) and resume line
-# (engine/trainer.py:resume)
+# (engine/loop/trainer.py:resume)
 _CONSOLE_STEP = re.compile(r"^step (\d+)/(\d+)(?: \||$)", re.MULTILINE)
 _RESUMED = re.compile(r"^resumed from .* at step (\d+)$", re.MULTILINE)
 

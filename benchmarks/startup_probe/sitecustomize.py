@@ -36,7 +36,7 @@ HOOKS: dict[str, list[tuple[str, str, str]]] = {
         ("WorkerHost.__init__", "end", "workers"),
         ("WorkerHost._build_roles", "end", "models"),
     ],
-    "engine.trainer": [
+    "engine.loop.trainer": [
         ("Trainer.validate", "end", "validation"),
         ("Trainer.train_step", "start", "first_step"),
         ("Trainer.train_step", "end", "first_step_end"),

@@ -9,7 +9,7 @@ modes overlap them, which needs the rollout on workers of its own
   trainer takes each batch from the samples that finished (verl's fully asynchronous
   trainer, after AReaL): ``staleness_threshold`` bounds how far ahead it may run,
   ``trigger_parameter_sync_step`` says how often it gets new weights, and with
-  ``partial_rollout`` the samples in flight continue under them (engine.rollouter).
+  ``partial_rollout`` the samples in flight continue under them (engine.loop.rollouter).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``trainer``: the run as a whole (``engine.runtime``, ``engine.trainer``,
+"""``trainer``: the run as a whole (``engine.runtime``, ``engine.loop.trainer``,
 ``engine.checkpoint``, ``engine.tracking``): devices, length, checkpoints, resumption,
 loggers; and the rules on them."""
 

@@ -287,7 +287,7 @@ class WorkerGroup:
     def submit_each(self, role: str, method: str, per_rank: list[Any], *args: Any) -> Pending:
         """Rank r runs role.method(per_rank[r], *args), not waited for; ``.result()`` is
         the list of results in rank order (the fully asynchronous rollout feeds each
-        rank samples of its own, engine.rollouter)."""
+        rank samples of its own, engine.loop.rollouter)."""
         if len(per_rank) != self.world_size:
             raise ValueError(f"{len(per_rank)} inputs for {self.world_size} ranks")
         refs = [

@@ -1,6 +1,6 @@
 """The fully asynchronous mode's side of the trainer (``async_training.mode=fully_async``;
 docs/async.md): each step takes ``data.train_batch_size`` finished groups from the
-rollouter (``engine.rollouter``), which never stops generating, and every
+rollouter (``engine.loop.rollouter``), which never stops generating, and every
 ``trigger_parameter_sync_step`` steps pushes the actor's weights to the rollout:
 
     sync v0 │ take b0 ─ train → v1 │ sync v1 │ take b1 ─ train → v2 │ ...
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config.async_training import admission_cap
 from engine.data.dataset import PromptSample
-from engine.metrics import STALENESS
+from engine.loop.metrics import STALENESS
+from engine.loop.rollouter import Rollouter
 from engine.rollout.stream import StreamDone
-from engine.rollouter import Rollouter
 from engine.types import GenerationOutput
 
 if TYPE_CHECKING:
-    from engine.batch import Rollout
-    from engine.metrics import StageTimer
-    from engine.overlap import OverlapContext
+    from engine.loop.batch import Rollout
+    from engine.loop.metrics import StageTimer
+    from engine.loop.overlap import OverlapContext
 
 PENDING = "fully_async_pending"  # the trainer state's extra: dataset indices, oldest first
 

@@ -1,6 +1,6 @@
 """The controller's generation calls: prompts sent to the rollout (each ``n`` times), the
 actor's weights pushed first where the rollout has its own, the output scored. Started
-and finished apart, so that an overlap mode (engine.overlap) can generate during
+and finished apart, so that an overlap mode (engine.loop.overlap) can generate during
 training."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.scoring import prompt_images
+from engine.loop.scoring import prompt_images
 from engine.types import GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
-    from engine.batch import Rollout
     from engine.config import EngineConfig
     from engine.controller.worker_group import Pending
     from engine.controller.workers import Workers
     from engine.data.dataset import PromptSample
-    from engine.metrics import StageTimer
-    from engine.scoring import Scorer
-    from engine.weights_version import WeightsVersion
+    from engine.loop.batch import Rollout
+    from engine.loop.metrics import StageTimer
+    from engine.loop.scoring import Scorer
+    from engine.loop.weights_version import WeightsVersion
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.batch import Rollout
+    from engine.loop.batch import Rollout
 
 
 def write_generations(folder: str, step: int, rollout: Rollout, tokenizer: Any) -> Path:

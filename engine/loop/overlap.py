@@ -25,7 +25,7 @@ own log-probs come back (``rollout.calculate_log_probs``). The step's wait for i
 A checkpoint taken while a batch is generating records the prompt loader from before it
 drew that batch's prompts: a resume draws them again, so no prompt is lost or repeated.
 
-``fully_async``: engine.fully_async.
+``fully_async``: engine.loop.fully_async.
 
 Each mode is given what it needs (``OverlapContext``), never the trainer.
 """
@@ -36,19 +36,19 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.batch import join_groups, split_groups
-from engine.metrics import STALENESS
+from engine.loop.batch import join_groups, split_groups
+from engine.loop.metrics import STALENESS
 
 if TYPE_CHECKING:
-    from engine.batch import Rollout
     from engine.config import EngineConfig
     from engine.controller.workers import Workers
     from engine.data.loader import PromptStream
-    from engine.generate import Generating, Generator
-    from engine.metrics import StageTimer
-    from engine.scoring import Scorer
+    from engine.loop.batch import Rollout
+    from engine.loop.generate import Generating, Generator
+    from engine.loop.metrics import StageTimer
+    from engine.loop.scoring import Scorer
+    from engine.loop.weights_version import WeightsVersion
     from engine.types import SamplingParams
-    from engine.weights_version import WeightsVersion
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def make_overlap(ctx: OverlapContext, mode: str) -> Overlap:
     if mode == "one_step_off":
         return OneStepOff(ctx)
     if mode == "fully_async":
-        from engine.fully_async import FullyAsync  # its rollouter thread, only when asked
+        from engine.loop.fully_async import FullyAsync  # its rollouter thread, only when asked
 
         return FullyAsync(ctx)
     return Synchronous(ctx)

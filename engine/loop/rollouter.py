@@ -36,7 +36,7 @@ from engine.types import SamplingParams
 
 if TYPE_CHECKING:
     from engine.controller.workers import Workers
-    from engine.weights_version import WeightsVersion
+    from engine.loop.weights_version import WeightsVersion
 
 ROLLOUT = "rollout"
 

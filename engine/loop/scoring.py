@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from engine.batch import Rollout
 from engine.config import EngineConfig
 from engine.controller.workers import Workers
 from engine.data.dataset import PromptSample
 from engine.errors import EngineError
-from engine.metrics import StageTimer
+from engine.loop.batch import Rollout
+from engine.loop.metrics import StageTimer
 from engine.reward.judge import JudgeRewards
 from engine.reward.manager import RewardManager
 from engine.reward.model import model_rewards

@@ -17,15 +17,12 @@ from typing import Any
 
 import torch
 
-from engine import distill
 from engine.agents.metrics import agent_metrics
 from engine.algo.advantage import AdvantageInputs, AdvantageOutputs, compute_advantages
 from engine.algo.kl import apply_kl_in_reward, make_kl_controller
 from engine.algo.masked import last_valid_index
 from engine.algo.names import EstimatorNeeds, estimator_needs
 from engine.algo.rollout_correction import Correction, correct_rollout, ragged_to_padded
-from engine.balance import balance
-from engine.batch import Rollout
 from engine.checkpoint import CheckpointManager, TrainerState, read_trainer_state
 from engine.config import EngineConfig, RolloutConfig, SamplingConfig, to_yaml
 from engine.config.routing_replay import RECORD
@@ -34,17 +31,22 @@ from engine.controller.workers import Workers
 from engine.data.dataset import PromptDataset, PromptSample
 from engine.data.loader import PromptLoader, PromptStream
 from engine.errors import EXIT_PREEMPTED, EngineError
-from engine.generate import Generator
-from engine.generations import generation_rows, pick_samples, write_generations
-from engine.memory_peaks import near_limit, peak_metrics
-from engine.metrics import (
+from engine.loop import distill
+from engine.loop.balance import balance
+from engine.loop.batch import Rollout
+from engine.loop.generate import Generator
+from engine.loop.generations import generation_rows, pick_samples, write_generations
+from engine.loop.metrics import (
     StageTimer,
     batch_metrics,
     reduce_rank_metrics,
     throughput_metrics,
 )
-from engine.overlap import OverlapContext, make_overlap
-from engine.scoring import Scorer, reward_components
+from engine.loop.overlap import OverlapContext, make_overlap
+from engine.loop.scoring import Scorer, reward_components
+from engine.loop.validation import ValidationSample, validation_metrics
+from engine.loop.weights_version import WeightsVersion
+from engine.memory_peaks import near_limit, peak_metrics
 from engine.startup import StartupClock
 from engine.tracking import Tracker, progress
 from engine.types import (
@@ -57,8 +59,6 @@ from engine.types import (
     TeacherScores,
     TokenBatch,
 )
-from engine.validation import ValidationSample, validation_metrics
-from engine.weights_version import WeightsVersion
 
 WEIGHTS_VERSION = "weights_version"  # in the trainer state's extra: the actor's updates
 

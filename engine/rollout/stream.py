@@ -1,6 +1,6 @@
 """Samples generated as a stream (``async_training.mode=fully_async``; docs/async.md).
 
-The controller's rollouter (``engine.rollouter``) keeps each rollout engine busy with a
+The controller's rollouter (``engine.loop.rollouter``) keeps each rollout engine busy with a
 stream of prompts: it adds new ones and advances the engine a few steps at a time
 (``RolloutWorker.stream_advance``), and takes back the samples that finished. Between
 two calls the engine is idle with its requests held, which is when new weights may

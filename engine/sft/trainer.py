@@ -8,7 +8,7 @@ The batches come from the RL trainer's loader (``engine.data.loader.PromptLoader
 epoch a permutation of its own seed, resumable to the batch), so a run resumed from a
 checkpoint continues with exactly the batches, weights, optimizer state and random state
 the uninterrupted run had. SIGTERM ends the run after its step, saving first
-(``trainer.preemption_save_steps``), with exit code 75 (``engine.trainer.Preempted``).
+(``trainer.preemption_save_steps``), with exit code 75 (``engine.loop.trainer.Preempted``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from engine.config.sft import resolved_freq
 from engine.config.sft_sections import SFTConfig
 from engine.data.loader import PromptLoader
 from engine.errors import EngineError
-from engine.metrics import StageTimer, reduce_rank_metrics, throughput_metrics
+from engine.loop.metrics import StageTimer, reduce_rank_metrics, throughput_metrics
+from engine.loop.trainer import Preempted
 from engine.sft.batches import chunks, evenly, token_batch
 from engine.sft.conversation import Conversation
 from engine.sft.dataset import ConversationDataset
 from engine.tracking import Tracker
-from engine.trainer import Preempted
 
 TOTAL_TOKENS = "total_tokens"  # in the trainer state's extra: tokens trained on so far
 # ``stop(step, metrics)``: a caller's rule to end the run early (engine.warmup.secret)

@@ -125,7 +125,7 @@ class RolloutWorker:
     ) -> list[StreamDone]:
         """Add ``items`` to the samples in flight and advance them all by about
         ``async_training.stream_chunk_tokens`` tokens; the samples that finished, each
-        token tagged with ``version``, the weights it was made with (engine.rollouter)."""
+        token tagged with ``version``, the weights it was made with (engine.loop.rollouter)."""
         if self.holding.version is None:
             raise EngineError("the rollout was asked to generate before any weights reached it")
         if self._stream is None:

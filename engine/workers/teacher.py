@@ -4,7 +4,7 @@ teacher model, on the teachers' own pool or beside the actor (``distillation.nno
 The pool's ranks are split among the teachers in the order they are configured, each
 taking ``num_replicas`` × its tensor-parallel size consecutive ranks
 (``teacher_ranks``); a rank builds only its own teacher. The controller sends each rank
-the samples of its teacher (engine.distill). Two engines: ``hf``, the Hugging Face model
+the samples of its teacher (engine.loop.distill). Two engines: ``hf``, the Hugging Face model
 whole on each device, one forward over each sample; ``vllm``, a vLLM engine per
 tensor-parallel group that prefills each sample and returns its prompt log-probs. Either
 way the teacher sees the prompt and the response as one sequence, as the student does,

@@ -230,7 +230,7 @@ def generation_waits_for_the_trainer(monkeypatch):
     while the trainer waits, for a batch or for a weight sync, never while it trains:
     the samples started after a sync are still in flight at the next one however fast
     the machine generates. Yields the number of groups in flight as each sync began."""
-    from engine.rollouter import Rollouter
+    from engine.loop.rollouter import Rollouter
 
     gate = threading.Event()
     in_flight: list[int] = []

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from engine.algo.names import estimator_needs
-from engine.metrics import MACHINE_METRICS  # times, throughput, memory
+from engine.loop.metrics import MACHINE_METRICS  # times, throughput, memory
 
 pytestmark = pytest.mark.slow
 

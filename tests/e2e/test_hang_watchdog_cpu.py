@@ -12,7 +12,7 @@ import re
 import pytest
 
 from engine.errors import EXIT_HUNG
-from engine.metrics import MACHINE_METRICS  # times, throughput, memory
+from engine.loop.metrics import MACHINE_METRICS  # times, throughput, memory
 from engine.watchdog import TEST_HANG_ENV
 
 pytestmark = pytest.mark.slow

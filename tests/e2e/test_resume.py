@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.metrics import MACHINE_METRICS  # times, throughput, memory
+from engine.loop.metrics import MACHINE_METRICS  # times, throughput, memory
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from engine.metrics import MACHINE_METRICS  # times, throughput, memory
+from engine.loop.metrics import MACHINE_METRICS  # times, throughput, memory
 
 pytestmark = pytest.mark.slow
 

@@ -160,7 +160,7 @@ def test_an_hf_teacher_is_one_device_per_copy():
 
 
 def test_samples_go_to_their_teachers_ranks():
-    from engine.distill import route
+    from engine.loop.distill import route
     from engine.types import SampleMeta
 
     cfg = load_config(

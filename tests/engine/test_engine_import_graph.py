@@ -64,3 +64,17 @@ def test_no_two_subpackages_import_each_other():
     packages = package_graph(import_graph(PACKAGE, runtime_only=True))
     both = sorted((a, b) for a in packages for b in packages[a] if a < b and a in packages[b])
     assert both == []
+
+
+def test_the_loop_is_driven_from_the_run_only():
+    """engine.loop (the controller's loop) sits above the workers, rollouts and Ray's
+    plumbing; only the run's start and SFT's trainer (its metrics) reach into it."""
+    graph = import_graph(PACKAGE, runtime_only=True)
+    users = {
+        module
+        for module, imported in graph.items()
+        if not module.startswith("engine.loop")
+        and any(name.startswith("engine.loop.") for name in imported)
+    }
+    assert sorted(users) == ["engine.runtime", "engine.sft.trainer"]
+    assert "engine.loop" not in package_graph(graph)["engine.controller"]

@@ -21,7 +21,7 @@ from engine.exits import (
     record_of,
     write_json_atomically,
 )
-from engine.trainer import Preempted, UpdatesDiverged
+from engine.loop.trainer import Preempted, UpdatesDiverged
 from engine.watchdog import Hung
 
 

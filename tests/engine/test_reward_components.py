@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.errors import EngineError
-from engine.scoring import reward_components
+from engine.loop.scoring import reward_components
 
 
 def rollout(extras):

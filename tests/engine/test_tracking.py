@@ -411,7 +411,7 @@ def test_progress_draws_on_a_terminal_unless_disabled(monkeypatch):
 
 def test_validation_samples_go_to_the_loggers_that_show_them(tmp_path):
     # trainer.log_val_generations: lines beside the metrics, and on the console
-    from engine.generations import pick_samples
+    from engine.loop.generations import pick_samples
 
     rows = [{"input": f"q{i}", "output": f"a{i}", "score": float(i)} for i in range(10)]
     picked = pick_samples(rows, 3, seed=1)

@@ -315,7 +315,10 @@ def test_aliases_and_deep_nesting_are_refused(tmp_path):
             " give a whole number (the default is 1024)",
         ),
         ({"data.shuffle": "maybe"}, "engine.data.shuffle: expected true or false, got 'maybe'"),
-        ({"trainer.logger": 5}, "engine.trainer.logger: expected a name or a list of names, got 5"),
+        (
+            {"trainer.logger": 5},
+            "engine.trainer.logger: expected a name or a list of names, got 5",
+        ),
         ({"data": 5}, "engine.data: a section of keys, not a value"),
         (
             {"data.seed": 1, "data": {"seed": 2}},

@@ -7,9 +7,9 @@ import dataclasses
 
 import torch
 
-from engine.balance import reorder
-from engine.batch import Rollout
 from engine.controller.dispatch import concat, split, take
+from engine.loop.balance import reorder
+from engine.loop.batch import Rollout
 from engine.train.packing import trim_padding
 from engine.types import GenerationRequest, ImageInputs, SampleMeta, SamplingParams, TokenBatch
 

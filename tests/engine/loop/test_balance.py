@@ -1,4 +1,4 @@
-"""``trainer.balance_batch`` (engine.balance): each data-parallel rank's contiguous share
+"""``trainer.balance_batch`` (engine.loop.balance): each data-parallel rank's contiguous share
 gets about the same number of tokens, every row is kept once, and per-row fields move
 together."""
 
@@ -6,9 +6,9 @@ import random
 
 import torch
 
-from engine.balance import balance, balanced_order, chunk_loads
-from engine.batch import Rollout
 from engine.controller.dispatch import split
+from engine.loop.balance import balance, balanced_order, chunk_loads
+from engine.loop.batch import Rollout
 from engine.types import SampleMeta
 
 

@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine.validation import (
+from engine.loop.validation import (
     MAJ_RESAMPLES,
     ValidationSample,
     expected_max_at_k,

@@ -6,8 +6,8 @@ import pytest
 
 from engine.controller.worker_group import WorkerGroup
 from engine.errors import EngineError
+from engine.loop.weights_version import WeightsVersion
 from engine.rollout.bridge import Pushed
-from engine.weights_version import WeightsVersion
 
 
 class CountingWorkers:
