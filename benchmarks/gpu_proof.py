@@ -5,7 +5,7 @@ For each model shape (Qwen2.5-0.5B and -1.5B by default, built locally from thei
 config fields with random weights: no download) and each variant (``base``: padded rows;
 ``fused``: ``use_fused_kernels``; ``packed``: ``use_remove_padding``; ``lora``: rank-32
 adapter on every linear layer) it builds the configuration the planner chooses for one
-device (``rlctl.plan.make_plan``: micro-batches, gradient checkpointing, the HF rollout),
+device (``rlctl.planner.plan.make_plan``: micro-batches, gradient checkpointing, the HF rollout),
 starts one ``engine.workers.host.WorkerHost`` (world size 1: NCCL on a GPU, gloo in the dry
 mode; FSDP2; bf16 compute on an accelerator) with the actor and the colocated HF rollout,
 and runs what a training step runs, phase by phase:
@@ -135,7 +135,7 @@ def accelerator_name(device_name: str) -> str:
 def plan_for(model_dir: Path, accelerator: str, shape: Shape, variant: dict[str, str]):
     """The planner's plan of this configuration on one device of ``accelerator``."""
     from engine.config import load_config
-    from rlctl.plan import PlanRequest, make_plan
+    from rlctl.planner.plan import PlanRequest, make_plan
 
     base = [f"actor_rollout_ref.model.path={model_dir}", "data.train_files=unused"]
     pinned = {

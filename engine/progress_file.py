@@ -24,7 +24,7 @@ from engine.config import TrainerConfig
 __all__ = ["KEPT", "PROGRESS_FILE", "ProgressMirror", "kept_keys", "mirror_folder"]
 
 PROGRESS_FILE = "progress.json"
-KEPT = 40  # steps: rlctl's sparkline shows as many (rlctl/progress.py:SPARK_WIDTH)
+KEPT = 40  # steps: rlctl's sparkline shows as many (rlctl/store/progress.py:SPARK_WIDTH)
 KEYS = ("critic/score/mean", "timing_s/step")
 KEY_PREFIXES = ("memory/",)  # engine/memory_peaks.py: peaks per phase, the device's limit
 

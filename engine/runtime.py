@@ -310,7 +310,7 @@ def run_training(cfg: EngineConfig, clock: StartupClock | None = None) -> None:
     from engine.train.lora_saved import resolve as with_saved_adapter
 
     clock = clock or StartupClock()
-    # Which code runs (a job launched by rlctl runs its shipped wheel, rlctl/jobenv.py)
+    # Which code runs (a job launched by rlctl runs its shipped wheel, rlctl/node/jobenv.py)
     here = Path(__file__).resolve().parent
     print(f"engine: running {here} with {sys.executable}", flush=True)
     # What needs no data fails before anything starts: the agents' files, the saved

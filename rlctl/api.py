@@ -19,11 +19,11 @@ from rlctl.backends import get_backend
 from rlctl.backends.base import Backend
 from rlctl.bundled import bundled_dir
 from rlctl.errors import RlctlError
-from rlctl.jobs import SUBMISSION_INCOMPLETE, Job, JobState, JobStore
-from rlctl.prepared import Prepared
-from rlctl.progress import Progress, read_progress
-from rlctl.recipe import Recipe, load_recipe
-from rlctl.spec import build_spec
+from rlctl.job.prepared import Prepared
+from rlctl.job.spec import build_spec
+from rlctl.recipe.load import Recipe, load_recipe
+from rlctl.store.jobs import SUBMISSION_INCOMPLETE, Job, JobState, JobStore
+from rlctl.store.progress import Progress, read_progress
 
 if TYPE_CHECKING:
     from engine.schema import EngineConfig
@@ -67,7 +67,7 @@ def plan_recipe(recipe: Recipe) -> Plan:
         from rlctl.planner.sft import plan_sft
 
         return plan_sft(sft_request(recipe))
-    from rlctl.plan import make_plan
+    from rlctl.planner.plan import make_plan
 
     return make_plan(plan_request(recipe))
 
@@ -76,9 +76,9 @@ def sft_request(recipe: Recipe) -> SFTRequest:
     """What the SFT planner needs (rlctl/planner/sft.py): the model, the hardware, the
     typed SFT config of the recipe's keys and the keys it pinned."""
     from engine.schema import SFT, ConfigError, load
+    from rlctl.job.spec import nest
     from rlctl.planner.sft import SFTRequest
-    from rlctl.recipe import RecipeError
-    from rlctl.spec import nest
+    from rlctl.recipe.load import RecipeError
 
     try:
         cfg = load(base=nest(recipe.engine_overrides()), check=False, schema=SFT).config
@@ -100,7 +100,7 @@ def plan_request(recipe: Recipe) -> PlanRequest:
     """What the planner needs to know about a recipe: the model, the hardware, and the
     engine's typed config the recipe makes with the keys the person pinned in it."""
     from engine.schema import estimator_needs
-    from rlctl.plan import PlanRequest
+    from rlctl.planner.plan import PlanRequest
 
     cfg = _typed_engine_config(recipe)
     accelerator, per_node, devices = recipe.hardware.target()
@@ -130,8 +130,8 @@ def _typed_engine_config(recipe: Recipe) -> EngineConfig:
     cross-field rules yet: the plan fills in sizes first). The recipe parser checked
     every key, so a problem here is reported the same way, naming the key."""
     from engine.schema import ConfigError, load_config
-    from rlctl.recipe import RecipeError
-    from rlctl.spec import nest
+    from rlctl.job.spec import nest
+    from rlctl.recipe.load import RecipeError
 
     try:
         return load_config(base=nest(recipe.engine_overrides()), check=False)
@@ -234,7 +234,7 @@ def logs(ref: str, follow: bool = False, store: JobStore | None = None) -> Itera
 
 def memory_lines(ref: str, store: JobStore | None = None) -> list[str]:
     """Each role's peak memory against the plan and the limit, as ``rlctl status`` shows
-    it (rlctl/memory_report.py); [] when the run logged none or its files are elsewhere
+    it (rlctl/store/memory_report.py); [] when the run logged none or its files are elsewhere
     (nothing is read from a bucket for it)."""
     memory = read_progress((store or JobStore()).get(ref), bucket=False).memory
     return memory.lines() if memory else []

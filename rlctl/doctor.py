@@ -7,7 +7,7 @@ in this environment; the checkpoint bucket written, read back and cleaned; and f
 local backend, where this machine is the node, the node's own checks (``python -m
 engine.doctor``: installed versions, devices of the planned kind and count, disk for the
 checkpoints, the model's config). Every job runs the node checks again on each of its
-nodes before the engine starts (rlctl/preflight.py: the job script runs ``engine.doctor``
+nodes before the engine starts (rlctl/job/preflight.py: the job script runs ``engine.doctor``
 there, with an all-reduce over the nodes).
 """
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import RlctlError
-from rlctl.preflight import checkpoint_gib
+from rlctl.job.preflight import checkpoint_gib
 
 if TYPE_CHECKING:
-    from rlctl.prepared import Prepared
+    from rlctl.job.prepared import Prepared
 
 # Release images that name their engine's version in the tag.
 _IMAGE_VERSIONS = {
@@ -65,7 +65,7 @@ def image_finding(image: str, rollout: str) -> Finding:
 def doctor(ref: str, backend: str = "local", **backend_options: Any) -> list[Finding]:
     """Every check from here; a failure never stops the others."""
     from rlctl import api
-    from rlctl.recipe import load_recipe
+    from rlctl.recipe.load import load_recipe
 
     try:
         recipe = load_recipe(api.find_recipe(ref))

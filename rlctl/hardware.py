@@ -3,7 +3,7 @@
 Every place in the launcher that needs to know about a device (the planner's memory
 and parallelism sizing, the Ray bootstrap, the Slurm ``--gres`` line, the SkyPilot
 ``accelerators:`` field) reads it from ``ACCELERATORS``; the container image per vendor
-is rlctl/images.py's.
+is rlctl/planner/images.py's.
 
 Conventions of the table:
 

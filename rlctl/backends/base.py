@@ -6,9 +6,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from rlctl.jobs import Job, JobState
-from rlctl.prepared import Prepared, Rendered
-from rlctl.spec import JobPaths, JobSpec
+from rlctl.job.prepared import Prepared, Rendered
+from rlctl.job.spec import JobPaths, JobSpec
+from rlctl.store.jobs import Job, JobState
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from pathlib import Path
 from rlctl import __version__
 from rlctl.backends.base import Observed
 from rlctl.home import job_dir
-from rlctl.jobs import Job, JobState
-from rlctl.prepared import Prepared, Rendered
-from rlctl.render import render
-from rlctl.spec import JobPaths, JobSpec
+from rlctl.job.prepared import Prepared, Rendered
+from rlctl.job.render import render
+from rlctl.job.spec import JobPaths, JobSpec
+from rlctl.store.jobs import Job, JobState
 
 LOG = "job.log"
 EXIT_CODE = "exit_code"

@@ -37,6 +37,11 @@ from rlctl import __version__
 from rlctl.backends.base import Observed
 from rlctl.backends.skypilot_infra import OWN_CLUSTERS, check_offered, fallbacks, parse_infra
 from rlctl.backends.skypilot_profile import NodeSoftware, for_infra, load_profile
+from rlctl.backends.skypilot_recovery import (
+    EXIT_HANDED_BACK,
+    bucket_handle,
+    restart_command,
+)
 from rlctl.backends.skypilot_task import (  # noqa: F401 (CHECKPOINT_MOUNT: importable here too)
     CHECKPOINT_MOUNT,
     JobRecovery,
@@ -46,11 +51,11 @@ from rlctl.backends.skypilot_task import (  # noqa: F401 (CHECKPOINT_MOUNT: impo
     dump_task,
 )
 from rlctl.errors import RlctlError
-from rlctl.jobs import Job, JobState
-from rlctl.prepared import Prepared, Rendered
-from rlctl.render import TEMPLATES, render
-from rlctl.spec import JobPaths, JobSpec, Layout
-from rlctl.wheel import build_wheel, local_wheel
+from rlctl.job.prepared import Prepared, Rendered
+from rlctl.job.render import TEMPLATES, render
+from rlctl.job.spec import JobPaths, JobSpec, Layout
+from rlctl.job.wheel import build_wheel, local_wheel
+from rlctl.store.jobs import Job, JobState
 
 if TYPE_CHECKING:
     import sky
@@ -64,7 +69,6 @@ RECOVERY_STRATEGIES = ("FAILOVER", "EAGER_NEXT_REGION")
 _HEREDOC = "RLCTL_ENGINE_YAML_END"
 PREFLIGHT_PORT = 29511  # rank 0's, for the pre-flight's all-reduce over the nodes
 RAY_TOKEN = "RAY_AUTH_TOKEN"  # Ray's token authentication (templates/ray/ray_cluster.sh)
-EXIT_HANDED_BACK = 75  # the engine's EXIT_PREEMPTED: the supervisor's "start the job again"
 
 
 @dataclass(frozen=True)
@@ -116,52 +120,6 @@ class SkyPilotRendered(Rendered):
 
 
 # ---------------------------------------------------------------------------------
-
-
-def restart_command(spec: JobSpec, managed: bool) -> tuple[str, ...]:
-    """The engine under its supervisor. In a managed job it hands each restart to
-    SkyPilot (exit 75: the job starts again on every node, Ray included), and its record
-    of the attempts sits beside the checkpoints, in the bucket when they are there, so
-    that the count outlives a cluster (without a bucket it is on the head node's disk,
-    and a recovery onto a new cluster starts it anew). On a cluster of one's own
-    (``--cluster``: nothing recovers the job) it restarts the engine in place."""
-    if not managed:
-        return spec.supervised_command()
-    record = spec.paths.restarts
-    if spec.paths.mount and spec.paths.checkpoints:
-        record = f"{spec.paths.checkpoints}/{Path(record).name}"
-    return spec.supervised_command(record=record, hand_back=EXIT_HANDED_BACK)
-
-
-def restarts_url(spec: JobSpec) -> str | None:
-    """Where ``rlctl status`` reads a managed job's record of its restarts: in the
-    checkpoints' bucket, beside them (``restart_command``); None without a bucket."""
-    url = spec.recipe.checkpoints
-    if not spec.paths.mount or not url or not url.startswith(("s3://", "gs://")):
-        return None
-    return f"{url.rstrip('/')}/{Path(spec.paths.restarts).name}"
-
-
-def progress_url(spec: JobSpec) -> str | None:
-    """Where ``rlctl status`` reads the run's progress (engine.progress_file): beside
-    the checkpoints when they are in a bucket, mounted or written to it by the engine;
-    None otherwise (the metrics stay on the head node)."""
-    from engine.schema import PROGRESS_FILE
-
-    if spec.paths.mount and spec.recipe.checkpoints:
-        folder = spec.recipe.checkpoints  # the mounted bucket, as this machine reaches it
-    elif spec.checkpoints.startswith(("s3://", "gs://")):
-        folder = spec.checkpoints
-    else:
-        return None
-    return f"{folder.rstrip('/')}/{PROGRESS_FILE}"
-
-
-def bucket_handle(spec: JobSpec, managed: bool) -> dict[str, str]:
-    """The job's files in its bucket that ``rlctl status`` reads: the progress, and a
-    managed job's restarts (on a cluster of one's own they stay on the head node)."""
-    urls = {"restarts": restarts_url(spec) if managed else None, "progress": progress_url(spec)}
-    return {key: url for key, url in urls.items() if url}
 
 
 def _local_file(job_id: str, name: str) -> Path:
@@ -347,7 +305,7 @@ class SkyPilotBackend:
 
     def estimate(self, spec: JobSpec) -> str:
         """The estimated hourly cost (``rlctl plan``), or "price unavailable"."""
-        from rlctl.cost import describe, hourly_cost
+        from rlctl.planner.cost import describe, hourly_cost
 
         if self.infra.cloud in OWN_CLUSTERS:
             return f"no price: {self.infra.cloud} is your own cluster"

@@ -28,7 +28,7 @@ from typing import Any
 from rlctl.backends.skypilot_infra import parse_infra
 from rlctl.errors import RlctlError, closest_or_all
 from rlctl.home import read_site_file, rlctl_home
-from rlctl.images import check_image
+from rlctl.recipe.values import check_image
 
 PROFILE_FILE = "skypilot.yaml"
 NO_IMAGE = "none"

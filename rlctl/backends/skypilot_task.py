@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from rlctl.errors import RlctlError
-from rlctl.spec import BucketMount
+from rlctl.job.spec import BucketMount
 
 CHECKPOINT_MOUNT = "/checkpoints"
 BUCKET_SCHEMES = ("s3", "gs", "r2")

@@ -37,11 +37,11 @@ from rlctl.backends.slurm_profile import (  # noqa: F401 (the profile, importabl
 )
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator
-from rlctl.jobs import Job, JobState
-from rlctl.prepared import Prepared, Rendered
-from rlctl.render import TEMPLATES, render
-from rlctl.spec import JobPaths, JobSpec
-from rlctl.wheel import build_wheel, local_wheel
+from rlctl.job.prepared import Prepared, Rendered
+from rlctl.job.render import TEMPLATES, render
+from rlctl.job.spec import JobPaths, JobSpec
+from rlctl.job.wheel import build_wheel, local_wheel
+from rlctl.store.jobs import Job, JobState
 
 LOG = "job.log"
 DRIVER_LOG = "driver.log"  # the driver's output alone (also in job.log)

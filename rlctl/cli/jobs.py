@@ -33,7 +33,7 @@ def status(
     if job is None:
         _print_jobs(jobs, as_json)
         return
-    from rlctl.progress import format_progress
+    from rlctl.store.progress import format_progress
 
     progress = api.progress(jobs[0])
     if as_json:

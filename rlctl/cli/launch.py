@@ -62,7 +62,7 @@ def plan(
     from pathlib import Path
 
     from rlctl import api
-    from rlctl.recipe import load_recipe
+    from rlctl.recipe.load import load_recipe
 
     backend, opts = options.backend_options(backend, cloud, cluster, spot, ssh, partition, account)
     recipe_obj = load_recipe(api.find_recipe(recipe))

@@ -1,4 +1,4 @@
-"""The planner's parts; ``rlctl.plan`` is its entry point (``make_plan``) and the home
+"""The planner's parts; ``rlctl.planner.plan`` is its entry point (``make_plan``) and the home
 of its public names. ``model``: the assumptions and the request and plan types;
 ``settings``: the request with the recipe's pinned keys; ``memory``: the memory model
 and batch rules; ``fit``: one candidate layout; ``search``: the search over candidates;

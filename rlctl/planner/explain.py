@@ -7,7 +7,6 @@ import math
 from dataclasses import replace
 
 from rlctl.hardware import Accelerator
-from rlctl.images import default_image
 from rlctl.models import ModelShape
 from rlctl.planner.fit import (
     _count,
@@ -18,6 +17,7 @@ from rlctl.planner.fit import (
     _Layout,
     _TrainFit,
 )
+from rlctl.planner.images import default_image
 from rlctl.planner.memory import (
     _budget_bytes,
     _fsdp_state,

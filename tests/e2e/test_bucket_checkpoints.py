@@ -85,8 +85,8 @@ def test_checkpoints_to_a_bucket_and_resume(s3_server, tiny_model_dir, tmp_path,
 def progress_steps(tmp_path, url: str) -> tuple[list[int], int | None]:
     """The steps and total `rlctl status` shows for a SkyPilot job whose checkpoints
     are at ``url``'s folder (rlctl reads the bucket the engine wrote)."""
-    from rlctl.jobs import JobStore
-    from rlctl.progress import read_progress
+    from rlctl.store.jobs import JobStore
+    from rlctl.store.progress import read_progress
 
     store = JobStore(tmp_path / "jobs.db")
     job = store.create(name="q", recipe_path="r.yaml", recipe_yaml="", plan_json="{}",

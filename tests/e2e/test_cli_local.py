@@ -90,7 +90,7 @@ def test_quickstart_through_the_cli(rlctl, tmp_path, job_state, wait_state):
             [
                 sys.executable,
                 "-c",
-                "from rlctl.jobs import JobStore; import json, sys; "
+                "from rlctl.store.jobs import JobStore; import json, sys; "
                 f"print(json.dumps(JobStore().get('{second}').handle))",
             ],
             capture_output=True,
@@ -163,7 +163,7 @@ def test_secrets_reach_the_job_and_nothing_else(rlctl, tmp_path, wait_state, rea
     home = tmp_path / "home"
     metrics = read_metrics(home / "jobs" / job_id / "run")
     assert metrics[-1]["critic/score/mean"] == 1.0  # the job saw the secret
-    from rlctl.jobs import JobStore
+    from rlctl.store.jobs import JobStore
 
     assert "RLCTL_TEST_TOKEN" in JobStore(home / "jobs.db").get(job_id).recipe_yaml  # by name
     time.sleep(1)  # Ray's log monitor flushes as it stops

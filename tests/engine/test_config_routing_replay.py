@@ -95,7 +95,7 @@ def test_replay_of_a_dense_model_is_refused():
     assert model_problems(cfg, lambda model: {"n_routed_experts": 256}) == []
     assert model_problems(load_config(GRPO), lambda model: dense) == []
     # the same through the launcher's recipe check, from its table of models
-    from rlctl.spec import model_problems as launcher_problems
+    from rlctl.job.spec import model_problems as launcher_problems
 
     for model, dense in (("Qwen/Qwen2.5-7B", True), ("Qwen/Qwen3-30B-A3B", False)):
         cfg = load_config([*GRPO, f"{MODE}=R2", f"actor_rollout_ref.model.path={model}"])

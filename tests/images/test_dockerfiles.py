@@ -238,9 +238,9 @@ def test_pyproject_extras_state_the_supported_ranges():
 
 
 def test_build_script_builds_every_project_image_a_plan_names():
-    """The project's images a plan can default to (rlctl/images.py: where no public image
+    """The project's images a plan can default to (rlctl/planner/images.py: where no public image
     fits) are the ones images/build.sh builds, for the right vendor."""
-    from rlctl.images import default_image, project_image
+    from rlctl.planner.images import default_image, project_image
 
     table = _build_table()
     assert set(table.values()) == {f"images/{n}" for n in DOCKERFILES}

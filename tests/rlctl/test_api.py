@@ -4,7 +4,7 @@ import pytest
 
 from rlctl import api
 from rlctl.errors import RlctlError
-from rlctl.jobs import SUBMISSION_INCOMPLETE, JobState, JobStore
+from rlctl.store.jobs import SUBMISSION_INCOMPLETE, JobState, JobStore
 
 
 @pytest.fixture

@@ -22,9 +22,9 @@ from rlctl import api
 from rlctl.backends import local, slurm
 from rlctl.backends.skypilot import SkyPilotBackend
 from rlctl.backends.skypilot_task import SkyTask
-from rlctl.images import JobImage
-from rlctl.jobs import JobStore
-from rlctl.spec import JobSpec, job_engine_config
+from rlctl.job.spec import JobSpec, job_engine_config
+from rlctl.planner.images import JobImage
+from rlctl.store.jobs import JobStore
 
 RLCTL = str(Path(api.__file__).parent)
 RECIPE = "dapo_qwen32b"  # checkpoints in a bucket: SkyPilot mounts it

@@ -132,7 +132,7 @@ def test_errors_need_no_click(tmp_path):
 
 
 def test_list_all_lists_every_job(tmp_path):
-    from rlctl.jobs import JobStore
+    from rlctl.store.jobs import JobStore
 
     store = JobStore(tmp_path / "jobs.db")
     for i in range(3):

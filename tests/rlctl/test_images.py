@@ -7,14 +7,16 @@ import pytest
 import yaml
 
 from engine.versions import SUPPORTED
-from rlctl import api, images
+from rlctl import api
 from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
 from rlctl.backends.skypilot_profile import NodeSoftware
 from rlctl.backends.slurm import SlurmBackend, SlurmProfile
 from rlctl.errors import RlctlError
 from rlctl.hardware import ACCELERATORS, get_accelerator
-from rlctl.recipe import RecipeError, load_recipe, parse_recipe
-from rlctl.spec import build_spec
+from rlctl.job.spec import build_spec
+from rlctl.planner import images
+from rlctl.recipe.load import RecipeError, load_recipe, parse_recipe
+from rlctl.recipe.values import check_image
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +51,7 @@ def test_the_default_image_per_vendor_and_rollout(accelerator, rollout, ref, pub
 @pytest.mark.parametrize("acc", ACCELERATORS, ids=lambda a: a.name)
 def test_every_accelerator_and_rollout_has_an_image_that_passes_the_image_check(acc):
     for rollout in acc.rollout_backends:
-        images.check_image(images.default_image(acc, rollout).ref, "catalog")
+        check_image(images.default_image(acc, rollout).ref, "catalog")
 
 
 def test_a_private_default_is_refused_and_an_override_or_no_container_is_not():

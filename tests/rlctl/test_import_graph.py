@@ -71,3 +71,21 @@ def test_engine_schema_imports_neither_torch_nor_ray():
         cwd=PACKAGE.parent,
     )
     assert out.stdout.strip() == "[]"
+
+
+# The launcher's stages, each importing only those before it (and the shared modules at
+# the top of rlctl/: errors, hardware, models, yamlfile, home, bundled).
+STAGES = ["rlctl.recipe", "rlctl.planner", "rlctl.job", "rlctl.backends", "rlctl.api", "rlctl.cli"]
+
+
+def test_each_stage_imports_only_the_stages_before_it():
+    """recipe -> planner -> job -> backends -> api -> cli: no stage reaches a later one,
+    the stages before the backends keep out of the job store, and no two packages of
+    rlctl import each other."""
+    packages = shared.package_graph(shared.import_graph(PACKAGE, runtime_only=True))
+    for i, stage in enumerate(STAGES):
+        assert packages[stage] & set(STAGES[i + 1 :]) == set(), stage
+    for stage in STAGES[:3]:
+        assert "rlctl.store" not in packages[stage], stage
+    both = sorted((a, b) for a in packages for b in packages[a] if a < b and a in packages[b])
+    assert both == []

@@ -19,10 +19,10 @@ from rlctl.backends.local import EXIT_CODE, LocalBackend
 from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
 from rlctl.backends.slurm import Shell, SlurmBackend
 from rlctl.errors import RlctlError
-from rlctl.jobfiles import TOOLS_KEY
-from rlctl.prepared import Rendered
-from rlctl.recipe import load_recipe
-from rlctl.spec import build_spec
+from rlctl.job.prepared import Rendered
+from rlctl.job.spec import build_spec
+from rlctl.recipe.load import load_recipe
+from rlctl.recipe.shipped import TOOLS_KEY
 
 RECIPE = """\
 name: tools-demo

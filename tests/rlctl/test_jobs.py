@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rlctl import jobs as jobs_module
 from rlctl.errors import RlctlError
 from rlctl.home import job_dir, rlctl_home
-from rlctl.jobs import SCHEMA_VERSION, SUBMISSION_INCOMPLETE, JobState, JobStore
+from rlctl.store import jobs as jobs_module
+from rlctl.store.jobs import SCHEMA_VERSION, SUBMISSION_INCOMPLETE, JobState, JobStore
 
 P, V, R = JobState.PENDING, JobState.PROVISIONING, JobState.RUNNING
 S, F, C = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED

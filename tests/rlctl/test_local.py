@@ -13,9 +13,9 @@ import pytest
 
 from rlctl.backends import local
 from rlctl.backends.local import LocalBackend
-from rlctl.images import default_image
-from rlctl.prepared import Prepared, Rendered
-from rlctl.spec import JobPaths, JobSpec, Layout
+from rlctl.job.prepared import Prepared, Rendered
+from rlctl.job.spec import JobPaths, JobSpec, Layout
+from rlctl.planner.images import default_image
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ from rlctl.api import plan_recipe
 from rlctl.errors import RlctlError
 from rlctl.models import model_shape
 from rlctl.planner.memory import lora_params
-from rlctl.recipe import RecipeError, parse_recipe
+from rlctl.recipe.load import RecipeError, parse_recipe
 
 # GRPO with a KL loss (a reference) on Qwen2.5-32B, short samples: memory decides the size.
 QWEN32 = {

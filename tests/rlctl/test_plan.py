@@ -1,4 +1,4 @@
-"""rlctl.plan: the memory formulas on a hand-computed case, the batch rules in the
+"""rlctl.planner.plan: the memory formulas on a hand-computed case, the batch rules in the
 engine's words, every kind of infeasible plan, published runs, and the engine keys."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from engine.config import config_keys, load_config
 from engine.errors import ConfigError
 from rlctl.errors import RlctlError
-from rlctl.plan import (
+from rlctl.planner.plan import (
     GIB,
     InfeasiblePlanError,
     MemoryEstimate,
@@ -27,7 +27,7 @@ ARR = "actor_rollout_ref"
 def pin(keys: dict) -> dict:
     """PlanRequest's fields for engine keys a recipe pins (dotted or nested), as the
     recipe's path makes them: the engine's typed config, and the keys' names."""
-    from rlctl.spec import nest
+    from rlctl.job.spec import nest
 
     def flat(tree: dict, prefix: str = "") -> dict:
         out = {}
@@ -585,7 +585,7 @@ def test_a_pinned_expert_tensor_parallel_size_splits_the_experts():
     from engine.config.megatron_parallel import MegatronParallel
     from rlctl.api import plan_recipe
     from rlctl.model_table import table_config
-    from rlctl.recipe import parse_recipe
+    from rlctl.recipe.load import parse_recipe
 
     model = "Qwen/Qwen3-235B-A22B"
     recipe = {
@@ -1059,7 +1059,7 @@ def test_planning_imports_neither_torch_nor_ray():
     """Of the engine, planning reads only its torch-free schema (the model families'
     shape rules: engine.schema.family_rules), never the training code."""
     code = (
-        "import sys; from rlctl.plan import PlanRequest, make_plan; "
+        "import sys; from rlctl.planner.plan import PlanRequest, make_plan; "
         "make_plan(PlanRequest('Qwen/Qwen2.5-7B', 'H100', None)); "
         "make_plan(PlanRequest('Qwen/Qwen2.5-0.5B', None, None)); "
         "bad = [m for m in ('torch', 'ray', 'transformers', 'engine.train.megatron',"

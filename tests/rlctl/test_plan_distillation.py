@@ -11,7 +11,7 @@ import pytest
 
 from rlctl import api
 from rlctl.errors import RlctlError
-from rlctl.plan import Plan
+from rlctl.planner.plan import Plan
 
 RECIPE = """\
 name: opd

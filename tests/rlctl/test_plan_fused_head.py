@@ -9,9 +9,9 @@ import pytest
 
 from engine.config import load_config
 from rlctl.api import find_recipe, plan_request
-from rlctl.plan import GIB, PlanRequest, make_plan
-from rlctl.recipe import load_recipe
-from rlctl.spec import nest
+from rlctl.job.spec import nest
+from rlctl.planner.plan import GIB, PlanRequest, make_plan
+from rlctl.recipe.load import load_recipe
 
 ARR = "actor_rollout_ref"
 

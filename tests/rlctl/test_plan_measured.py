@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from engine.config import load_config
+from rlctl.job.spec import nest
 from rlctl.models import model_config
-from rlctl.plan import GIB, PlanRequest, make_plan
 from rlctl.planner.model import ADAM_STEP_BYTES, FSDP_LOGITS_BYTES, LORA_FROZEN_BYTES
-from rlctl.spec import nest
+from rlctl.planner.plan import GIB, PlanRequest, make_plan
 
 _DIR = Path(__file__).parents[2] / "benchmarks/results"
 RESULTS = [

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import load_config
-from rlctl.plan import InfeasiblePlanError, PlanRequest, make_plan
+from rlctl.job.spec import nest
 from rlctl.planner.multi_turn import MultiTurn
-from rlctl.spec import nest
+from rlctl.planner.plan import InfeasiblePlanError, PlanRequest, make_plan
 
 ARR = "actor_rollout_ref"
 MT = f"{ARR}.rollout.multi_turn"

@@ -7,7 +7,7 @@ import pytest
 from rlctl.api import plan_recipe
 from rlctl.models import model_shape
 from rlctl.planner.model import GIB, InfeasiblePlanError
-from rlctl.recipe import load_recipe, parse_recipe
+from rlctl.recipe.load import load_recipe, parse_recipe
 
 BASE = {
     "name": "grpo-05b",

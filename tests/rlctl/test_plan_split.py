@@ -11,9 +11,9 @@ import pytest
 
 from engine.config import load_config
 from rlctl import api
-from rlctl.plan import InfeasiblePlanError, Plan, PlanRequest, RolloutSplit, make_plan
+from rlctl.job.spec import nest
 from rlctl.planner.model import job_nodes
-from rlctl.spec import nest
+from rlctl.planner.plan import InfeasiblePlanError, Plan, PlanRequest, RolloutSplit, make_plan
 
 ARR = "actor_rollout_ref"
 ONE_STEP_OFF = {"async_training.mode": "one_step_off"}

@@ -11,9 +11,9 @@ import pytest
 
 from engine.config import load_config
 from engine.config.train import ulysses_model_problems
+from rlctl.job.spec import nest
 from rlctl.model_table import table_config
-from rlctl.plan import GIB, InfeasiblePlanError, Plan, PlanRequest, make_plan
-from rlctl.spec import nest
+from rlctl.planner.plan import GIB, InfeasiblePlanError, Plan, PlanRequest, make_plan
 
 ARR = "actor_rollout_ref"
 SP_KEY = f"{ARR}.actor.ulysses_sequence_parallel_size"

@@ -1,4 +1,4 @@
-"""The job's pre-flight (rlctl/preflight.py): the doctor's checks the plan implies, on
+"""The job's pre-flight (rlctl/job/preflight.py): the doctor's checks the plan implies, on
 every backend's job script, and `preflight: false` leaving it out."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlctl import api
-from rlctl.recipe import RecipeError, parse_recipe
+from rlctl.recipe.load import RecipeError, parse_recipe
 
 BASE = {
     "name": "pf",

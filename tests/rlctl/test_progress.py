@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from rlctl import progress
-from rlctl.jobs import JobState, JobStore
-from rlctl.progress import Progress, format_progress, read_progress, sparkline
+from rlctl.store import progress
+from rlctl.store.jobs import JobState, JobStore
+from rlctl.store.progress import Progress, format_progress, read_progress, sparkline
 from tests.rlctl.test_cli import HEAVY, run_cli
 
 
@@ -110,7 +110,7 @@ def test_checkpoints_in_a_bucket_leave_the_metrics_in_the_run_folder(tmp_path):
 
     from rlctl.api import bundled_recipes, plan_recipe
     from rlctl.backends.local import LocalBackend
-    from rlctl.spec import build_spec
+    from rlctl.job.spec import build_spec
 
     recipe = {r.name: r for r in bundled_recipes()}["grpo-qwen05b-gsm8k"]
     recipe = dataclasses.replace(recipe, checkpoints="s3://b/runs/a")
@@ -472,8 +472,9 @@ def test_the_files_in_the_bucket_are_where_the_checkpoints_are():
     import dataclasses
 
     from rlctl.api import bundled_recipes, plan_recipe
-    from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions, bucket_handle
-    from rlctl.spec import build_spec
+    from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
+    from rlctl.backends.skypilot_recovery import bucket_handle
+    from rlctl.job.spec import build_spec
 
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
     recipe = {r.name: r for r in bundled_recipes()}["grpo-qwen05b-gsm8k"]

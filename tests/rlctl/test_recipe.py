@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from rlctl.api import plan_recipe
-from rlctl.recipe import RecipeError, load_recipe, parse_recipe
-from rlctl.render import render
-from rlctl.spec import JobPaths, Layout, build_spec
+from rlctl.job.render import render
+from rlctl.job.spec import JobPaths, Layout, build_spec
+from rlctl.recipe.load import RecipeError, load_recipe, parse_recipe
 
 GOOD = {
     "name": "demo",
@@ -245,10 +245,10 @@ def test_multiline_yaml_is_read_as_written(tmp_path):
 
 
 def test_the_recipe_reference_is_generated_from_the_schema():
-    from rlctl.recipe_docs import generate
+    from rlctl.recipe.docs import generate
 
     assert Path("docs/recipes.md").read_text() == generate(), (
-        "docs/recipes.md is stale: run python -m rlctl.recipe_docs > docs/recipes.md"
+        "docs/recipes.md is stale: run python -m rlctl.recipe.docs > docs/recipes.md"
     )
 
 

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from rlctl import api
-from rlctl.recipe import RecipeError, parse_recipe
+from rlctl.recipe.load import RecipeError, parse_recipe
 
 SFT = {
     "name": "sft-test",

@@ -1,5 +1,5 @@
 """The wheel rlctl ships with a job is this rlctl, and a node's setup installs it over
-the image's packages (rlctl/wheel.py, rlctl/jobenv.py), run for real: pip, a venv."""
+the image's packages (rlctl/job/wheel.py, rlctl/node/jobenv.py), run for real: pip, a venv."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 import engine
 import rlctl
 from rlctl import __version__
-from rlctl.jobenv import MARKER
-from rlctl.wheel import WHEEL_NAME, build_wheel, wheel_files
+from rlctl.job.wheel import WHEEL_NAME, build_wheel, wheel_files
+from rlctl.node.jobenv import MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,7 +68,7 @@ def test_record_hashes_every_file_and_builds_are_identical(wheel, tmp_path):
 def _jobenv(wheel: Path, env: Path, extras: str = "engine") -> subprocess.CompletedProcess:
     """The setup line a node runs, with this test's Python as the image's."""
     return subprocess.run(
-        [sys.executable, "-m", "rlctl.jobenv", str(env), str(wheel), "--extras", extras],
+        [sys.executable, "-m", "rlctl.node.jobenv", str(env), str(wheel), "--extras", extras],
         env={
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(wheel), os.environ.get("PYTHONPATH", "")]),
@@ -86,7 +86,7 @@ def test_nodes_sharing_the_job_directory_make_its_environment_once(wheel, tmp_pa
     """Two nodes' setups at once on one file system (as two SkyPilot "nodes" of one host
     did, one failing in pip's files under the other): one makes it, one keeps it."""
     env = tmp_path / "env"
-    command = [sys.executable, "-m", "rlctl.jobenv", str(env), str(wheel)]
+    command = [sys.executable, "-m", "rlctl.node.jobenv", str(env), str(wheel)]
     environ = {**os.environ, "PYTHONPATH": str(wheel), "PIP_NO_INDEX": "1"}
     nodes = [
         subprocess.Popen(command, env=environ, cwd=tmp_path, stdout=subprocess.PIPE,
@@ -132,13 +132,13 @@ def test_a_node_installs_the_wheel_over_the_images_packages(wheel, tmp_path):
 
 def test_a_missing_wheel_or_a_requirement_nobody_has_fails_clearly(wheel, tmp_path):
     missing = subprocess.run(
-        [sys.executable, "-m", "rlctl.jobenv", str(tmp_path / "env"), str(tmp_path / "no.whl")],
+        [sys.executable, "-m", "rlctl.node.jobenv", str(tmp_path / "env"), str(tmp_path / "no.whl")],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert missing.returncode == 2 and "the job's wheel" in missing.stderr
     # a requirement the image lacks and the index has not: the step fails, and says so
     broken = subprocess.run(
-        [sys.executable, "-m", "rlctl.jobenv", str(tmp_path / "env2"), str(wheel),
+        [sys.executable, "-m", "rlctl.node.jobenv", str(tmp_path / "env2"), str(wheel),
          "--pip-arg=--no-index", "--pip-arg=no-such-distribution-rlctl-test"],
         env={**os.environ, "PYTHONPATH": str(wheel)},
         capture_output=True, text=True, cwd=tmp_path, timeout=300,

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from engine.config import config_keys
 from rlctl import api
 from rlctl.errors import RlctlError
-from rlctl.recipe import FIELD_DOCS, load_recipe
+from rlctl.recipe.load import FIELD_DOCS, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 # (examples per property in the quick run, in the thorough one)
@@ -271,7 +271,7 @@ def test_a_loaded_recipe_plans_and_renders_for_every_backend_or_is_refused(examp
 def test_the_planner_answers_any_sizes_with_a_plan_or_a_reason(examples, quick):
     import dataclasses
 
-    from rlctl.plan import PlanRequest, make_plan
+    from rlctl.planner.plan import PlanRequest, make_plan
 
     # plausible requests (powers of two divide each other: plans happen), then one field
     # of some of them set to anything
@@ -330,7 +330,7 @@ def _pinned(keys: dict) -> dict | None:
     """A request's config and pinned keys for engine keys a recipe pins; None where the
     engine's schema refuses a value (the recipe loader's property, not the planner's)."""
     from engine.schema import ConfigError, load_config
-    from rlctl.spec import nest
+    from rlctl.job.spec import nest
 
     try:
         return {"config": load_config(base=nest(keys), check=False), "pinned": frozenset(keys)}
@@ -402,8 +402,8 @@ def test_rendered_scripts_pass_payloads_literally(examples, quick):
     from rlctl.backends.local import LocalBackend
     from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
     from rlctl.backends.slurm import SlurmBackend, SlurmProfile
-    from rlctl.recipe import parse_recipe
-    from rlctl.spec import build_spec
+    from rlctl.job.spec import build_spec
+    from rlctl.recipe.load import parse_recipe
 
     env_values = st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), STRINGS,
                                  min_size=1, max_size=3)  # fmt: skip

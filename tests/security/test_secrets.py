@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 import rlctl.api
-from rlctl.jobs import JobStore
+from rlctl.store.jobs import JobStore
 from tests.security.secret_files import files_holding, ray_dirs_since
 
 REPO = Path(__file__).resolve().parents[2]

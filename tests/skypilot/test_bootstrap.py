@@ -28,9 +28,9 @@ import yaml
 
 from rlctl.api import find_recipe, plan_recipe
 from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
-from rlctl.recipe import load_recipe
-from rlctl.spec import Layout, build_spec
-from rlctl.wheel import build_wheel
+from rlctl.job.spec import Layout, build_spec
+from rlctl.job.wheel import build_wheel
+from rlctl.recipe.load import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -63,13 +63,13 @@ def _free_port() -> int:
 
 def _job_env(root: Path) -> None:
     """The job's Python as the setup makes it on a node: the wheel of this rlctl in the
-    job's directory (SkyPilot's file mount) installed over this venv (rlctl/jobenv.py).
+    job's directory (SkyPilot's file mount) installed over this venv (rlctl/node/jobenv.py).
     Made once here: the "nodes" of these tests share one file system, and the setup's own
     install line then finds it made from the same wheel (kept)."""
     root.mkdir(parents=True, exist_ok=True)
     wheel = build_wheel(root)
     made = subprocess.run(
-        [sys.executable, "-m", "rlctl.jobenv", str(root / "env"), str(wheel), "--extras", "engine"],
+        [sys.executable, "-m", "rlctl.node.jobenv", str(root / "env"), str(wheel), "--extras", "engine"],
         env={**os.environ, "PYTHONPATH": str(wheel), "PIP_NO_INDEX": "1"},
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -1,8 +1,8 @@
-"""rlctl.cost reads SkyPilot's local price catalog, or says the price is unavailable."""
+"""rlctl.planner.cost reads SkyPilot's local price catalog, or says the price is unavailable."""
 
 from __future__ import annotations
 
-from rlctl.cost import UNAVAILABLE, describe, hourly_cost
+from rlctl.planner.cost import UNAVAILABLE, describe, hourly_cost
 
 HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region,AvailabilityZone\n"
 
@@ -43,13 +43,13 @@ def test_no_catalog_is_unavailable(tmp_path):
 
 
 def test_backend_estimate_without_a_catalog_says_unavailable(monkeypatch, tmp_path):
-    import rlctl.cost
+    import rlctl.planner.cost
     from rlctl.api import find_recipe, plan_recipe
     from rlctl.backends.skypilot import SkyPilotBackend, SkyPilotOptions
-    from rlctl.recipe import load_recipe
-    from rlctl.spec import build_spec
+    from rlctl.job.spec import build_spec
+    from rlctl.recipe.load import load_recipe
 
-    monkeypatch.setattr(rlctl.cost, "CATALOG_DIR", tmp_path)
+    monkeypatch.setattr(rlctl.planner.cost, "CATALOG_DIR", tmp_path)
     recipe = load_recipe(find_recipe("dapo_qwen32b"))
     backend = SkyPilotBackend(SkyPilotOptions(cloud="aws/us-east-1"))
     spec = build_spec(recipe, plan_recipe(recipe), backend.paths("j", recipe.checkpoints))

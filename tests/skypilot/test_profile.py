@@ -13,7 +13,7 @@ from rlctl.api import bundled_recipes, plan_recipe
 from rlctl.backends.skypilot import RAY_TOKEN, SkyPilotBackend, SkyPilotOptions
 from rlctl.backends.skypilot_profile import NodeSoftware, for_infra, load_profile
 from rlctl.errors import RlctlError
-from rlctl.spec import build_spec
+from rlctl.job.spec import build_spec
 
 sky = pytest.importorskip("sky", reason="skypilot is not installed: pip install 'rlctl[skypilot]'")
 RECIPES = {r.name: r for r in bundled_recipes()}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.jobs import JobStore
+from rlctl.store.jobs import JobStore
 from tests.skypilot.sky_harness import sky_slurm
 
 OPT_IN = "RLCTL_TEST_SKY_SLURM"

@@ -27,10 +27,10 @@ from rlctl.backends.skypilot import (
 from rlctl.backends.skypilot_infra import CLOUD_ACCELERATORS, check_offered, parse_infra
 from rlctl.errors import RlctlError
 from rlctl.hardware import get_accelerator
-from rlctl.jobs import Job, JobState
-from rlctl.recipe import RecipeError, parse_recipe
-from rlctl.spec import build_spec
-from rlctl.wheel import local_wheel
+from rlctl.job.spec import build_spec
+from rlctl.job.wheel import local_wheel
+from rlctl.recipe.load import RecipeError, parse_recipe
+from rlctl.store.jobs import Job, JobState
 
 sky = pytest.importorskip("sky", reason="skypilot is not installed: pip install 'rlctl[skypilot]'")
 
@@ -529,7 +529,7 @@ def test_launch_through_the_api_stores_no_secret(fake_sky, monkeypatch, tmp_path
     """rlctl.api.launch with this backend (as get_backend("skypilot") will return it):
     the job store holds SkyPilot's ids, and no secret value anywhere in its file."""
     import rlctl.api
-    from rlctl.jobs import JobStore
+    from rlctl.store.jobs import JobStore
 
     backend = SkyPilotBackend(SkyPilotOptions(cloud="gcp"))
     monkeypatch.setattr(rlctl.api, "get_backend", lambda name, **options: backend)

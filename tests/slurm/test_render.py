@@ -14,9 +14,9 @@ from rlctl import api
 from rlctl.backends import slurm
 from rlctl.backends.slurm import SlurmBackend, SlurmProfile, load_profile, profile_from_mapping
 from rlctl.errors import RlctlError
-from rlctl.jobs import Job, JobState
-from rlctl.recipe import load_recipe
-from rlctl.spec import build_spec
+from rlctl.job.spec import build_spec
+from rlctl.recipe.load import load_recipe
+from rlctl.store.jobs import Job, JobState
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "templates" / "ray" / "ray_cluster.sh"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.jobs import JobStore
+from rlctl.store.jobs import JobStore
 from tests.security.secret_files import files_holding, ray_dirs_since
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlctl import __version__
-from rlctl.jobs import JobStore
+from rlctl.store.jobs import JobStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 

@@ -416,7 +416,7 @@ def test_heads_the_size_does_not_divide_are_refused_before_start(tiny_model_dir)
     """At the engine's start (before Ray) and in ``rlctl validate``/``plan``: the key and
     the sizes that would work."""
     from engine.runtime import _check_model_configs
-    from rlctl.spec import model_problems
+    from rlctl.job.spec import model_problems
 
     cfg = _config(
         f"actor_rollout_ref.model.path={tiny_model_dir}",

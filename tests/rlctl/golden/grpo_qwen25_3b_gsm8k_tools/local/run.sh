@@ -6,7 +6,7 @@ set -euo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd /golden/home/.rlctl/jobs/golden
 
-# pre-flight (rlctl/preflight.py): this machine's checks before anything of the job starts;
+# pre-flight (rlctl/job/preflight.py): this machine's checks before anything of the job starts;
 # a failure ends the job with exit 2 (a configuration error: never restarted)
 if ! /opt/venv/bin/python -m engine.doctor --devices=cuda:8 --rollout=vllm --disk=/golden/home/.rlctl/jobs/golden/run:68.98 --model=Qwen/Qwen2.5-3B-Instruct; then
   echo "rlctl: pre-flight failed: the lines above name the check and the fix; nothing of the job started (preflight: false in the recipe skips it)" >&2

@@ -192,7 +192,7 @@ if [ "$num_nodes" != 1 ] || { [ -n "$resource" ] && [ "$devices" != 4 ]; }; then
   echo "rlctl: SkyPilot gave $num_nodes nodes x $devices devices; the plan needs 1 x 4" >&2
   exit 2
 fi
-# pre-flight (rlctl/preflight.py): this node's checks, and an all-reduce over the nodes,
+# pre-flight (rlctl/job/preflight.py): this node's checks, and an all-reduce over the nodes,
 # before Ray starts; a failure ends the job with exit 2, which a managed job never
 # retries (max_restarts_on_errors: 0; only the supervisor's 75 is recovered)
 network=()

@@ -6,7 +6,7 @@ set -euo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 cd /golden/home/.rlctl/jobs/golden
 
-# pre-flight (rlctl/preflight.py): this machine's checks before anything of the job starts;
+# pre-flight (rlctl/job/preflight.py): this machine's checks before anything of the job starts;
 # a failure ends the job with exit 2 (a configuration error: never restarted)
 if ! /opt/venv/bin/python -m engine.doctor --devices=cuda:8 --disk=/golden/home/.rlctl/jobs/golden/run:170.22 --model=Qwen/Qwen2.5-7B-Instruct; then
   echo "rlctl: pre-flight failed: the lines above name the check and the fix; nothing of the job started (preflight: false in the recipe skips it)" >&2

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlctl.jobs import Job
-from rlctl.memory_report import MemoryReport, memory_report
+from rlctl.store.jobs import Job
+from rlctl.store.memory_report import MemoryReport, memory_report
 
 __all__ = [
     "Progress",
@@ -378,7 +378,7 @@ def _run_dir(root: Path, engine: Mapping[str, Any]) -> Path:
         return root / trainer["run_dir"]  # rlctl sets it when checkpoints are apart
     local_dir = trainer.get("default_local_dir")
     if not isinstance(local_dir, str) or not local_dir:
-        return root / "run"  # rlctl/spec.py:JobPaths.run_dir, the default
+        return root / "run"  # rlctl/job/spec.py:JobPaths.run_dir, the default
     if "://" in local_dir:  # a bucket holds only checkpoints
         return (
             root / "runs" / str(trainer.get("project_name")) / str(trainer.get("experiment_name"))

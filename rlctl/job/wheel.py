@@ -2,7 +2,7 @@
 
 A job runs exactly the rlctl version it was launched from: the launcher ships a wheel of
 itself with the job (SkyPilot file mounts, the Slurm job's directory) and the node's
-setup installs it (``rlctl/jobenv.py``). The wheel is made from what this process
+setup installs it (``rlctl/node/jobenv.py``). The wheel is made from what this process
 imports (the ``rlctl`` and ``engine`` packages, wherever they are: a checkout, an
 editable install, site-packages), the installed distribution's metadata and the bundled
 templates and recipes, so a change in a checkout reaches the job without a release.

@@ -7,7 +7,7 @@ the formulas.
 
 ``sft`` is not an RL preset: a recipe with ``algorithm: sft`` runs supervised
 fine-tuning (``python -m engine.sft``, docs/sft.md), and its ``engine:`` keys are verl's
-SFT trainer's (``rlctl.recipe_sft``).
+SFT trainer's (``rlctl.recipe.sft``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     name: grpo-qwen7b-gsm8k
     description: GRPO on GSM8K, Qwen2.5-7B-Instruct, one 8×H100 node
     extends: base.yaml                 # optional: a recipe this one refines
-    algorithm: grpo                    # a preset (rlctl.presets), or sft (python -m engine.sft)
+    algorithm: grpo                    # a preset (rlctl.recipe.presets), or sft (python -m engine.sft)
     model: Qwen/Qwen2.5-7B-Instruct    # Hugging Face id, a local folder, or rlctl:tiny
     data:
       prepare: gsm8k                   # made on the cluster: gsm8k | gsm8k_tools | math | synthetic | geo3k | shapes
@@ -35,12 +35,12 @@ from typing import Any
 import yaml
 
 from rlctl.errors import RlctlError, closest_or_all
-from rlctl.images import check_image
-from rlctl.jobfiles import rebase
-from rlctl.presets import ALGORITHMS, PRESETS, SFT
-from rlctl.recipe_engine import engine_key_problems, flatten, short
-from rlctl.recipe_lora import DOC as LORA_DOC
-from rlctl.recipe_lora import LORA_KEYS, lora_engine_keys, lora_problems
+from rlctl.recipe.engine_keys import engine_key_problems, flatten, short
+from rlctl.recipe.lora import DOC as LORA_DOC
+from rlctl.recipe.lora import LORA_KEYS, lora_engine_keys, lora_problems
+from rlctl.recipe.presets import ALGORITHMS, PRESETS, SFT
+from rlctl.recipe.shipped import rebase
+from rlctl.recipe.values import RESOLVER, check_image, looks_secret, strings_in
 from rlctl.yamlfile import load_yaml_file
 
 TINY_MODEL = "rlctl:tiny"  # a tiny random model built where the job runs (quickstart, tests)
@@ -50,7 +50,7 @@ SFT_PREPARATIONS = ("gsm8k_sft",)  # conversations (a messages column), for algo
 ROLLOUTS = ("vllm", "sglang", "hf")
 TRAINERS = ("fsdp", "fsdp2", "megatron")
 # The schema's fields, with what each takes: the parser checks against these, and
-# ``docs/recipes.md`` is generated from them (rlctl/recipe_docs.py).
+# ``docs/recipes.md`` is generated from them (rlctl/recipe/docs.py).
 FIELD_DOCS: dict[str, tuple[str, str]] = {
     "name": (
         "text (letters, digits, . _ -)",
@@ -108,16 +108,13 @@ FIELD_DOCS: dict[str, tuple[str, str]] = {
     ),
     "engine": (
         "mapping",
-        "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan. A relative `actor_rollout_ref.rollout.multi_turn.tool_config_path` or `interaction_config_path` is read from the recipe's folder and shipped with the job, with the .py files its entries name (rlctl/jobfiles.py); other paths are the job's",
+        "any engine key, dotted or nested (docs/configuration.md); checked against the engine's schema; wins over presets and the plan. A relative `actor_rollout_ref.rollout.multi_turn.tool_config_path` or `interaction_config_path` is read from the recipe's folder and shipped with the job, with the .py files its entries name (rlctl/job/files.py); other paths are the job's",
     ),
 }
 _FIELDS = tuple(FIELD_DOCS)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _COUNT = re.compile(r"[0-9]{1,6}")
-# An OmegaConf resolver (``${oc.env:NAME}``): the engine config is resolved on the machine
-# that launches, so it would read that machine's environment into the job's files.
-_RESOLVER = re.compile(r"\$\{\s*[\w.-]*\s*:")
 
 
 class RecipeError(RlctlError):
@@ -182,7 +179,7 @@ class Recipe:
     secrets: tuple[str, ...] = ()
     engine: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] = field(default_factory=dict)  # rank, alpha, target_modules
-    preflight: bool = True  # engine.doctor on every node before the engine (rlctl/preflight.py)
+    preflight: bool = True  # engine.doctor on every node before the engine (rlctl/job/preflight.py)
 
     @property
     def is_sft(self) -> bool:
@@ -193,7 +190,7 @@ class Recipe:
         """The engine keys this recipe sets (before sizing), in the order they apply:
         the algorithm preset, then the recipe's fields, then its ``engine:`` block."""
         if self.is_sft:
-            from rlctl.recipe_sft import sft_engine_overrides
+            from rlctl.recipe.sft import sft_engine_overrides
 
             return sft_engine_overrides(self)
         keys: dict[str, Any] = dict(PRESETS[self.algorithm])
@@ -345,7 +342,7 @@ def parse_recipe(raw: dict[str, Any], source: str = "<string>") -> Recipe:
     )
     p.resolvers()
     if sft:
-        from rlctl.recipe_sft import sft_field_problems
+        from rlctl.recipe.sft import sft_field_problems
 
         errors.extend(sft_field_problems(raw))
     if recipe.lora:
@@ -486,7 +483,7 @@ class _Parser:
         return custom["path"], str(custom.get("name", "compute_score"))
 
     def lora(self) -> dict[str, Any]:
-        """``lora:`` ({} when absent), checked with the trainer (rlctl.recipe_lora)."""
+        """``lora:`` ({} when absent), checked with the trainer (rlctl.recipe.lora)."""
         lora = self._mapping("lora")
         self._unknown("lora", lora, tuple(LORA_KEYS))
         return dict(lora)
@@ -536,7 +533,7 @@ class _Parser:
                 self.errors.append(f"env.{key}: expected a plain value, got {value!r}")
             elif "\0" in str(value):
                 self.errors.append(f"env.{key}: holds a NUL character, which no environment can")
-            elif _looks_secret(key):
+            elif looks_secret(key):
                 self.errors.append(
                     f"env.{key}: looks like a secret; list it under secrets: (by name) so its"
                     " value is read from your environment at launch and never written down"
@@ -566,42 +563,23 @@ class _Parser:
         return engine
 
     def resolvers(self) -> None:
-        """No ``${resolver:...}`` in a value that reaches the engine config (see _RESOLVER),
+        """No ``${resolver:...}`` in a value that reaches the engine config (see RESOLVER),
         and no ``${...}`` at all in the recipe's own fields: they are literal values (an
         interpolation there would be resolved against the engine config, which is not what
         the recipe shows); ``engine:`` keys may interpolate other engine keys."""
         for key in ("model", "data", "reward", "checkpoints"):
-            for path, text in _strings(self.raw.get(key), key):
-                if "${" in text and not _RESOLVER.search(text):
+            for path, text in strings_in(self.raw.get(key), key):
+                if "${" in text and not RESOLVER.search(text):
                     self.errors.append(
                         f"{path}: {short(text)} is an OmegaConf interpolation; recipe fields"
                         " take the value itself (interpolations of engine keys work only"
                         " under engine:)"
                     )
         for key in ("model", "data", "reward", "checkpoints", "engine"):
-            for path, text in _strings(self.raw.get(key), key):
-                if _RESOLVER.search(text):
+            for path, text in strings_in(self.raw.get(key), key):
+                if RESOLVER.search(text):
                     self.errors.append(
                         f"{path}: {short(text)} uses an OmegaConf resolver, which would be"
                         " resolved where you launch and its result written into the job's"
                         " files; write the value itself (a secret: list it under secrets:)"
                     )
-
-
-def _strings(value: Any, path: str) -> list[tuple[str, str]]:
-    """Every text in a recipe value, with its field path."""
-    if isinstance(value, str):
-        return [(path, value)]
-    if isinstance(value, dict):
-        return [s for k, v in value.items() for s in _strings(v, f"{path}.{k}")]
-    if isinstance(value, list):
-        return [s for i, v in enumerate(value) for s in _strings(v, f"{path}[{i}]")]
-    return []
-
-
-_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
-
-
-def _looks_secret(name: str) -> bool:
-    upper = name.upper()
-    return any(word in upper for word in _SECRET_WORDS)

@@ -5,7 +5,7 @@ release image for the vendor (vLLM's for NVIDIA and ROCm, SGLang's for NVIDIA), 
 by tag to the release the engine is tested against (engine/versions.py's pins;
 tests/rlctl/test_images.py keeps them equal). The node's setup then installs, over the
 image, exactly the rlctl the user launched from (a wheel shipped with the job,
-``rlctl/wheel.py``) and the engine's dependencies the image lacks (``rlctl/jobenv.py``).
+``rlctl/job/wheel.py``) and the engine's dependencies the image lacks (``rlctl/node/jobenv.py``).
 
 Where no public image has what the engine needs, the default is the project's own image
 (``images/``), marked not public: a launch that would pull it is refused with how to
@@ -15,28 +15,11 @@ images stay an option everywhere for faster starts (everything preinstalled).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from rlctl import __version__
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator
-
-# A container image as the runtimes name it (registry/name:tag, name@sha256:..., a
-# docker:// URI, an Apptainer .sif path, Pyxis' registry#image): never an option (a
-# leading '-'), and no quotes, spaces or shell characters.
-_IMAGE = re.compile(r"[A-Za-z0-9/~.][A-Za-z0-9._/:@#+~-]{0,511}")
-
-
-def check_image(image: str, source: str) -> None:
-    """Refuse what cannot be a container image's name; ``source`` names the field."""
-    if not _IMAGE.fullmatch(image.removeprefix("docker:")):
-        raise RlctlError(
-            f"{source}: image {image!r} is not a container image name",
-            hint="e.g. registry.example.com/rlctl/engine:0.1.0-cuda, docker://name:tag or"
-            " /path/image.sif (letters, digits and . _ / : @ # + ~ -; not starting with '-')",
-        )
-
 
 # The releases the public images are pinned to: engine/versions.py's `pinned`.
 VLLM = "0.33.0"

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlctl.spec import JobSpec
+from rlctl.job.spec import JobSpec
 
 if TYPE_CHECKING:
     from rlctl.planner.model import Plan
-    from rlctl.recipe import Recipe
+    from rlctl.recipe.load import Recipe
 
 
 @dataclass(frozen=True)

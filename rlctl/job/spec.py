@@ -4,7 +4,7 @@ recipe + plan + where the job runs  ──►  JobSpec
     setup steps (build the tiny model, prepare data) as argv lists
     the engine's full config, validated against the engine's own schema
     the environment (plain values) and the names of the secrets to pass
-    the files the recipe names on this machine that ship with the job (rlctl/jobfiles.py)
+    the files the recipe names on this machine that ship with the job (rlctl/job/files.py)
 
 The engine config travels as a YAML file (``python -m engine.main --config``, or
 ``python -m engine.sft --config`` for a recipe with ``algorithm: sft``): recipe values
@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 from rlctl import __version__
 from rlctl.errors import RlctlError
 from rlctl.hardware import Accelerator, get_accelerator
-from rlctl.images import JobImage, default_image
-from rlctl.jobfiles import JobFile, ship_files
-from rlctl.preflight import preflight_command
-from rlctl.recipe import TINY_MODEL, Recipe, RecipeError
-from rlctl.wheel import WHEEL_NAME
+from rlctl.job.files import JobFile, ship_files
+from rlctl.job.preflight import preflight_command
+from rlctl.job.wheel import WHEEL_NAME
+from rlctl.planner.images import JobImage, default_image
+from rlctl.recipe.load import TINY_MODEL, Recipe, RecipeError
 
-# The image's Python, which makes the job's environment (rlctl/jobenv.py) on a node.
+# The image's Python, which makes the job's environment (rlctl/node/jobenv.py) on a node.
 BASE_PYTHON = "python3"
 
 if TYPE_CHECKING:
     from engine.schema import EngineConfig, SFTConfig
-    from rlctl.plan import Plan
+    from rlctl.planner.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,12 @@ class JobPaths:
 
     @property
     def wheel(self) -> str:
-        """The rlctl wheel shipped with the job (rlctl/wheel.py)."""
+        """The rlctl wheel shipped with the job (rlctl/job/wheel.py)."""
         return f"{self.root}/{WHEEL_NAME}"
 
     @property
     def env(self) -> str:
-        """The job's Python environment: the wheel over the image's packages (rlctl/jobenv.py)."""
+        """The job's Python environment: the wheel over the image's packages (rlctl/node/jobenv.py)."""
         return f"{self.root}/env"
 
 
@@ -118,7 +118,7 @@ class JobSpec:
     files: tuple[JobFile, ...] = ()  # shipped into paths.root, by their relative names
     engine_module: str = "engine.main"  # engine.sft for algorithm: sft
     # python -m engine.doctor with the plan's checks, run on every node before the engine
-    # (rlctl/preflight.py); () when the recipe turned it off
+    # (rlctl/job/preflight.py); () when the recipe turned it off
     preflight: tuple[str, ...] = ()
     # the engine's trainer.default_local_dir, as the nodes reach it (a path, a bucket URL)
     checkpoints: str = ""
@@ -168,7 +168,7 @@ class JobSpec:
         starts (the module runs from the wheel itself: it is a zip Python imports)."""
         p = self.paths
         return (
-            "env", f"PYTHONPATH={p.wheel}", BASE_PYTHON, "-m", "rlctl.jobenv",
+            "env", f"PYTHONPATH={p.wheel}", BASE_PYTHON, "-m", "rlctl.node.jobenv",
             p.env, p.wheel, "--extras", ",".join(self.extras),
         )  # fmt: skip
 
@@ -192,7 +192,7 @@ def build_spec(recipe: Recipe, plan: Plan, paths: JobPaths) -> JobSpec:
     """Resolve the recipe and its plan for ``paths`` and check it against the engine's
     schema."""
     from engine.schema import to_yaml
-    from rlctl.recipe_sft import FIELD_KEYS
+    from rlctl.recipe.sft import FIELD_KEYS
 
     field_key = FIELD_KEYS[recipe.is_sft]
     keys: dict[str, Any] = {}

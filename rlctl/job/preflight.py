@@ -18,7 +18,7 @@ is a configuration error). ``preflight: false`` in the recipe leaves it out.
 
 from __future__ import annotations
 
-from rlctl.recipe import Recipe
+from rlctl.recipe.load import Recipe
 
 # Checkpoint bytes per trained parameter (fp32 weights and Adam's two moments), and the
 # checkpoints on disk at once (the last complete one and the one being written).

@@ -3,7 +3,7 @@
 Run on every node before Ray starts, with the image's Python, straight from the wheel
 (a pure-Python wheel is importable as a zip; this module uses the standard library only):
 
-    PYTHONPATH=/job/rlctl-X-py3-none-any.whl python3 -m rlctl.jobenv /job/env /job/rlctl-X.whl \\
+    PYTHONPATH=/job/rlctl-X-py3-none-any.whl python3 -m rlctl.node.jobenv /job/env /job/rlctl-X.whl \\
         --extras engine,megatron
 
 It makes ``/job/env``, a virtual environment whose own site-packages hold the wheel (so
@@ -123,7 +123,7 @@ def _make_env(env: Path, wheel: Path, extras: list[str], pip_args: list[str]) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlctl.jobenv", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rlctl.node.jobenv", description=__doc__)
     parser.add_argument("env", type=Path, help="the environment's directory")
     parser.add_argument("wheel", type=Path, help="the rlctl wheel shipped with the job")
     parser.add_argument("--extras", default="", help="rlctl extras, comma-separated")

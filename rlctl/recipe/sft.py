@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rlctl.recipe_lora import lora_engine_keys
+from rlctl.recipe.lora import lora_engine_keys
 
 
 class _Hardware(Protocol):
@@ -18,7 +18,7 @@ class _Hardware(Protocol):
 
 
 class SFTFields(Protocol):
-    """What of a recipe (``rlctl.recipe.Recipe``) its SFT keys come from."""
+    """What of a recipe (``rlctl.recipe.load.Recipe``) its SFT keys come from."""
 
     name: str
     trainer: str
