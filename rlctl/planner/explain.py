@@ -9,23 +9,23 @@ from dataclasses import replace
 from rlctl.hardware import Accelerator
 from rlctl.models import ModelShape
 from rlctl.planner.fit import (
-    _count,
-    _Fit,
-    _fmt,
-    _fmt_params,
-    _gib,
-    _Layout,
-    _TrainFit,
+    CandidateLayout,
+    Fit,
+    TrainFit,
+    count_noun,
+    fmt_number,
+    fmt_params,
+    gib,
 )
 from rlctl.planner.images import default_image
 from rlctl.planner.memory import (
-    _budget_bytes,
-    _fsdp_state,
-    _megatron_lengths,
-    _megatron_state,
-    _train_activations,
-    _TrainCfg,
+    TrainCfg,
     adapter_params,
+    budget_bytes,
+    fsdp_state,
+    megatron_lengths,
+    megatron_state,
+    train_activations,
 )
 from rlctl.planner.model import (
     ADAM_STEP_BYTES,
@@ -44,10 +44,10 @@ from rlctl.planner.model import (
     Plan,
 )
 from rlctl.planner.multi_turn import multi_turn_lines
-from rlctl.planner.search import _flops_per_param_token
+from rlctl.planner.search import flops_per_param_token
 from rlctl.planner.settings import (
-    _made_for,
-    _Settings,
+    Settings,
+    made_for,
 )
 
 # Where a term is one the GPU proof measured (planner/model.py says what and where).
@@ -57,28 +57,28 @@ MEASURED = ", measured on an H100"
 # the plan and its explanation
 
 
-def _assemble(
-    s: _Settings, m: ModelShape, acc: Accelerator, fit: _Fit, lines: list[str], step_1: float
+def assemble(
+    s: Settings, m: ModelShape, acc: Accelerator, fit: Fit, lines: list[str], step_1: float
 ) -> Plan:
     c, t, r, lay = fit.train, fit.fitted, fit.rollout, fit.layout
     st = t.state
     memory = MemoryEstimate(
         device_gib=float(acc.memory_gib),
-        budget_gib=_gib(_budget_bytes(acc)),
-        train_weights_gib=_gib(st.weights),
-        train_grads_gib=_gib(st.grads),
-        train_optimizer_gib=_gib(st.optimizer),
-        train_gathered_gib=_gib(st.gathered),
-        train_activations_gib=_gib(t.activations),
-        train_logits_gib=_gib(t.logits),
-        train_mask_gib=_gib(t.mask),
-        train_step_extra_gib=_gib(st.step_extra),
-        rollout_resident_gib=_gib(st.resident),
-        rollout_weights_gib=_gib(r.weights),
-        rollout_kv_cache_gib=_gib(r.kv_cache),
-        rollout_pool_gib=_gib(r.pool),
-        host_gib_per_node=_gib(st.host * lay.per_node),
-        reward_model_gib=_gib(st.reward_model),
+        budget_gib=gib(budget_bytes(acc)),
+        train_weights_gib=gib(st.weights),
+        train_grads_gib=gib(st.grads),
+        train_optimizer_gib=gib(st.optimizer),
+        train_gathered_gib=gib(st.gathered),
+        train_activations_gib=gib(t.activations),
+        train_logits_gib=gib(t.logits),
+        train_mask_gib=gib(t.mask),
+        train_step_extra_gib=gib(st.step_extra),
+        rollout_resident_gib=gib(st.resident),
+        rollout_weights_gib=gib(r.weights),
+        rollout_kv_cache_gib=gib(r.kv_cache),
+        rollout_pool_gib=gib(r.pool),
+        host_gib_per_node=gib(st.host * lay.per_node),
+        reward_model_gib=gib(st.reward_model),
         reward_model_held=st.reward_model_held,
     )
     return Plan(
@@ -102,7 +102,7 @@ def _assemble(
         memory=memory,
         model=m,
         reasoning=lines,
-        **_made_for(s),
+        **made_for(s),
         train_ep=c.ep,
         train_cp=c.cp,
         train_sp=c.sp,
@@ -112,7 +112,7 @@ def _assemble(
     )
 
 
-def _duration(seconds: float) -> str:
+def duration_words(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -120,11 +120,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _reasoning(
-    s: _Settings,
+def reasoning_lines(
+    s: Settings,
     m: ModelShape,
     acc: Accelerator,
-    fit: _Fit,
+    fit: Fit,
     tried: list[str],
     step_1: float,
     floor: int,
@@ -135,10 +135,10 @@ def _reasoning(
     in place of the colocated step-compute, floor and devices lines (the rollout on
     devices of its own: planner/split.py); ``fit.layout`` is then the training group."""
     c, t, lay = fit.train, fit.fitted, fit.layout
-    lines = [_model_line(m), *(f"note: {n}" for n in s.notes)]
+    lines = [model_line(m), *(f"note: {n}" for n in s.notes)]
     lines.append(
         f"budget: {acc.name} has {acc.memory_gib:g} GiB; the plan uses at most"
-        f" {_fmt(_budget_bytes(acc))} per device ({FRAGMENTATION:.0%} lost to allocator"
+        f" {fmt_number(budget_bytes(acc))} per device ({FRAGMENTATION:.0%} lost to allocator"
         f" fragmentation, {RESERVED_GIB:g} GiB for the runtime context and collective buffers)"
     )
     if layout_lines is not None:
@@ -147,17 +147,17 @@ def _reasoning(
         lines += _layout_lines(s, m, acc, lay, tried, step_1, floor, auto)
     lines += _train_lines(m, s, c, t)
     if c.backend == "megatron":
-        lines += _context_parallel_lines(m, s, c, _budget_bytes(acc), lay.per_node)
+        lines += _context_parallel_lines(m, s, c, budget_bytes(acc), lay.per_node)
     else:
-        lines += _ulysses_lines(m, s, c, _budget_bytes(acc))
+        lines += _ulysses_lines(m, s, c, budget_bytes(acc))
     lines += _batch_lines(s, fit)
     lines += list(fit.rollout.lines)
     if s.multi_turn is not None:
         lines += multi_turn_lines(s.multi_turn, s.prompt_len, s.response_len)
     if t.state.host:
         lines.append(
-            f"host RAM: the offloaded state takes {_fmt(t.state.host)} per device,"
-            f" {_fmt(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
+            f"host RAM: the offloaded state takes {fmt_number(t.state.host)} per device,"
+            f" {fmt_number(t.state.host * lay.per_node)} per node (besides loading the checkpoint)"
         )
     if c.backend == "megatron" and m.is_moe:  # engine imported for Megatron plans only
         from engine.schema import MODEL_TYPES
@@ -177,7 +177,7 @@ def _reasoning(
     return lines
 
 
-def _batch_lines(s: _Settings, fit: _Fit) -> list[str]:
+def _batch_lines(s: Settings, fit: Fit) -> list[str]:
     """The mini- and micro-batches, and the token budget of dynamic batch size."""
     c, t, lay = fit.train, fit.fitted, fit.layout
     lines: list[str] = []
@@ -197,13 +197,13 @@ def _batch_lines(s: _Settings, fit: _Fit) -> list[str]:
     if c.backend == "megatron" and c.model_parallel > 1:
         dp = lay.devices // c.model_parallel
         lines[-1] += (
-            f"; the {_count(dp, 'data-parallel replica')} (TP × PP × CP = {c.model_parallel}"
+            f"; the {count_noun(dp, 'data-parallel replica')} (TP × PP × CP = {c.model_parallel}"
             f" devices each) take {fit.mini * s.n // dp} samples each per mini-batch"
         )
     elif c.sp > 1:
         dp = lay.devices // c.sp
         lines[-1] += (
-            f"; the {_count(dp, 'Ulysses group')} ({c.sp} devices each, sharing their rows)"
+            f"; the {count_noun(dp, 'Ulysses group')} ({c.sp} devices each, sharing their rows)"
             f" take {fit.mini * s.n // dp} samples each per mini-batch"
         )
     if t.dynamic:
@@ -228,10 +228,10 @@ def _batch_lines(s: _Settings, fit: _Fit) -> list[str]:
 
 
 def _layout_lines(
-    s: _Settings,
+    s: Settings,
     m: ModelShape,
     acc: Accelerator,
-    lay: _Layout,
+    lay: CandidateLayout,
     tried: list[str],
     step_1: float,
     floor: int,
@@ -243,10 +243,10 @@ def _layout_lines(
     parts += f", critic {2 + (8 if s.grad_ckpt else 6)}" if s.critic else ""
     lines = [
         f"step compute: {s.train_batch} prompts × {s.n} samples × {s.seq_len} tokens ="
-        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {_fmt_params(m.compute_params)}"
-        f"{' active' if m.is_moe else ''} params × {_flops_per_param_token(s)} FLOPs ({parts})"
-        f" = {_duration(step_1)} on one {acc.name} at {ASSUMED_MFU:.0%} of"
-        f" {acc.bf16_tflops:g} TFLOPS → ~{_duration(step_1 / lay.devices)} per step on"
+        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {fmt_params(m.compute_params)}"
+        f"{' active' if m.is_moe else ''} params × {flops_per_param_token(s)} FLOPs ({parts})"
+        f" = {duration_words(step_1)} on one {acc.name} at {ASSUMED_MFU:.0%} of"
+        f" {acc.bf16_tflops:g} TFLOPS → ~{duration_words(step_1 / lay.devices)} per step on"
         f" {lay.devices} (an upper bound: every response at its maximum length)"
     ]
     if floor > 1:
@@ -261,10 +261,10 @@ def _layout_lines(
     return lines
 
 
-def _model_line(m: ModelShape) -> str:
+def model_line(m: ModelShape) -> str:
     moe = (
         f"; MoE: {m.num_experts} experts of width {m.moe_intermediate_size},"
-        f" {m.experts_per_token} per token, {_fmt_params(m.compute_params)} active"
+        f" {m.experts_per_token} per token, {fmt_params(m.compute_params)} active"
         if m.is_moe
         else ""
     )
@@ -274,23 +274,23 @@ def _model_line(m: ModelShape) -> str:
         else f"{m.num_kv_heads} KV heads × {m.head_dim}"
     )
     vision = (
-        f"; a vision tower of {_fmt_params(m.vision_params)} (counted in memory, not in the"
+        f"; a vision tower of {fmt_params(m.vision_params)} (counted in memory, not in the"
         " per-token compute)"
         if m.vision_params
         else ""
     )
     return (
-        f"model: {m.name} — {_fmt_params(m.num_params)} parameters ({m.source}); {m.num_layers}"
+        f"model: {m.name} — {fmt_params(m.num_params)} parameters ({m.source}); {m.num_layers}"
         f" layers, hidden {m.hidden_size}, {m.num_attention_heads} heads / {attn}, vocab"
         f" {m.vocab_size}{moe}{vision}"
     )
 
 
-def _targets(s: _Settings) -> str:
+def _targets(s: Settings) -> str:
     return s.lora_targets if isinstance(s.lora_targets, str) else ", ".join(s.lora_targets)
 
 
-def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> list[str]:
+def _train_lines(m: ModelShape, s: Settings, c: TrainCfg, t: TrainFit) -> list[str]:
     st, d = t.state, c.devices
     roles = "actor" + (" + critic" if s.critic else "") + (" + reference" if s.reference else "")
     if c.backend == "megatron":
@@ -299,9 +299,9 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
             + (f" × EP {c.ep}" if m.is_moe else "")
             + (f" (experts split over ETP {c.etp})" if m.is_moe and c.etp is not None else "")
             + f", data parallel {d // c.model_parallel} (= {d} / (TP × PP × CP)); bf16 weights"
-            f" {_fmt(st.weights)} (not split by CP), fp32"
-            f" gradient buffer {_fmt(st.grads)}, distributed optimizer (fp32 master + Adam,"
-            f" 12 B/param over {_count(d, 'device')}) {_fmt(st.optimizer)}"
+            f" {fmt_number(st.weights)} (not split by CP), fp32"
+            f" gradient buffer {fmt_number(st.grads)}, distributed optimizer (fp32 master + Adam,"
+            f" 12 B/param over {count_noun(d, 'device')}) {fmt_number(st.optimizer)}"
         )
     elif s.lora_rank:
         adapter = adapter_params(m, s)
@@ -310,22 +310,22 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
             + (" (assumed: the saved adapter is not readable here)" if s.lora_rank_assumed else "")
             + f" on {_targets(s)};"
             f" {roles.replace(' + reference', '')} sharded"
-            f" over {_count(d, 'device')}): weights 4 B/param of the base model"
+            f" over {count_noun(d, 'device')}): weights 4 B/param of the base model"
             + ("" if c.fp32 else f" (+ {LORA_FROZEN_BYTES} B/param held in the update{MEASURED})")
             + " + adapter"
-            f" {_fmt_params(adapter)} ({adapter / m.num_params:.2%} of"
-            f" {_fmt_params(m.num_params)}) → {_fmt(st.weights)}, the reference being the"
+            f" {fmt_params(adapter)} ({adapter / m.num_params:.2%} of"
+            f" {fmt_params(m.num_params)}) → {fmt_number(st.weights)}, the reference being the"
             f" actor with its adapter off (no second copy); gradients 4 B and Adam 8 B per"
-            f" adapter param → {_fmt(st.grads)} and {_fmt(st.optimizer)}; gathered"
-            f" {_fmt(st.gathered)}"
+            f" adapter param → {fmt_number(st.grads)} and {fmt_number(st.optimizer)}; gathered"
+            f" {fmt_number(st.gathered)}"
         )
     else:
         head = (
-            f"training ({c.backend}; {roles} sharded over {_count(d, 'device')}, fp32 parameters, bf16"
-            f" compute): weights 4 B/param → {_fmt(st.weights)}; gradients 4 B/param of the"
-            f" model being updated → {_fmt(st.grads)}; Adam 8 B/param → {_fmt(st.optimizer)};"
-            f" gathered 4 B × root {_fmt_params(m.root_params)} + 10 B × largest layer"
-            f" {_fmt_params(m.largest_layer_params)} → {_fmt(st.gathered)}"
+            f"training ({c.backend}; {roles} sharded over {count_noun(d, 'device')}, fp32 parameters, bf16"
+            f" compute): weights 4 B/param → {fmt_number(st.weights)}; gradients 4 B/param of the"
+            f" model being updated → {fmt_number(st.grads)}; Adam 8 B/param → {fmt_number(st.optimizer)};"
+            f" gathered 4 B × root {fmt_params(m.root_params)} + 10 B × largest layer"
+            f" {fmt_params(m.largest_layer_params)} → {fmt_number(st.gathered)}"
         )
     tokens = t.token_len if t.dynamic else t.micro * s.seq_len
     parts = [f"TP {c.tp}"] * (c.tp > 1) + [f"CP {c.cp}"] * (c.cp > 1)
@@ -339,21 +339,21 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
     biggest = " — the largest term" if t.logits >= 0.5 * t.activations else ""
     mask = (
         f"; the attention mask (S × S booleans per sequence, each rank building only its"
-        f" S/CP rows) {_fmt(t.mask)} at its largest"
+        f" S/CP rows) {fmt_number(t.mask)} at its largest"
         if t.mask
         else ""
     )
     act = (
         f"activations for {tokens} tokens per micro-batch"
         f" ({'gradient checkpointing' if c.grad_ckpt else 'no checkpointing'}):"
-        f" {_fmt(t.activations)}; of which logits {_logits_formula(m, c, tokens)}"
-        f" = {_fmt(logits_all)}{split}{biggest}{mask}; training peak"
-        f" {_fmt(st.peak(t.activations))}"
+        f" {fmt_number(t.activations)}; of which logits {_logits_formula(m, c, tokens)}"
+        f" = {fmt_number(logits_all)}{split}{biggest}{mask}; training peak"
+        f" {fmt_number(st.peak(t.activations))}"
     )
     if st.step_extra and not c.optimizer_offload:
         act += (
             f" (the optimizer step's temporaries, {ADAM_STEP_BYTES} B per trained parameter,"
-            f" {_fmt(st.step_extra)}{MEASURED})"
+            f" {fmt_number(st.step_extra)}{MEASURED})"
         )
     if c.param_offload and c.backend == "megatron":
         off = "offload: weights, gradients and optimizer go to host RAM between phases"
@@ -373,13 +373,13 @@ def _train_lines(m: ModelShape, s: _Settings, c: _TrainCfg, t: _TrainFit) -> lis
 
 
 def _context_parallel_lines(
-    m: ModelShape, s: _Settings, c: _TrainCfg, budget: float, per_node: int
+    m: ModelShape, s: Settings, c: TrainCfg, budget: float, per_node: int
 ) -> list[str]:
     """Why this CP: the split it makes and, when CP > 1, what one sample needs at half."""
     seq = s.seq_len
     if c.cp == 1 and seq < LONG_SAMPLE_TOKENS and s.cp is None:
         return []  # short samples: CP is not considered
-    padded, _ = _megatron_lengths(c, seq, seq)
+    padded, _ = megatron_lengths(c, seq, seq)
     line = f"context parallel: CP {c.cp}"
     if s.cp is not None:
         line += " (pinned by the recipe)"
@@ -396,10 +396,10 @@ def _context_parallel_lines(
     )
     if s.cp is None:
         half = replace(c, cp=c.cp // 2)
-        state = _megatron_state(m, half, s.critic, s.reference)
-        need = state.peak(_train_activations(m, half, seq, seq).total)
+        state = megatron_state(m, half, s.critic, s.reference)
+        need = state.peak(train_activations(m, half, seq, seq).total)
         if need > budget:
-            line += f"; at CP {half.cp} one sample needs {_fmt(need)} > budget {_fmt(budget)}"
+            line += f"; at CP {half.cp} one sample needs {fmt_number(need)} > budget {fmt_number(budget)}"
     if c.tp * c.cp > per_node:
         line += (
             f" (TP × CP = {c.tp * c.cp} ranks span {c.tp * c.cp // per_node} nodes: the"
@@ -408,7 +408,7 @@ def _context_parallel_lines(
     return [line]
 
 
-def _ulysses_lines(m: ModelShape, s: _Settings, c: _TrainCfg, budget: float) -> list[str]:
+def _ulysses_lines(m: ModelShape, s: Settings, c: TrainCfg, budget: float) -> list[str]:
     """FSDP's Ulysses size: the split it makes and, when SP > 1, what one sample needs at
     half of it (the planner takes the smallest size that fits, as CP under Megatron)."""
     seq = s.seq_len
@@ -432,24 +432,24 @@ def _ulysses_lines(m: ModelShape, s: _Settings, c: _TrainCfg, budget: float) -> 
     )
     if s.sp is None:
         half = replace(c, sp=c.sp // 2)
-        state = _fsdp_state(m, half, s.critic, s.reference, adapter_params(m, s))
-        need = state.peak(_train_activations(m, half, seq, seq).total)
+        state = fsdp_state(m, half, s.critic, s.reference, adapter_params(m, s))
+        need = state.peak(train_activations(m, half, seq, seq).total)
         if need > budget:
-            line += f"; at SP {half.sp} one sample needs {_fmt(need)} > budget {_fmt(budget)}"
+            line += f"; at SP {half.sp} one sample needs {fmt_number(need)} > budget {fmt_number(budget)}"
     return [line]
 
 
-def _head_tokens(c: _TrainCfg, tokens: int) -> int:
+def _head_tokens(c: TrainCfg, tokens: int) -> int:
     return math.ceil(tokens * c.head_share)
 
 
-def _logits_entry_bytes(c: _TrainCfg) -> int:
+def _logits_entry_bytes(c: TrainCfg) -> int:
     if c.fp32:
         return LOGITS_BYTES_FP32
     return FSDP_LOGITS_BYTES if c.head_share < 1.0 else LOGITS_BYTES
 
 
-def _logits_formula(m: ModelShape, c: _TrainCfg, tokens: int) -> str:
+def _logits_formula(m: ModelShape, c: TrainCfg, tokens: int) -> str:
     """How the logits term was counted: every token's, or the response positions' alone
     at the measured bytes per entry (FSDP on accelerators), or (use_fused_kernels) one
     chunk's and the fp32 buffer the head's weight gradient is summed in."""
@@ -466,7 +466,7 @@ def _logits_formula(m: ModelShape, c: _TrainCfg, tokens: int) -> str:
     if c.logits_chunk is None:
         return f"{positions} × {m.vocab_size} × {per_entry} B{measured}"
     chunk = min(head_tokens, c.logits_chunk)
-    head_params = _fmt_params(m.vocab_size * m.hidden_size)
+    head_params = fmt_params(m.vocab_size * m.hidden_size)
     head = "" if c.fp32 else f" + head gradient 4 B × {head_params}"
     return (
         f"(use_fused_kernels: {chunk} of the {positions} at a time)"

@@ -10,20 +10,20 @@ from dataclasses import dataclass
 from rlctl.hardware import Accelerator
 from rlctl.models import ModelShape
 from rlctl.planner.memory import (
-    _budget_bytes,
-    _divisors,
-    _fsdp_state,
-    _largest,
-    _layer_activation_bytes_per_token,
-    _logits_bytes,
-    _megatron_forward_bytes,
-    _megatron_state,
-    _micro_rule,
-    _pick_mini,
-    _train_activations,
-    _TrainCfg,
-    _TrainMem,
+    TrainCfg,
+    TrainMem,
     adapter_params,
+    budget_bytes,
+    divisors_of,
+    fsdp_state,
+    largest_ok,
+    layer_activation_bytes_per_token,
+    logits_buffer_bytes,
+    megatron_forward_bytes,
+    megatron_state,
+    micro_rule,
+    pick_mini,
+    train_activations,
 )
 from rlctl.planner.model import (
     DYNAMIC_BSZ_MIN_TOKENS,
@@ -39,14 +39,14 @@ from rlctl.planner.model import (
     ROLLOUT_MAX_NUM_SEQS,
     ROLLOUT_OVERHEAD_GIB,
 )
-from rlctl.planner.settings import _Settings
+from rlctl.planner.settings import Settings
 
 # ---------------------------------------------------------------------------
 # one candidate layout
 
 
 @dataclass(frozen=True)
-class _Layout:
+class CandidateLayout:
     nodes: int
     per_node: int
 
@@ -61,8 +61,8 @@ class _Layout:
 
 
 @dataclass(frozen=True)
-class _TrainFit:
-    state: _TrainMem
+class TrainFit:
+    state: TrainMem
     micro: int  # samples per micro-batch
     dynamic: bool
     token_len: int  # ppo_max_token_len_per_gpu
@@ -73,7 +73,7 @@ class _TrainFit:
 
 
 @dataclass(frozen=True)
-class _RolloutFit:
+class RolloutFit:
     tp: int
     fraction: float  # gpu_memory_utilization (0 for hf)
     weights: float  # bytes per device
@@ -84,58 +84,58 @@ class _RolloutFit:
 
 
 @dataclass(frozen=True)
-class _Fit:
-    layout: _Layout
-    train: _TrainCfg
+class Fit:
+    layout: CandidateLayout
+    train: TrainCfg
     mini: int
-    fitted: _TrainFit
-    rollout: _RolloutFit
+    fitted: TrainFit
+    rollout: RolloutFit
 
 
-def _gib(x: float) -> float:
+def gib(x: float) -> float:
     return round(x / GIB, 3)
 
 
-def _fmt(x: float) -> str:
+def fmt_number(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
 
-def _count(n: int, noun: str) -> str:
+def count_noun(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _fmt_params(n: float) -> str:
+def fmt_params(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
 
 
 def _fit_train(
     m: ModelShape,
-    s: _Settings,
-    c: _TrainCfg,
+    s: Settings,
+    c: TrainCfg,
     budget: float | None,
     mini: int,
     per_node: int,
-) -> tuple[_TrainFit | None, str]:
+) -> tuple[TrainFit | None, str]:
     """Micro-batch / token budget that fits; (None, why) when one sample does not."""
     if c.backend == "megatron":
-        state = _megatron_state(m, c, s.critic, s.reference)
+        state = megatron_state(m, c, s.critic, s.reference)
     else:
-        state = _fsdp_state(m, c, s.critic, s.reference, adapter_params(m, s))
+        state = fsdp_state(m, c, s.critic, s.reference, adapter_params(m, s))
     if s.reward_model is not None:
         rm = s.reward_model
         state = state.with_reward_model(rm.bytes_per_device(s.samples, c.devices), not rm.sleeps)
         if budget is not None and state.judging > budget:
             return None, (
-                f"the judge needs {_fmt(state.reward_model)} per device (weights, KV cache for"
+                f"the judge needs {fmt_number(state.reward_model)} per device (weights, KV cache for"
                 f" {rm.rows(s.samples, c.devices)} prompts of {rm.judge_len} tokens, engine"
-                f" overhead) beside {_fmt(state.resident)} of resident training state,"
-                f" over the {_fmt(budget)} budget (a smaller judge or shorter"
+                f" overhead) beside {fmt_number(state.resident)} of resident training state,"
+                f" over the {fmt_number(budget)} budget (a smaller judge or shorter"
                 " reward_model.judge.max_prompt_length / max_new_tokens need less)"
             )
     host = state.host * per_node
     if host > HOST_RAM_USABLE * HOST_RAM_GIB * GIB:
         return None, (
-            f"offloading needs {_fmt(host)} of host RAM per node, more than"
+            f"offloading needs {fmt_number(host)} of host RAM per node, more than"
             f" {HOST_RAM_USABLE:.0%} of the {HOST_RAM_GIB} GiB assumed"
         )
     per_device = mini * s.n // c.devices
@@ -143,38 +143,38 @@ def _fit_train(
     dynamic = s.dynamic if s.dynamic is not None else seq >= DYNAMIC_BSZ_MIN_TOKENS
 
     def fits(tokens: int) -> bool:
-        act = _train_activations(m, c, tokens, seq)
+        act = train_activations(m, c, tokens, seq)
         return budget is None or state.peak(act.total) <= budget
 
     if not fits(seq):
-        act = _train_activations(m, c, seq, seq)
-        mask = f" and the attention mask {_fmt(act.mask)}" if act.mask else ""
+        act = train_activations(m, c, seq, seq)
+        mask = f" and the attention mask {fmt_number(act.mask)}" if act.mask else ""
         where = f" at CP {c.cp}" if c.cp > 1 else (f" at SP {c.sp}" if c.sp > 1 else "")
         return None, (
-            f"training one {seq}-token sample{where} needs {_fmt(state.peak(act.total))} per"
-            f" device (weights {_fmt(state.weights)}, grads {_fmt(state.grads)}, Adam"
-            f" {_fmt(state.optimizer)}, gathered {_fmt(state.gathered)}, activations"
-            f" {_fmt(act.total)} of which logits {_fmt(act.logits)}{mask}{_step(state)})"
-            f" > budget {_fmt(budget or 0)}"
+            f"training one {seq}-token sample{where} needs {fmt_number(state.peak(act.total))} per"
+            f" device (weights {fmt_number(state.weights)}, grads {fmt_number(state.grads)}, Adam"
+            f" {fmt_number(state.optimizer)}, gathered {fmt_number(state.gathered)}, activations"
+            f" {fmt_number(act.total)} of which logits {fmt_number(act.logits)}{mask}{_step(state)})"
+            f" > budget {fmt_number(budget or 0)}"
         )
     if s.micro is not None:
         micro = s.micro
         if not fits(micro * seq):
-            act = _train_activations(m, c, micro * seq, seq)
-            best = _largest(lambda k: fits(k * seq), 1, micro - 1)
+            act = train_activations(m, c, micro * seq, seq)
+            best = largest_ok(lambda k: fits(k * seq), 1, micro - 1)
             return None, (
                 f"pinned ppo_micro_batch_size_per_gpu {micro} needs"
-                f" {_fmt(state.peak(act.total))}"
-                f" per device > budget {_fmt(budget or 0)}; at most {best} fits"
+                f" {fmt_number(state.peak(act.total))}"
+                f" per device > budget {fmt_number(budget or 0)}; at most {best} fits"
             )
     else:
-        divisors = [k for k in _divisors(per_device) if k <= MAX_MICRO] or [1]
+        divisors = [k for k in divisors_of(per_device) if k <= MAX_MICRO] or [1]
         micro = max(k for k in divisors if k == 1 or fits(k * seq))
     token_len, problem = _token_len(s, c, dynamic, micro, fits, budget)
     if token_len is None:
         return None, problem
-    act = _train_activations(m, c, token_len if dynamic else micro * seq, seq)
-    return _TrainFit(
+    act = train_activations(m, c, token_len if dynamic else micro * seq, seq)
+    return TrainFit(
         state,
         micro,
         dynamic,
@@ -187,8 +187,8 @@ def _fit_train(
 
 
 def _token_len(
-    s: _Settings,
-    c: _TrainCfg,
+    s: Settings,
+    c: TrainCfg,
     dynamic: bool,
     micro: int,
     fits: Callable[[int], bool],
@@ -203,7 +203,7 @@ def _token_len(
         if dynamic and not fits(token_len):
             return None, (
                 f"pinned ppo_max_token_len_per_gpu {s.token_len} does not fit in"
-                f" {_fmt(budget or 0)} per device"
+                f" {fmt_number(budget or 0)} per device"
             )
     elif dynamic:
         # The cap is per device: a Ulysses or CP group's micro-batch is SP × or CP × it
@@ -222,14 +222,14 @@ def _token_len(
     return token_len, ""
 
 
-def _step(state: _TrainMem) -> str:
+def _step(state: TrainMem) -> str:
     """The optimizer step's own extra memory, where it is counted (offloaded Adam states
     brought back, or the measured temporaries of the step)."""
-    return f"; the optimizer step {_fmt(state.step_extra)} more" if state.step_extra else ""
+    return f"; the optimizer step {fmt_number(state.step_extra)} more" if state.step_extra else ""
 
 
 def _log_prob_micro(
-    m: ModelShape, c: _TrainCfg, state: _TrainMem, s: _Settings, budget: float | None
+    m: ModelShape, c: TrainCfg, state: TrainMem, s: Settings, budget: float | None
 ) -> int:
     """Forward-only micro-batch (old and reference log-probs): no checkpoints are kept,
     so the logits and one layer's activations are what grow with it."""
@@ -237,12 +237,14 @@ def _log_prob_micro(
     for k in (32, 16, 8, 4, 2):
         tokens = k * seq
         if c.backend == "megatron":
-            act = _megatron_forward_bytes(m, c, tokens, seq)
+            act = megatron_forward_bytes(m, c, tokens, seq)
         else:
             local = math.ceil(tokens / c.sp)
             head = math.ceil(local * c.head_share)  # the positions the head is asked for
-            logits = _logits_bytes(m, head, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False)
-            act = logits + local * _layer_activation_bytes_per_token(m)
+            logits = logits_buffer_bytes(
+                m, head, LOGITS_BYTES, c.logits_chunk, grads=False, fp32=False
+            )
+            act = logits + local * layer_activation_bytes_per_token(m)
         held = state.weights + state.optimizer + state.gathered
         held += state.reward_model if state.reward_model_held else 0.0
         if budget is None or held + act <= budget:
@@ -250,7 +252,7 @@ def _log_prob_micro(
     return 1
 
 
-def _tp_ok(m: ModelShape, tp: int) -> bool:
+def tp_ok(m: ModelShape, tp: int) -> bool:
     """vLLM/SGLang shard attention heads over TP: TP must divide the query heads, and
     either divide the KV heads or be a multiple of them (KV heads are then replicated).
     MLA caches one latent per token, copied on every TP rank: only the query heads count."""
@@ -267,7 +269,7 @@ def _kv_bytes_per_token_per_device(m: ModelShape, tp: int) -> float:
     return m.kv_cache_bytes_per_token() / min(tp, m.num_kv_heads)
 
 
-def _tp_candidates(layout: _Layout) -> list[int]:
+def _tp_candidates(layout: CandidateLayout) -> list[int]:
     out, tp = [], 1
     while tp <= layout.devices:
         if layout.devices % tp == 0 and (tp <= layout.per_node or tp % layout.per_node == 0):
@@ -276,14 +278,14 @@ def _tp_candidates(layout: _Layout) -> list[int]:
     return out
 
 
-def _fit_rollout(
+def fit_rollout(
     m: ModelShape,
-    s: _Settings,
+    s: Settings,
     acc: Accelerator,
-    layout: _Layout,
-    state: _TrainMem,
+    layout: CandidateLayout,
+    state: TrainMem,
     budget: float,
-) -> tuple[_RolloutFit | None, str]:
+) -> tuple[RolloutFit | None, str]:
     """The rollout engine on ``layout`` beside training's ``state``: its memory pool, its
     TP and its KV cache (the arithmetic), then the lines that explain them; or None and
     why it does not fit."""
@@ -297,12 +299,12 @@ def _fit_rollout(
     if tp is None:
         return None, why
     lines = _rollout_lines(m, s, acc, layout, state, budget, kv, fraction, tp, why)
-    return _RolloutFit(tp, fraction, kv.weights(tp), kv.cache(tp), kv.pool, None, lines), ""
+    return RolloutFit(tp, fraction, kv.weights(tp), kv.cache(tp), kv.pool, None, lines), ""
 
 
 def _fit_hf_rollout(
-    m: ModelShape, s: _Settings, devices: int, state: _TrainMem, budget: float
-) -> tuple[_RolloutFit | None, str]:
+    m: ModelShape, s: Settings, devices: int, state: TrainMem, budget: float
+) -> tuple[RolloutFit | None, str]:
     """HF generate on the actor's own gathered (bf16) weights, per-device samples."""
     weights_total = 2 * m.num_params  # bf16
     kv_seq = m.kv_cache_bytes_per_token() * s.seq_len
@@ -310,28 +312,32 @@ def _fit_hf_rollout(
     per_device = max(1, s.samples // devices)
     if room < kv_seq:
         return None, (
-            f"hf rollout gathers the whole model ({_fmt(weights_total)} bf16) next to"
-            f" {_fmt(state.resident)} of training state: no room for one sequence's KV"
-            f" ({_fmt(kv_seq)})"
+            f"hf rollout gathers the whole model ({fmt_number(weights_total)} bf16) next to"
+            f" {fmt_number(state.resident)} of training state: no room for one sequence's KV"
+            f" ({fmt_number(kv_seq)})"
         )
     micro = min(per_device, int(room // kv_seq))
     on = (
-        f"its own bf16 copy of the weights ({_fmt(weights_total)}) on each of the rollout's"
-        f" {_count(devices, 'device')}, where no training state stays"
+        f"its own bf16 copy of the weights ({fmt_number(weights_total)}) on each of the rollout's"
+        f" {count_noun(devices, 'device')}, where no training state stays"
         if s.separate
-        else f"the actor's gathered bf16 weights ({_fmt(weights_total)})"
+        else f"the actor's gathered bf16 weights ({fmt_number(weights_total)})"
     )
     line = (
         f"rollout (hf): generate() runs on {on}; {micro} sequences per call"
-        f" ({_fmt(micro * kv_seq)} of KV cache at"
+        f" ({fmt_number(micro * kv_seq)} of KV cache at"
         f" {m.kv_cache_bytes_per_token() // 1024} KiB/token)"
-        + ("" if s.separate else f" next to {_fmt(state.resident)} of resident training state")
+        + (
+            ""
+            if s.separate
+            else f" next to {fmt_number(state.resident)} of resident training state"
+        )
     )
-    return _RolloutFit(1, 0.0, weights_total, micro * kv_seq, 0.0, micro, (line,)), ""
+    return RolloutFit(1, 0.0, weights_total, micro * kv_seq, 0.0, micro, (line,)), ""
 
 
 def _pool_fraction(
-    s: _Settings, acc: Accelerator, state: _TrainMem, budget: float
+    s: Settings, acc: Accelerator, state: TrainMem, budget: float
 ) -> tuple[float | None, str]:
     """gpu_memory_utilization: the recipe's, or what the budget leaves beside the
     training state, rounded down to 0.05 and at most MAX_FRACTION; None and why when it
@@ -340,14 +346,14 @@ def _pool_fraction(
     room = (budget - state.resident) / mem
     f_max = min(MAX_FRACTION, math.floor(room * 20 + 1e-9) / 20)
     if s.fraction is not None and s.fraction > room + 1e-9:
-        asks = f"pinned gpu_memory_utilization {s.fraction} asks for {_fmt(s.fraction * mem)}"
+        asks = f"pinned gpu_memory_utilization {s.fraction} asks for {fmt_number(s.fraction * mem)}"
         if s.separate:
             return None, (
-                f"{asks} of a device whose budget is {_fmt(budget)}: at most"
+                f"{asks} of a device whose budget is {fmt_number(budget)}: at most"
                 f" {max(f_max, 0):.2f} fits"
             )
         return None, (
-            f"{asks} while {_fmt(state.resident)} of training state"
+            f"{asks} while {fmt_number(state.resident)} of training state"
             f" stays on each device: at most {max(f_max, 0):.2f} fits (or offload)"
         )
     fraction = s.fraction if s.fraction is not None else f_max
@@ -358,8 +364,8 @@ def _pool_fraction(
         )
     if fraction < MIN_FRACTION:
         return None, (
-            f"training state left on the device while generating ({_fmt(state.resident)})"
-            f" leaves {_fmt(max(0.0, budget - state.resident))} of {_fmt(budget)}: too little"
+            f"training state left on the device while generating ({fmt_number(state.resident)})"
+            f" leaves {fmt_number(max(0.0, budget - state.resident))} of {fmt_number(budget)}: too little"
             " for a rollout engine"
         )
     return fraction, ""
@@ -371,8 +377,8 @@ class _KvPool:
     share, the engine's overhead, and KV for the sequences in flight."""
 
     m: ModelShape
-    s: _Settings
-    layout: _Layout
+    s: Settings
+    layout: CandidateLayout
     pool: float  # bytes per device
 
     @property
@@ -403,7 +409,12 @@ class _KvPool:
 
 
 def _rollout_tp(
-    m: ModelShape, s: _Settings, acc: Accelerator, layout: _Layout, kv: _KvPool, fraction: float
+    m: ModelShape,
+    s: Settings,
+    acc: Accelerator,
+    layout: CandidateLayout,
+    kv: _KvPool,
+    fraction: float,
 ) -> tuple[int | None, str]:
     """The rollout's TP and why (pinned; SGLang's multi-turn; else the smallest that
     leaves room), or None and why none fits."""
@@ -419,19 +430,19 @@ def _rollout_tp(
             return None, f"pinned rollout tensor_model_parallel_size {tp} must divide {where}"
         if not kv.fits(tp):
             return None, (
-                f"pinned rollout TP {tp}: weights {_fmt(total / tp)} + KV for"
-                f" {kv.need(tp)[1]} sequences do not fit in the {_fmt(pool)} pool"
+                f"pinned rollout TP {tp}: weights {fmt_number(total / tp)} + KV for"
+                f" {kv.need(tp)[1]} sequences do not fit in the {fmt_number(pool)} pool"
             )
         return tp, "pinned by the recipe"
     if s.multi_turn is not None and s.rollout_backend == "sglang":
         if not kv.fits(1):
             return None, (
                 f"rollout: multi-turn rollouts on SGLang run at TP 1, where bf16 weights"
-                f" ({_fmt(total)}) and KV for {kv.need(1)[1]} sequences of {s.seq_len} tokens"
-                f" do not fit in a {_fmt(pool)} pool (gpu_memory_utilization {fraction:.2f})"
+                f" ({fmt_number(total)}) and KV for {kv.need(1)[1]} sequences of {s.seq_len} tokens"
+                f" do not fit in a {fmt_number(pool)} pool (gpu_memory_utilization {fraction:.2f})"
             )
         return 1, "multi-turn rollouts on SGLang run at TP 1 (its members do not step together)"
-    valid = [tp for tp in kv.replicas_of if _tp_ok(m, tp)]
+    valid = [tp for tp in kv.replicas_of if tp_ok(m, tp)]
     in_node = [
         tp for tp in valid if tp <= layout.per_node and total / tp <= 0.5 * pool and kv.fits(tp)
     ]
@@ -440,7 +451,7 @@ def _rollout_tp(
         tp = in_node[0]
         return tp, (
             "the smallest power of two whose weights take at most half the pool"
-            f" ({_fmt(total / tp)} ≤ {_fmt(0.5 * pool)})"
+            f" ({fmt_number(total / tp)} ≤ {fmt_number(0.5 * pool)})"
         )
     if anywhere:
         tp = anywhere[0]
@@ -455,29 +466,29 @@ def _rollout_tp(
 
 
 def _no_rollout_tp(
-    m: ModelShape, s: _Settings, kv: _KvPool, valid: list[int], fraction: float
+    m: ModelShape, s: Settings, kv: _KvPool, valid: list[int], fraction: float
 ) -> str:
     if not valid:
-        return "rollout: " + _tp_heads_message(m, max(kv.replicas_of))
-    blocked = [tp for tp in kv.replicas_of if not _tp_ok(m, tp) and kv.fits(tp) and tp > max(valid)]
+        return "rollout: " + tp_heads_message(m, max(kv.replicas_of))
+    blocked = [tp for tp in kv.replicas_of if not tp_ok(m, tp) and kv.fits(tp) and tp > max(valid)]
     if blocked:
-        return f"rollout: the weights need TP ≥ {blocked[0]}, but " + _tp_heads_message(
+        return f"rollout: the weights need TP ≥ {blocked[0]}, but " + tp_heads_message(
             m, blocked[0]
         )
     return (
-        f"rollout: bf16 weights ({_fmt(kv.weights_total)}) and KV for"
+        f"rollout: bf16 weights ({fmt_number(kv.weights_total)}) and KV for"
         f" {MIN_CONCURRENT_SEQS} sequences of {s.seq_len} tokens fit no TP up to"
-        f" {max(valid)} within a {_fmt(kv.pool)} pool (gpu_memory_utilization"
+        f" {max(valid)} within a {fmt_number(kv.pool)} pool (gpu_memory_utilization"
         f" {fraction:.2f})"
     )
 
 
 def _rollout_lines(
     m: ModelShape,
-    s: _Settings,
+    s: Settings,
     acc: Accelerator,
-    layout: _Layout,
-    state: _TrainMem,
+    layout: CandidateLayout,
+    state: TrainMem,
     budget: float,
     kv: _KvPool,
     fraction: float,
@@ -491,34 +502,34 @@ def _rollout_lines(
     holds = int(cache // per_seq)
     if s.separate:
         first = (
-            f"rollout ({s.rollout_backend}, on its own {_count(devices, 'device')}): no training"
+            f"rollout ({s.rollout_backend}, on its own {count_noun(devices, 'device')}): no training"
             f" state there → gpu_memory_utilization {fraction:.2f}"
             + (
                 " (pinned)"
                 if s.fraction is not None
-                else f" = ⌊budget {_fmt(budget)} / {acc.memory_gib:g} GiB⌋ to 0.05, at most"
+                else f" = ⌊budget {fmt_number(budget)} / {acc.memory_gib:g} GiB⌋ to 0.05, at most"
                 f" {MAX_FRACTION:g}"
             )
         )
     else:
         first = (
-            f"rollout ({s.rollout_backend}): {_fmt(state.resident)} of training state stays on"
+            f"rollout ({s.rollout_backend}): {fmt_number(state.resident)} of training state stays on"
             f" each device while generating ({_RESIDENT[s.train_backend == 'megatron']})"
             f" → gpu_memory_utilization {fraction:.2f}"
             + (
                 " (pinned)"
                 if s.fraction is not None
-                else f" = ⌊(budget {_fmt(budget)} − {_fmt(state.resident)}) /"
+                else f" = ⌊(budget {fmt_number(budget)} − {fmt_number(state.resident)}) /"
                 f" {acc.memory_gib:g} GiB⌋ to 0.05"
             )
         )
     lines = [
-        first + f", a {_fmt(kv.pool)} pool",
+        first + f", a {fmt_number(kv.pool)} pool",
         f"rollout TP {tp}: {why}; divides {m.num_attention_heads} heads"
         + ("" if m.kv_latent_dim else f" and suits {m.num_kv_heads} KV heads")
-        + f"; {_count(devices // tp, 'replica')}",
+        + f"; {count_noun(devices // tp, 'replica')}",
         f"KV cache: pool − weights − {ROLLOUT_OVERHEAD_GIB:g} GiB engine overhead ="
-        f" {_fmt(cache)} per device at {per_seq / seq / 1024:.0f} KiB/token; holds {holds}"
+        f" {fmt_number(cache)} per device at {per_seq / seq / 1024:.0f} KiB/token; holds {holds}"
         f" sequences of {seq} tokens per replica ({want} wanted in flight:"
         f" min(samples per replica, {ROLLOUT_MAX_NUM_SEQS}))"
         + ("" if holds >= want else "; the engine queues the rest"),
@@ -534,7 +545,7 @@ _RESIDENT = {
 }
 
 
-def _tp_heads_message(m: ModelShape, tp: int) -> str:
+def tp_heads_message(m: ModelShape, tp: int) -> str:
     if m.num_attention_heads % tp:
         return (
             f"actor_rollout_ref.rollout.tensor_model_parallel_size {tp} must divide the model's"
@@ -546,19 +557,19 @@ def _tp_heads_message(m: ModelShape, tp: int) -> str:
     )
 
 
-def _evaluate_train(
+def evaluate_train(
     m: ModelShape,
-    s: _Settings,
-    layout: _Layout,
-    c: _TrainCfg,
+    s: Settings,
+    layout: CandidateLayout,
+    c: TrainCfg,
     budget: float,
-) -> tuple[tuple[int, _TrainFit] | None, str]:
+) -> tuple[tuple[int, TrainFit] | None, str]:
     """(mini-batch, training fit) on ``layout`` with ``c``; (None, why) when none fits."""
-    mini, why = _pick_mini(s, layout.devices)
+    mini, why = pick_mini(s, layout.devices)
     if mini is None or why:
         return None, why or "no mini-batch"
     if s.micro is not None and not (s.dynamic or False):
-        why = _micro_rule(s, mini, s.micro, layout.devices)
+        why = micro_rule(s, mini, s.micro, layout.devices)
         if why:
             return None, why
     train, why = _fit_train(m, s, c, budget, mini, layout.per_node)
@@ -567,19 +578,19 @@ def _evaluate_train(
     return (mini, train), ""
 
 
-def _evaluate(
+def evaluate(
     m: ModelShape,
-    s: _Settings,
+    s: Settings,
     acc: Accelerator,
-    layout: _Layout,
-    c: _TrainCfg,
-) -> tuple[_Fit | None, str]:
-    budget = _budget_bytes(acc)
-    trained, why = _evaluate_train(m, s, layout, c, budget)
+    layout: CandidateLayout,
+    c: TrainCfg,
+) -> tuple[Fit | None, str]:
+    budget = budget_bytes(acc)
+    trained, why = evaluate_train(m, s, layout, c, budget)
     if trained is None:
         return None, why
     mini, train = trained
-    rollout, why = _fit_rollout(m, s, acc, layout, train.state, budget)
+    rollout, why = fit_rollout(m, s, acc, layout, train.state, budget)
     if rollout is None:
         return None, why
-    return _Fit(layout, c, mini, train, rollout), ""
+    return Fit(layout, c, mini, train, rollout), ""

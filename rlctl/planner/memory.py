@@ -22,13 +22,13 @@ from rlctl.planner.model import (
     UPDATES_PER_STEP,
     InfeasiblePlanError,
 )
-from rlctl.planner.settings import _Settings
+from rlctl.planner.settings import Settings
 
 # ---------------------------------------------------------------------------
 # memory formulas (bytes per device)
 
 
-def _budget_bytes(acc: Accelerator) -> float:
+def budget_bytes(acc: Accelerator) -> float:
     """Usable device memory: nominal × (1 − fragmentation) − context and NCCL buffers."""
     return acc.memory_gib * GIB * (1.0 - FRAGMENTATION) - RESERVED_GIB * GIB
 
@@ -38,7 +38,7 @@ def _critic_params(m: ModelShape) -> int:
     return m.num_params - m.lm_head_params + m.hidden_size + 1
 
 
-def _layer_activation_bytes_per_token(m: ModelShape, dtype_bytes: int = 2) -> int:
+def layer_activation_bytes_per_token(m: ModelShape, dtype_bytes: int = 2) -> int:
     """What one decoder layer saves for its backward, per token.
 
     norm input and output, attention output and the post-attention norm in/out (4·h),
@@ -69,12 +69,12 @@ def _activation_terms(
     and one recomputed layer with its gradients (2 × the layer's activations).
     Without: every layer's activations stay. Megatron divides by its TP size (sequence
     parallel) and keeps ``stage_layers`` checkpoints. ``logits_chunk``: see
-    ``_logits_bytes``.
+    ``logits_buffer_bytes``.
     """
     layers = m.num_layers if stage_layers is None else stage_layers
-    layer = tokens * _layer_activation_bytes_per_token(m, act_bytes)
+    layer = tokens * layer_activation_bytes_per_token(m, act_bytes)
     head_tokens = math.ceil(tokens * head_share)
-    logits = _logits_bytes(
+    logits = logits_buffer_bytes(
         m, head_tokens, logits_bytes, logits_chunk, grads=True, fp32=act_bytes == 4
     )
     if grad_ckpt:
@@ -85,7 +85,7 @@ def _activation_terms(
     return total / tp, logits / tp
 
 
-def _logits_bytes(
+def logits_buffer_bytes(
     m: ModelShape, tokens: float, per_entry: int, chunk: int | None, *, grads: bool, fp32: bool
 ) -> float:
     """The logits of ``tokens`` tokens, ``per_entry`` bytes per vocabulary entry; with
@@ -99,7 +99,7 @@ def _logits_bytes(
 
 
 @dataclass(frozen=True)
-class _TrainCfg:
+class TrainCfg:
     backend: str
     devices: int
     param_offload: bool
@@ -129,7 +129,7 @@ class _TrainCfg:
 
 
 @dataclass(frozen=True)
-class _TrainMem:
+class TrainMem:
     weights: float
     grads: float
     optimizer: float
@@ -147,7 +147,7 @@ class _TrainMem:
         held += self.reward_model if self.reward_model_held else 0.0
         return max(held + self.gathered + activations, held + self.step_extra)
 
-    def with_reward_model(self, size: float, held: bool) -> _TrainMem:
+    def with_reward_model(self, size: float, held: bool) -> TrainMem:
         """This state with a reward model of ``size`` bytes on the device."""
         return replace(
             self,
@@ -188,7 +188,7 @@ def lora_params(m: ModelShape, rank: int, targets: str | tuple[str, ...]) -> int
     return rank * m.num_layers * sum(sum(widths[name]) for name in names)
 
 
-def adapter_params(m: ModelShape, s: _Settings) -> int:
+def adapter_params(m: ModelShape, s: Settings) -> int:
     """The recipe's LoRA adapter's parameters (0 without LoRA). A rank above the hidden
     size adds parameters and no capacity (B·A already spans the layer): refused."""
     if s.lora_rank and s.lora_rank > m.hidden_size:
@@ -201,9 +201,9 @@ def adapter_params(m: ModelShape, s: _Settings) -> int:
     return lora_params(m, s.lora_rank, s.lora_targets)
 
 
-def _fsdp_state(
-    m: ModelShape, c: _TrainCfg, critic: bool, reference: bool, adapter: int = 0
-) -> _TrainMem:
+def fsdp_state(
+    m: ModelShape, c: TrainCfg, critic: bool, reference: bool, adapter: int = 0
+) -> TrainMem:
     """FSDP/FSDP2 with fp32 sharded parameters, bf16 compute (docs/planner.md). With a
     LoRA ``adapter`` (its parameter count) the actor's gradients and Adam states are the
     adapter's alone, and the reference is the actor with it disabled: no second copy.
@@ -233,7 +233,7 @@ def _fsdp_state(
     host = (4 * kept + 4 * largest_trained + adam) / d if c.param_offload else 0.0
     if c.optimizer_offload and on_device:
         host = adam
-    return _TrainMem(
+    return TrainMem(
         weights=weights,
         grads=grads,
         optimizer=optimizer,
@@ -252,7 +252,7 @@ def _expert_params(m: ModelShape) -> int:
     return inactive * m.num_experts // (m.num_experts - m.experts_per_token)
 
 
-def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) -> _TrainMem:
+def megatron_state(m: ModelShape, c: TrainCfg, critic: bool, reference: bool) -> TrainMem:
     """Megatron-core: bf16 weights and fp32 gradient buffer split by TP×PP (experts by
     ETP×EP×PP, ETP being TP unless pinned), fp32 master weights and Adam in the distributed optimizer (sharded over data
     parallel: 12·N/D). Offload (verl's) moves state to the host between phases, so it
@@ -273,7 +273,7 @@ def _megatron_state(m: ModelShape, c: _TrainCfg, critic: bool, reference: bool) 
     host = (weights + grads if c.param_offload else 0.0) + (
         optimizer if c.optimizer_offload else 0.0
     )
-    return _TrainMem(
+    return TrainMem(
         weights=weights,
         grads=grads,
         optimizer=optimizer,
@@ -294,7 +294,7 @@ class _Act:
     mask: float = 0.0
 
 
-def _train_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _Act:
+def train_activations(m: ModelShape, c: TrainCfg, tokens: int, seq: int) -> _Act:
     """Activations for a micro-batch of ``tokens`` tokens of samples up to ``seq`` long."""
     if c.backend == "megatron":
         return _megatron_activations(m, c, tokens, seq)
@@ -325,7 +325,7 @@ def _ulysses_exchange_bytes(m: ModelShape, local: float, act_bytes: int) -> floa
     return 2 * local * (2 * m.q_dim + m.kv_dim) * act_bytes
 
 
-def _megatron_lengths(c: _TrainCfg, seq: int, tokens: float) -> tuple[int, float]:
+def megatron_lengths(c: TrainCfg, seq: int, tokens: float) -> tuple[int, float]:
     """(S, T): under context parallelism the engine pads every sequence to a multiple of
     TP (sequence parallel) × 2·CP (the zigzag chunks; ``MegatronEngine._forward``), so a
     micro-batch of ``tokens`` tokens of ``seq``-token samples runs as T padded tokens, T/CP
@@ -338,7 +338,7 @@ def _megatron_lengths(c: _TrainCfg, seq: int, tokens: float) -> tuple[int, float
     return padded_seq, tokens * padded_seq / seq
 
 
-def _counts_mask(c: _TrainCfg, seq: int) -> bool:
+def _counts_mask(c: TrainCfg, seq: int) -> bool:
     """Whether the estimate counts the engine's S×S attention mask: for long samples (where
     it grows to GiBs and decides what fits) and under CP. Below ``LONG_SAMPLE_TOKENS`` at
     CP 1 it is under 64 MiB per sample and left out, so plans for short samples are the
@@ -346,7 +346,7 @@ def _counts_mask(c: _TrainCfg, seq: int) -> bool:
     return c.cp > 1 or seq >= LONG_SAMPLE_TOKENS
 
 
-def _gathered_kv_bytes(m: ModelShape, c: _TrainCfg, padded: float) -> float:
+def _gathered_kv_bytes(m: ModelShape, c: TrainCfg, padded: float) -> float:
     """Keys and values a rank gathers from the other CP ranks for attention, repeated to
     every query head when there are fewer KV heads (``SDPAttention``); 0 at CP 1."""
     per_token = 2 * m.q_dim if m.num_kv_heads < m.num_attention_heads else m.kv_dim
@@ -355,7 +355,7 @@ def _gathered_kv_bytes(m: ModelShape, c: _TrainCfg, padded: float) -> float:
     return (padded - padded / c.cp) * per_token * 2 / c.tp
 
 
-def _mask_build_bytes(c: _TrainCfg, s_pad: int, padded: float) -> float:
+def _mask_build_bytes(c: TrainCfg, s_pad: int, padded: float) -> float:
     """``attention_mask_B1SS`` at its peak for this rank's R = S/CP query rows of a
     micro-batch of T = B·S padded tokens: a causal and an identity (R, S) boolean, the
     (B, 1, R, S) allowed mask and its inverse, 2·R·S + 2·B·R·S = (2·S + 2·T)·S/CP bytes
@@ -363,7 +363,7 @@ def _mask_build_bytes(c: _TrainCfg, s_pad: int, padded: float) -> float:
     return (2 * s_pad + 2 * padded) * s_pad / c.cp
 
 
-def _megatron_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> _Act:
+def _megatron_activations(m: ModelShape, c: TrainCfg, tokens: int, seq: int) -> _Act:
     """Megatron with sequence parallelism over TP, context parallelism over CP and 1F1B
     over PP, per device, for a micro-batch of T padded tokens (T/CP on this rank) of
     sequences padded to S:
@@ -383,12 +383,12 @@ def _megatron_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) ->
     Without checkpointing every layer keeps its activations, gathered keys and values and
     the bf16 mask SDPA saves for its backward.
     """
-    s_pad, padded = _megatron_lengths(c, seq, tokens)
+    s_pad, padded = megatron_lengths(c, seq, tokens)
     local = padded / c.cp
     layers, pp = m.num_layers, c.pp
     per_stage = math.ceil(layers / pp)
     keep = local * m.hidden_size * 2 / c.tp  # one layer's checkpointed input
-    layer = local * _layer_activation_bytes_per_token(m) / c.tp
+    layer = local * layer_activation_bytes_per_token(m) / c.tp
     logits = local * m.vocab_size * LOGITS_BYTES / c.tp
     counted = _counts_mask(c, seq)
     mask = padded * s_pad / c.cp if counted else 0.0  # this rank's rows of the boolean mask
@@ -407,13 +407,13 @@ def _megatron_activations(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) ->
     return _Act(max(first, last, building), logits, max(build, (pp + 4) * mask))
 
 
-def _megatron_forward_bytes(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) -> float:
+def megatron_forward_bytes(m: ModelShape, c: TrainCfg, tokens: int, seq: int) -> float:
     """A forward pass without gradients (old and reference log-probs): the logits, one
     layer's activations with its gathered keys and values, the mask (kept and its working
     set in attention), or the mask's construction, whichever is larger."""
-    s_pad, padded = _megatron_lengths(c, seq, tokens)
+    s_pad, padded = megatron_lengths(c, seq, tokens)
     local = padded / c.cp
-    per_token = m.vocab_size * LOGITS_BYTES + _layer_activation_bytes_per_token(m)
+    per_token = m.vocab_size * LOGITS_BYTES + layer_activation_bytes_per_token(m)
     if not _counts_mask(c, seq):
         return local * per_token / c.tp
     mask = padded * s_pad / c.cp
@@ -425,17 +425,17 @@ def _megatron_forward_bytes(m: ModelShape, c: _TrainCfg, tokens: int, seq: int) 
 # batch sizes (the engine's rules, in its words)
 
 
-def _divisors(n: int) -> list[int]:
+def divisors_of(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
 
 
 def _divisors_near(n: int, around: int, count: int = 3) -> list[int]:
-    near = sorted(_divisors(n), key=lambda d: (abs(d - around), d))[:count]
+    near = sorted(divisors_of(n), key=lambda d: (abs(d - around), d))[:count]
     return sorted(near)
 
 
-def _mini_rule(s: _Settings, mini: int, devices: int) -> str | None:
+def _mini_rule(s: Settings, mini: int, devices: int) -> str | None:
     """engine.config's rules 1 and 2 for a mini-batch, worded as the engine words them."""
     if mini > s.train_batch or s.train_batch % mini:
         fits = ", ".join(map(str, _divisors_near(s.train_batch, mini)))
@@ -454,7 +454,7 @@ def _mini_rule(s: _Settings, mini: int, devices: int) -> str | None:
     return None
 
 
-def _micro_rule(s: _Settings, mini: int, micro: int, devices: int) -> str | None:
+def micro_rule(s: Settings, mini: int, micro: int, devices: int) -> str | None:
     per_device = mini * s.n // devices
     if per_device % micro:
         fits = ", ".join(map(str, _divisors_near(per_device, micro)))
@@ -468,7 +468,7 @@ def _micro_rule(s: _Settings, mini: int, micro: int, devices: int) -> str | None
     return None
 
 
-def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
+def largest_ok(ok: Callable[[int], bool], low: int, high: int) -> int:
     """The largest k in [low, high] with ``ok(k)``, for ``ok`` true up to a point and false
     after it (memory that grows with k); ``low`` when none is."""
     while low < high:
@@ -477,13 +477,13 @@ def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
     return low
 
 
-def _pick_mini(s: _Settings, devices: int) -> tuple[int | None, str | None]:
+def pick_mini(s: Settings, devices: int) -> tuple[int | None, str | None]:
     """The pinned mini-batch, checked; or the divisor of the train batch nearest below
     train batch / 4 whose samples split evenly over the devices."""
     if s.mini is not None:
         return s.mini, _mini_rule(s, s.mini, devices)
     target = max(1, s.train_batch // UPDATES_PER_STEP)
-    ok = [m for m in _divisors(s.train_batch) if (m * s.n) % devices == 0]
+    ok = [m for m in divisors_of(s.train_batch) if (m * s.n) % devices == 0]
     if not ok:
         return None, _mini_rule(s, s.train_batch, devices)
     below = [m for m in ok if m <= target]

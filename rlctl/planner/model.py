@@ -60,7 +60,7 @@ CHARS_PER_TOKEN = 4  # a tool result's characters per token (English text and co
 TOOL_MESSAGE_TOKENS = 24  # the chat template around a result and the next turn's opening
 CPU_WORKERS = 2  # the engine's CPU quickstart: two FSDP workers (gloo)
 CPU_PARAMS_WARNING = 1.0e9
-_NODE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+NODE_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Beyond these a value is a typo (a missing decimal point, a pasted id), not a run: the
 # planner refuses it instead of searching layouts for it.
 MAX_COUNT = 1_000_000  # prompts, samples per prompt, micro-batches, nodes, devices

@@ -10,7 +10,7 @@ What multi-turn changes in the plan:
 
 - on vLLM the rollout's TP is chosen as without tools (the group's first member runs
   the loops and the tools, the others step with it: engine/agents/tp_group.py); on
-  SGLang it stays at 1, the engine's rule there (``fit._fit_rollout``);
+  SGLang it stays at 1, the engine's rule there (``fit.fit_rollout``);
 - the budget is checked against the turns it should hold, by a rule of thumb: T turns
   (``max_assistant_turns``) need ``T × MIN_TURN_TOKENS + (T − 1) × R`` tokens, with
   R = ⌈max_tool_response_length / CHARS_PER_TOKEN⌉ + TOOL_MESSAGE_TOKENS, one
@@ -126,15 +126,15 @@ def multi_turn_lines(mt: MultiTurn, prompt_len: int, response_len: int) -> list[
     """The budget and what it sizes, for the reasoning; a warning when it falls short."""
     need, r = mt.needed(), mt.result_tokens
     fits = need <= response_len
-    rounds = _count(mt.rounds, "tool round")
+    rounds = count_noun(mt.rounds, "tool round")
     budget = (
         f"multi-turn budget: data.max_response_length {response_len} tokens is the whole"
-        f" trajectory's: up to {_count(mt.turns, 'model turn')} (max_assistant_turns) and"
+        f" trajectory's: up to {count_noun(mt.turns, 'model turn')} (max_assistant_turns) and"
         f" the {rounds} between them, the tools' tokens in the response but not in the"
         f" losses; a tool result is at most {mt.tool_chars} characters"
         f" (max_tool_response_length) ≈ {r} tokens (⌈{mt.tool_chars} / {CHARS_PER_TOKEN}⌉"
         f" + {TOOL_MESSAGE_TOKENS} for its message), {mt.parallel_calls * r} for a turn's"
-        f" {_count(mt.parallel_calls, 'call')} (max_parallel_calls) at their longest; the"
+        f" {count_noun(mt.parallel_calls, 'call')} (max_parallel_calls) at their longest; the"
         f" rule, every turn ≥ {MIN_TURN_TOKENS} tokens with one full-length result between"
         f" turns: {mt.turns} × {MIN_TURN_TOKENS} + {mt.rounds} × {r} = {need}"
         + (
@@ -169,7 +169,7 @@ def _warning(mt: MultiTurn, response_len: int) -> str:
         fixes.append(f"lower {KEY}.max_assistant_turns to {held}")
     return (
         f"warning: multi-turn budget: data.max_response_length {response_len} holds"
-        f" {held} of the {_count(mt.turns, 'turn')} by the rule ({mt.needed()} tokens for"
+        f" {held} of the {count_noun(mt.turns, 'turn')} by the rule ({mt.needed()} tokens for"
         f" all): with long tool results the later turns are cut or never come (the engine"
         " ends a trajectory whose result does not fit); "
         + ", or ".join(fixes)
@@ -177,5 +177,5 @@ def _warning(mt: MultiTurn, response_len: int) -> str:
     )
 
 
-def _count(n: int, noun: str) -> str:
+def count_noun(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")

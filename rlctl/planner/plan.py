@@ -36,21 +36,21 @@ from dataclasses import replace
 
 from rlctl.hardware import Accelerator, get_accelerator
 from rlctl.models import ModelShape, model_shape
-from rlctl.planner.cpu import _cpu_plan
+from rlctl.planner.cpu import cpu_plan
 from rlctl.planner.explain import (
-    _assemble,
-    _reasoning,
+    assemble,
+    reasoning_lines,
 )
 from rlctl.planner.fit import (
-    _fmt,
-    _Layout,
-    _tp_heads_message,
-    _tp_ok,
+    CandidateLayout,
+    fmt_number,
+    tp_heads_message,
+    tp_ok,
 )
 from rlctl.planner.memory import (
-    _budget_bytes,
-    _train_activations,
-    _TrainCfg,
+    TrainCfg,
+    budget_bytes,
+    train_activations,
 )
 from rlctl.planner.model import (
     CP_MIN_TOKENS_PER_RANK,
@@ -66,16 +66,16 @@ from rlctl.planner.model import (
 )
 from rlctl.planner.reward_pool import training_request, with_own_pool
 from rlctl.planner.search import (
-    _auto_layouts,
-    _context_parallel_sizes,
-    _fixed_layout,
-    _search,
-    _step_seconds,
+    auto_layouts,
+    context_parallel_sizes,
+    fixed_layout,
+    search_layouts,
+    step_seconds,
 )
 from rlctl.planner.settings import (
-    _check_device_count,
-    _Settings,
-    _settings,
+    Settings,
+    check_device_count,
+    settings_for,
 )
 from rlctl.planner.split import separate_plan
 from rlctl.planner.teacher_pool import training_request as teacher_request
@@ -94,41 +94,41 @@ def make_plan(req: PlanRequest) -> Plan:
 
 
 def _training_plan(req: PlanRequest) -> Plan:
-    s = _settings(req)
+    s = settings_for(req)
     m = model_shape(req.model)
     if req.accelerator is None:
-        return _cpu_plan(req, s, m)
+        return cpu_plan(req, s, m)
     acc = get_accelerator(req.accelerator)
     _check_support(s, acc)
-    if s.rollout_tp is not None and not _tp_ok(m, s.rollout_tp):
+    if s.rollout_tp is not None and not tp_ok(m, s.rollout_tp):
         raise InfeasiblePlanError(
-            _tp_heads_message(m, s.rollout_tp),
+            tp_heads_message(m, s.rollout_tp),
             hint=f"use a rollout tensor_model_parallel_size of {_tp_choices(m)}",
         )
     if s.separate:  # the rollout on devices of its own: split them (planner/split.py)
         return separate_plan(req, s, m, acc)
 
-    fixed = _fixed_layout(req, s, acc.name)
+    fixed = fixed_layout(req, s, acc.name)
     if fixed is not None:
-        _check_device_count(s, fixed.nodes, fixed.per_node)
+        check_device_count(s, fixed.nodes, fixed.per_node)
     per_node = s.per_node or req.max_devices_per_node
-    step_1 = _step_seconds(m, s, acc, 1)
+    step_1 = step_seconds(m, s, acc, 1)
     floor = 1
     if fixed is not None:
         layouts = [fixed]
     else:
         # Memory sets the least; the step-time floor keeps a step under the target.
-        everything = _auto_layouts(per_node)
+        everything = auto_layouts(per_node)
         floor = min(math.ceil(step_1 / s.target_s), MAX_THROUGHPUT_NODES * per_node)
         layouts = [lay for lay in everything if lay.devices >= floor] or everything[-1:]
-    fit, tried = _search(m, s, acc, layouts)
+    fit, tried = search_layouts(m, s, acc, layouts)
     if fit is None:
         raise _infeasible(req, s, m, acc, fixed, tried)
-    lines = _reasoning(s, m, acc, fit, tried, step_1, floor, auto=fixed is None)
-    return _assemble(s, m, acc, fit, lines, step_1)
+    lines = reasoning_lines(s, m, acc, fit, tried, step_1, floor, auto=fixed is None)
+    return assemble(s, m, acc, fit, lines, step_1)
 
 
-def _check_support(s: _Settings, acc: Accelerator) -> None:
+def _check_support(s: Settings, acc: Accelerator) -> None:
     if s.rollout_backend not in acc.rollout_backends:
         raise InfeasiblePlanError(
             f"rollout backend {s.rollout_backend!r} does not run on {acc.name} ({acc.vendor});"
@@ -144,18 +144,18 @@ def _check_support(s: _Settings, acc: Accelerator) -> None:
 
 
 def _tp_choices(m: ModelShape) -> str:
-    return ", ".join(str(tp) for tp in (1, 2, 4, 8, 16, 32, 64) if _tp_ok(m, tp))
+    return ", ".join(str(tp) for tp in (1, 2, 4, 8, 16, 32, 64) if tp_ok(m, tp))
 
 
-def _mask_note(m: ModelShape, s: _Settings, acc: Accelerator, devices: int) -> str:
+def _mask_note(m: ModelShape, s: Settings, acc: Accelerator, devices: int) -> str:
     """Why long samples fail under Megatron, when the attention mask is a large part of
     it: one sample's mask on one rank at the largest CP tried on ``devices`` (TP 1, PP 1),
     kept and with attention's working set, as the failure reasons count it."""
     seq = s.seq_len
-    cp = s.cp or max(_context_parallel_sizes(seq, devices, None))
-    c = _TrainCfg("megatron", devices, False, False, s.grad_ckpt, cp=cp)
-    mask = _train_activations(m, c, seq, seq).mask
-    if mask < 0.25 * _budget_bytes(acc):
+    cp = s.cp or max(context_parallel_sizes(seq, devices, None))
+    c = TrainCfg("megatron", devices, False, False, s.grad_ckpt, cp=cp)
+    mask = train_activations(m, c, seq, seq).mask
+    if mask < 0.25 * budget_bytes(acc):
         return ""
     if s.cp is not None:
         which, way = f"the pinned CP {cp}", "a larger CP or shorter samples shrink it"
@@ -171,16 +171,16 @@ def _mask_note(m: ModelShape, s: _Settings, acc: Accelerator, devices: int) -> s
     return (
         f" (the Megatron engine's attention mask is S × S booleans per sample, of which each"
         f" CP rank builds and keeps its S/CP rows, 5 B per query-key pair with attention's"
-        f" working set: {_fmt(mask)} per device for one {seq}-token sample at {which}; {way})"
+        f" working set: {fmt_number(mask)} per device for one {seq}-token sample at {which}; {way})"
     )
 
 
 def _infeasible(
     req: PlanRequest,
-    s: _Settings,
+    s: Settings,
     m: ModelShape,
     acc: Accelerator,
-    fixed: _Layout | None,
+    fixed: CandidateLayout | None,
     tried: list[str],
 ) -> InfeasiblePlanError:
     """The reason (the first layouts tried and why each failed) and what would fit."""
@@ -191,14 +191,16 @@ def _infeasible(
     message = f"{m.name} does not fit on {where}: " + ("; ".join(shown) or "nothing to try")
     per_node = s.per_node or req.max_devices_per_node
     if s.train_backend == "megatron":
-        message += _mask_note(m, s, acc, (fixed or _auto_layouts(per_node)[-1]).devices)
+        message += _mask_note(m, s, acc, (fixed or auto_layouts(per_node)[-1]).devices)
     hints: list[str] = []
     if fixed is not None:
-        fit, _ = _search(m, replace(s, nodes=None), acc, _auto_layouts(per_node))
+        fit, _ = search_layouts(m, replace(s, nodes=None), acc, auto_layouts(per_node))
         if fit is not None:
             hints.append(f"needs ~{fit.layout.describe(acc.name)}")
     if s.train_backend != "megatron" and "megatron" in acc.train_backends and not s.lora_rank:
-        fit, _ = _search(m, replace(s, train_backend="megatron"), acc, _auto_layouts(per_node))
+        fit, _ = search_layouts(
+            m, replace(s, train_backend="megatron"), acc, auto_layouts(per_node)
+        )
         if fit is not None:
             cp = f" × CP {fit.train.cp}" if fit.train.cp > 1 else ""
             hints.append(
@@ -227,7 +229,7 @@ def _infeasible(
     if s.multi_turn is not None and any("multi-turn rollouts on SGLang run" in t for t in tried):
         hints.append(
             f"multi-turn rollouts on SGLang run at TP 1, so the bf16 weights"
-            f" ({_fmt(2 * m.num_params)}) and their KV must fit one device: take a smaller"
+            f" ({fmt_number(2 * m.num_params)}) and their KV must fit one device: take a smaller"
             " model, or actor_rollout_ref.rollout.name=vllm (multi-turn with TP)"
         )
     hints.append(

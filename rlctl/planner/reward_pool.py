@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlctl.hardware import get_accelerator
-from rlctl.planner.memory import _budget_bytes
+from rlctl.planner.memory import budget_bytes
 from rlctl.planner.model import (
     GIB,
     InfeasiblePlanError,
@@ -70,7 +70,7 @@ def with_own_pool(plan: Plan, req: PlanRequest) -> Plan:
         line += f"; {mem.describe(samples, devices, own=True)}"
         if req.accelerator is not None:
             acc = get_accelerator(req.accelerator)
-            need, budget = mem.bytes_per_device(samples, devices), _budget_bytes(acc)
+            need, budget = mem.bytes_per_device(samples, devices), budget_bytes(acc)
             if need > budget:
                 raise InfeasiblePlanError(
                     f"the reward model needs {need / GIB:.1f} GiB on each of its own devices,"

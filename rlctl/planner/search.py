@@ -6,26 +6,26 @@ from __future__ import annotations
 from rlctl.hardware import Accelerator
 from rlctl.models import ModelShape
 from rlctl.planner.fit import (
-    _evaluate,
-    _Fit,
-    _Layout,
+    CandidateLayout,
+    Fit,
+    evaluate,
 )
-from rlctl.planner.memory import _TrainCfg
+from rlctl.planner.memory import TrainCfg
 from rlctl.planner.model import (
-    _NODE_COUNTS,
     ASSUMED_MFU,
     CP_MIN_TOKENS_PER_RANK,
     MAX_NODES,
+    NODE_COUNTS,
     InfeasiblePlanError,
     PlanRequest,
 )
-from rlctl.planner.settings import _Settings
+from rlctl.planner.settings import Settings
 
 # ---------------------------------------------------------------------------
 # the search
 
 
-def _flops_per_param_token(s: _Settings) -> int:
+def flops_per_param_token(s: Settings) -> int:
     """Generation 2, old log-probs 2, update 6 (+2 recompute), reference 2, critic 2 + 6 (+2)."""
     update = 8 if s.grad_ckpt else 6
     total = 2 + 2 + update
@@ -36,22 +36,22 @@ def _flops_per_param_token(s: _Settings) -> int:
     return total
 
 
-def _step_seconds(m: ModelShape, s: _Settings, acc: Accelerator, devices: int) -> float:
-    flops = s.samples * s.seq_len * m.compute_params * _flops_per_param_token(s)
+def step_seconds(m: ModelShape, s: Settings, acc: Accelerator, devices: int) -> float:
+    flops = s.samples * s.seq_len * m.compute_params * flops_per_param_token(s)
     return flops / (devices * acc.bf16_tflops * 1e12 * ASSUMED_MFU)
 
 
-def _auto_layouts(per_node: int, max_nodes: int = MAX_NODES) -> list[_Layout]:
+def auto_layouts(per_node: int, max_nodes: int = MAX_NODES) -> list[CandidateLayout]:
     single = sorted({d for d in (1, 2, 4, 8, 16) if d < per_node} | {per_node})
-    out = [_Layout(1, d) for d in single]
-    out += [_Layout(n, per_node) for n in _NODE_COUNTS if n <= max_nodes]
+    out = [CandidateLayout(1, d) for d in single]
+    out += [CandidateLayout(n, per_node) for n in NODE_COUNTS if n <= max_nodes]
     return out
 
 
-def _fixed_layout(req: PlanRequest, s: _Settings, acc_name: str) -> _Layout | None:
+def fixed_layout(req: PlanRequest, s: Settings, acc_name: str) -> CandidateLayout | None:
     per_node_max = s.per_node or req.max_devices_per_node
     if s.nodes is not None and s.per_node is not None:
-        layout = _Layout(s.nodes, s.per_node)
+        layout = CandidateLayout(s.nodes, s.per_node)
         if req.num_devices is not None and req.num_devices != layout.devices:
             raise InfeasiblePlanError(
                 f"num_devices {req.num_devices} disagrees with the pinned trainer.nnodes ×"
@@ -61,11 +61,11 @@ def _fixed_layout(req: PlanRequest, s: _Settings, acc_name: str) -> _Layout | No
         return layout
     if req.num_devices is None:
         if s.nodes is not None:
-            return _Layout(s.nodes, per_node_max)
+            return CandidateLayout(s.nodes, per_node_max)
         return None
     d = req.num_devices
     if d <= per_node_max and (s.nodes in (None, 1)):
-        return _Layout(1, d)
+        return CandidateLayout(1, d)
     if d % per_node_max:
         lower = (d // per_node_max) * per_node_max
         options = " or ".join(str(x) for x in (lower, lower + per_node_max) if x > 0)
@@ -73,10 +73,12 @@ def _fixed_layout(req: PlanRequest, s: _Settings, acc_name: str) -> _Layout | No
             f"{d} devices do not split into nodes of {per_node_max} {acc_name}",
             hint=f"use {options} devices, or up to {per_node_max} on one node",
         )
-    return _Layout(d // per_node_max, per_node_max)
+    return CandidateLayout(d // per_node_max, per_node_max)
 
 
-def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[list[_TrainCfg]]]:
+def train_options(
+    m: ModelShape, s: Settings, layout: CandidateLayout
+) -> list[list[list[TrainCfg]]]:
     """Training configurations for a layout: tiers (tried over every layout before the
     next tier), each a list of groups (tried in order; the first group with a fit wins,
     and within a group the fit with the smallest rollout TP, then the least offload)."""
@@ -95,7 +97,7 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
         return [
             [
                 [
-                    _TrainCfg(
+                    TrainCfg(
                         s.train_backend,
                         d,
                         po,
@@ -115,14 +117,14 @@ def _train_options(m: ModelShape, s: _Settings, layout: _Layout) -> list[list[li
     groups = []
     for tp, pp, cp, ep in _megatron_sizes(m, layout, s.seq_len, s.cp, s.etp):
         cfgs = [
-            _TrainCfg("megatron", d, po, oo, s.grad_ckpt, tp=tp, pp=pp, ep=ep, etp=s.etp, cp=cp)
+            TrainCfg("megatron", d, po, oo, s.grad_ckpt, tp=tp, pp=pp, ep=ep, etp=s.etp, cp=cp)
             for po, oo in offloads
         ]
         groups.append(cfgs)
     return [groups]
 
 
-def _context_parallel_sizes(seq: int, room: int, pinned: int | None) -> list[int]:
+def context_parallel_sizes(seq: int, room: int, pinned: int | None) -> list[int]:
     """CP sizes for samples of ``seq`` tokens when ``room`` devices are left after TP × PP:
     the pinned one, or 1 and the powers of two dividing ``room`` that leave each rank at
     least ``CP_MIN_TOKENS_PER_RANK`` tokens of a sample (shorter chunks leave the GEMMs
@@ -136,7 +138,7 @@ def _context_parallel_sizes(seq: int, room: int, pinned: int | None) -> list[int
     return sizes
 
 
-def _ulysses_sizes(m: ModelShape, layout: _Layout, s: _Settings) -> list[int]:
+def _ulysses_sizes(m: ModelShape, layout: CandidateLayout, s: Settings) -> list[int]:
     """Ulysses sizes for FSDP: the pinned one (if it divides the devices); only 1 when
     the recipe pins use_remove_padding=false (Ulysses splits the packed rows); else 1 and
     the powers of two within a node that divide the devices, the query heads and the KV
@@ -161,7 +163,7 @@ def _ulysses_sizes(m: ModelShape, layout: _Layout, s: _Settings) -> list[int]:
 
 def _megatron_sizes(
     m: ModelShape,
-    layout: _Layout,
+    layout: CandidateLayout,
     seq: int,
     pinned_cp: int | None = None,
     pinned_etp: int | None = None,
@@ -169,7 +171,7 @@ def _megatron_sizes(
     """(TP, PP, CP, EP) to try: TP a power of two within a node dividing the query heads
     and KV heads (Megatron shards query groups), PP up to half the layers where the engine
     can form the stages (``pipeline_stage_layers``: ⌈L/PP⌉ each, the rest on the last),
-    CP from ``_context_parallel_sizes`` (a power of two dividing D / (TP × PP)), EP the
+    CP from ``context_parallel_sizes`` (a power of two dividing D / (TP × PP)), EP the
     largest power of two dividing the experts and D / (ETP × PP) (ETP, the ranks each
     expert is split over, is TP unless the recipe pins expert_tensor_parallel_size; the
     experts' grid ETP × EP × PP must divide D as the dense one does). Smallest TP × PP × CP (the most
@@ -196,28 +198,28 @@ def _megatron_sizes(
                 ep, room = 1, d // (etp * pp)
                 while m.is_moe and m.num_experts % (2 * ep) == 0 and room % (2 * ep) == 0:
                     ep *= 2
-                for cp in _context_parallel_sizes(seq, d // (tp * pp), pinned_cp):
+                for cp in context_parallel_sizes(seq, d // (tp * pp), pinned_cp):
                     sizes.append((tp, pp, cp, ep))
         tp *= 2
     return sorted(sizes, key=lambda x: (x[0] * x[1] * x[2], -x[2], -x[0]))
 
 
-def _offload_label(c: _TrainCfg) -> str:
+def _offload_label(c: TrainCfg) -> str:
     if c.param_offload:
         return "parameter offload"
     return "optimizer offload" if c.optimizer_offload else "no offload"
 
 
-def _search(
+def search_layouts(
     m: ModelShape,
-    s: _Settings,
+    s: Settings,
     acc: Accelerator,
-    layouts: list[_Layout],
-) -> tuple[_Fit | None, list[str]]:
-    """The first layout (in order) with a fit, tier by tier (see ``_train_options``)."""
+    layouts: list[CandidateLayout],
+) -> tuple[Fit | None, list[str]]:
+    """The first layout (in order) with a fit, tier by tier (see ``train_options``)."""
     tried: list[str] = []
     same: dict[str, tuple[int, list[str]]] = {}  # a fixed layout's reason -> (entry, levels)
-    options = {lay: _train_options(m, s, lay) for lay in layouts}
+    options = {lay: train_options(m, s, lay) for lay in layouts}
     for tier in range(max(len(o) for o in options.values())):
         for layout in layouts:
             if tier >= len(options[layout]):
@@ -236,11 +238,11 @@ def _search(
                 )
                 continue
             reasons = []
-            failed: list[_TrainCfg] = []
+            failed: list[TrainCfg] = []
             for group in options[layout][tier]:
                 fits = []
                 for cfg in group:
-                    fit, why = _evaluate(m, s, acc, layout, cfg)
+                    fit, why = evaluate(m, s, acc, layout, cfg)
                     if fit is None:
                         reasons.append(why)
                         failed.append(cfg)

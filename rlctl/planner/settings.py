@@ -21,8 +21,12 @@ from rlctl.planner.reward_model import RewardModelMem, own_pool, reward_model_of
 # ---------------------------------------------------------------------------
 # settings: the request with the recipe's pinned engine keys applied
 
-_ARR = "actor_rollout_ref"
-_MEGATRON_ROLES = (f"{_ARR}.actor", f"{_ARR}.ref", "critic")  # one parallel layout for all
+ARR_PREFIX = "actor_rollout_ref"
+_MEGATRON_ROLES = (
+    f"{ARR_PREFIX}.actor",
+    f"{ARR_PREFIX}.ref",
+    "critic",
+)  # one parallel layout for all
 # The engine keys the planner takes as given when a recipe pins them (it sizes the rest);
 # their values come typed from the engine's config (PlanRequest.config).
 _HONOURED = frozenset(
@@ -30,35 +34,35 @@ _HONOURED = frozenset(
         "data.train_batch_size",
         "data.max_prompt_length",
         "data.max_response_length",
-        f"{_ARR}.rollout.n",
-        f"{_ARR}.rollout.name",
-        f"{_ARR}.actor.strategy",
+        f"{ARR_PREFIX}.rollout.n",
+        f"{ARR_PREFIX}.rollout.name",
+        f"{ARR_PREFIX}.actor.strategy",
         "trainer.nnodes",
         "trainer.n_gpus_per_node",
-        f"{_ARR}.actor.ppo_mini_batch_size",
-        f"{_ARR}.actor.ppo_micro_batch_size_per_gpu",
-        f"{_ARR}.actor.use_dynamic_bsz",
-        f"{_ARR}.actor.ppo_max_token_len_per_gpu",
-        f"{_ARR}.actor.fsdp_config.param_offload",
-        f"{_ARR}.actor.fsdp_config.optimizer_offload",
-        f"{_ARR}.model.enable_gradient_checkpointing",
-        f"{_ARR}.model.use_fused_kernels",
-        f"{_ARR}.model.fused_kernel_options.chunk_size",
-        f"{_ARR}.rollout.tensor_model_parallel_size",
-        f"{_ARR}.rollout.gpu_memory_utilization",
+        f"{ARR_PREFIX}.actor.ppo_mini_batch_size",
+        f"{ARR_PREFIX}.actor.ppo_micro_batch_size_per_gpu",
+        f"{ARR_PREFIX}.actor.use_dynamic_bsz",
+        f"{ARR_PREFIX}.actor.ppo_max_token_len_per_gpu",
+        f"{ARR_PREFIX}.actor.fsdp_config.param_offload",
+        f"{ARR_PREFIX}.actor.fsdp_config.optimizer_offload",
+        f"{ARR_PREFIX}.model.enable_gradient_checkpointing",
+        f"{ARR_PREFIX}.model.use_fused_kernels",
+        f"{ARR_PREFIX}.model.fused_kernel_options.chunk_size",
+        f"{ARR_PREFIX}.rollout.tensor_model_parallel_size",
+        f"{ARR_PREFIX}.rollout.gpu_memory_utilization",
         "critic.enable",
         *(f"{role}.megatron.context_parallel_size" for role in _MEGATRON_ROLES),
         *(f"{role}.megatron.expert_tensor_parallel_size" for role in _MEGATRON_ROLES),
-        f"{_ARR}.actor.ulysses_sequence_parallel_size",
-        f"{_ARR}.model.use_remove_padding",
-        f"{_ARR}.actor.use_kl_loss",
+        f"{ARR_PREFIX}.actor.ulysses_sequence_parallel_size",
+        f"{ARR_PREFIX}.model.use_remove_padding",
+        f"{ARR_PREFIX}.actor.use_kl_loss",
         "algorithm.use_kl_in_reward",
         # the rollout on devices of its own (planner/split.py): with it, trainer.nnodes and
         # trainer.n_gpus_per_node size the training group only
         "async_training.mode",
-        f"{_ARR}.rollout.placement",
-        f"{_ARR}.rollout.separate_nnodes",
-        f"{_ARR}.rollout.separate_n_gpus_per_node",
+        f"{ARR_PREFIX}.rollout.placement",
+        f"{ARR_PREFIX}.rollout.separate_nnodes",
+        f"{ARR_PREFIX}.rollout.separate_n_gpus_per_node",
     }
 )
 _MODES = ("sync", "one_step_off", "fully_async")  # engine/config/async_training.py's ASYNC_MODES
@@ -76,7 +80,7 @@ def pinned_values(req: PlanRequest) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class _Settings:
+class Settings:
     train_batch: int
     n: int
     prompt_len: int
@@ -135,7 +139,7 @@ class _Settings:
         return self.train_batch * self.n
 
 
-def _settings(req: PlanRequest) -> _Settings:
+def settings_for(req: PlanRequest) -> Settings:
     pinned = pinned_values(req)
     notes: list[str] = []
 
@@ -147,14 +151,16 @@ def _settings(req: PlanRequest) -> _Settings:
             notes.append(f"{key}={value!r} pinned by the recipe wins over {requested!r}")
         return value
 
-    mini = take(f"{_ARR}.actor.ppo_mini_batch_size", req.ppo_mini_batch_size)
-    micro = take(f"{_ARR}.actor.ppo_micro_batch_size_per_gpu", req.micro_batch_size_per_device)
+    mini = take(f"{ARR_PREFIX}.actor.ppo_mini_batch_size", req.ppo_mini_batch_size)
+    micro = take(
+        f"{ARR_PREFIX}.actor.ppo_micro_batch_size_per_gpu", req.micro_batch_size_per_device
+    )
     critic = req.algorithm_needs_critic
     if pinned.get("critic.enable") is not None:
         critic = bool(pinned["critic.enable"])
     reference = (
         req.algorithm_needs_reference
-        or bool(pinned.get(f"{_ARR}.actor.use_kl_loss"))
+        or bool(pinned.get(f"{ARR_PREFIX}.actor.use_kl_loss"))
         or bool(pinned.get("algorithm.use_kl_in_reward"))
     )
     placement = _placement(req, pinned, notes)
@@ -163,31 +169,31 @@ def _settings(req: PlanRequest) -> _Settings:
         notes.append(not_counted)
     if own_pool(req.config) is not None:  # on devices of its own (reward_model.with_own_pool)
         reward_model = None
-    s = _Settings(
+    s = Settings(
         train_batch=take("data.train_batch_size", req.train_batch_size),
-        n=take(f"{_ARR}.rollout.n", req.rollout_n),
+        n=take(f"{ARR_PREFIX}.rollout.n", req.rollout_n),
         prompt_len=take("data.max_prompt_length", req.max_prompt_length),
         response_len=take("data.max_response_length", req.max_response_length),
-        rollout_backend=take(f"{_ARR}.rollout.name", req.rollout_backend),
-        train_backend=take(f"{_ARR}.actor.strategy", req.train_backend),
+        rollout_backend=take(f"{ARR_PREFIX}.rollout.name", req.rollout_backend),
+        train_backend=take(f"{ARR_PREFIX}.actor.strategy", req.train_backend),
         critic=critic,
         reference=reference,
         nodes=pinned.get("trainer.nnodes"),
         per_node=pinned.get("trainer.n_gpus_per_node"),
         mini=mini,
         micro=micro,
-        dynamic=pinned.get(f"{_ARR}.actor.use_dynamic_bsz"),
-        token_len=pinned.get(f"{_ARR}.actor.ppo_max_token_len_per_gpu"),
-        param_offload=pinned.get(f"{_ARR}.actor.fsdp_config.param_offload"),
-        optimizer_offload=pinned.get(f"{_ARR}.actor.fsdp_config.optimizer_offload"),
-        grad_ckpt=pinned.get(f"{_ARR}.model.enable_gradient_checkpointing", True),
-        rollout_tp=pinned.get(f"{_ARR}.rollout.tensor_model_parallel_size"),
-        fraction=pinned.get(f"{_ARR}.rollout.gpu_memory_utilization"),
+        dynamic=pinned.get(f"{ARR_PREFIX}.actor.use_dynamic_bsz"),
+        token_len=pinned.get(f"{ARR_PREFIX}.actor.ppo_max_token_len_per_gpu"),
+        param_offload=pinned.get(f"{ARR_PREFIX}.actor.fsdp_config.param_offload"),
+        optimizer_offload=pinned.get(f"{ARR_PREFIX}.actor.fsdp_config.optimizer_offload"),
+        grad_ckpt=pinned.get(f"{ARR_PREFIX}.model.enable_gradient_checkpointing", True),
+        rollout_tp=pinned.get(f"{ARR_PREFIX}.rollout.tensor_model_parallel_size"),
+        fraction=pinned.get(f"{ARR_PREFIX}.rollout.gpu_memory_utilization"),
         target_s=req.target_step_minutes * 60.0,
         cp=_pinned_megatron(pinned, "context_parallel_size"),
         etp=_pinned_megatron(pinned, "expert_tensor_parallel_size"),
-        sp=pinned.get(f"{_ARR}.actor.ulysses_sequence_parallel_size"),
-        remove_padding=pinned.get(f"{_ARR}.model.use_remove_padding"),
+        sp=pinned.get(f"{ARR_PREFIX}.actor.ulysses_sequence_parallel_size"),
+        remove_padding=pinned.get(f"{ARR_PREFIX}.model.use_remove_padding"),
         logits_chunk=_logits_chunk(req, pinned),
         notes=tuple(notes),
         multi_turn=multi_turn_of(req.config),
@@ -219,7 +225,7 @@ def _placement(req: PlanRequest, pinned: Mapping[str, Any], notes: list[str]) ->
         return {}
     mode = req.config.async_training.mode
     placement = req.config.actor_rollout_ref.rollout.placement
-    placement_key = f"{_ARR}.rollout.placement"
+    placement_key = f"{ARR_PREFIX}.rollout.placement"
     if mode not in _MODES:
         raise InfeasiblePlanError(
             f"async_training.mode: unknown mode {mode!r}", hint=f"use {' or '.join(_MODES)}"
@@ -233,8 +239,8 @@ def _placement(req: PlanRequest, pinned: Mapping[str, Any], notes: list[str]) ->
             f" groups), or set async_training.mode=sync",
         )
     separate = mode != "sync" or placement == "separate"
-    sizes = [k for k in (f"{_ARR}.rollout.separate_nnodes",
-                         f"{_ARR}.rollout.separate_n_gpus_per_node") if k in pinned]  # fmt: skip
+    sizes = [k for k in (f"{ARR_PREFIX}.rollout.separate_nnodes",
+                         f"{ARR_PREFIX}.rollout.separate_n_gpus_per_node") if k in pinned]  # fmt: skip
     if sizes and not separate:
         notes.append(
             f"{' and '.join(sizes)} pinned by the recipe size the rollout's own devices; with"
@@ -245,17 +251,17 @@ def _placement(req: PlanRequest, pinned: Mapping[str, Any], notes: list[str]) ->
     return {
         "separate": True,
         "async_mode": mode,
-        "rollout_nodes": pinned.get(f"{_ARR}.rollout.separate_nnodes"),
-        "rollout_per_node": pinned.get(f"{_ARR}.rollout.separate_n_gpus_per_node"),
+        "rollout_nodes": pinned.get(f"{ARR_PREFIX}.rollout.separate_nnodes"),
+        "rollout_per_node": pinned.get(f"{ARR_PREFIX}.rollout.separate_n_gpus_per_node"),
     }
 
 
 def _logits_chunk(req: PlanRequest, pinned: Mapping[str, Any]) -> int | None:
     """``fused_kernel_options.chunk_size`` when the recipe turns ``use_fused_kernels`` on
     (the engine's FSDP head then holds that many tokens' logits at a time)."""
-    if not pinned.get(f"{_ARR}.model.use_fused_kernels"):
+    if not pinned.get(f"{ARR_PREFIX}.model.use_fused_kernels"):
         return None
-    key = f"{_ARR}.model.fused_kernel_options.chunk_size"
+    key = f"{ARR_PREFIX}.model.fused_kernel_options.chunk_size"
     if key in pinned:
         return pinned[key]
     return req.config.actor_rollout_ref.model.fused_kernel_options.chunk_size
@@ -321,7 +327,7 @@ def _pinned_megatron(pinned: Mapping[str, Any], name: str) -> int | None:
     return next(iter(given.values()), None)
 
 
-def _check_settings(s: _Settings, req: PlanRequest) -> None:
+def _check_settings(s: Settings, req: PlanRequest) -> None:
     for key, value in (
         ("data.train_batch_size", s.train_batch),
         ("actor_rollout_ref.rollout.n", s.n),
@@ -387,7 +393,7 @@ def _check_settings(s: _Settings, req: PlanRequest) -> None:
         )
 
 
-def _made_for(s: _Settings) -> dict[str, Any]:
+def made_for(s: Settings) -> dict[str, Any]:
     """The request a plan answers, kept on it so that ``engine_overrides`` is self-contained."""
     return {
         "rollout_backend": s.rollout_backend,
@@ -400,7 +406,7 @@ def _made_for(s: _Settings) -> dict[str, Any]:
     }
 
 
-def _check_device_count(s: _Settings, nodes: int, per_node: int) -> None:
+def check_device_count(s: Settings, nodes: int, per_node: int) -> None:
     """More devices than a step has samples leaves some without work (every device trains
     a share of each mini-batch): that is the node or device count's fault, not the batch
     sizes'."""

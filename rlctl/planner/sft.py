@@ -17,14 +17,14 @@ from typing import Any
 
 from rlctl.hardware import get_accelerator
 from rlctl.models import ModelShape, model_shape
-from rlctl.planner.explain import _model_line
+from rlctl.planner.explain import model_line
 from rlctl.planner.memory import (
-    _budget_bytes,
-    _fsdp_state,
-    _megatron_state,
-    _train_activations,
-    _TrainCfg,
+    TrainCfg,
+    budget_bytes,
+    fsdp_state,
     lora_params,
+    megatron_state,
+    train_activations,
 )
 from rlctl.planner.model import GIB, MAX_NODES, InfeasiblePlanError, MemoryEstimate, Plan
 
@@ -77,10 +77,10 @@ def plan_sft(req: SFTRequest) -> SFTPlan:
                 hint="set trainer: fsdp2, or give an accelerator",
             )
         nodes = req.nodes or 1
-        lines = [_model_line(m), f"CPU: {nodes} node(s) × {req.devices_per_node} worker(s)"]
+        lines = [model_line(m), f"CPU: {nodes} node(s) × {req.devices_per_node} worker(s)"]
         return _plan(req, m, backend, nodes, (False, False), MemoryEstimate(None, None), lines)
     acc = get_accelerator(req.accelerator)
-    budget = _budget_bytes(acc)
+    budget = budget_bytes(acc)
     tokens, seq = _micro_batch_tokens(cfg)
     offloads = _offloads(req, backend)
     tried: list[str] = []
@@ -92,7 +92,7 @@ def plan_sft(req: SFTRequest) -> SFTPlan:
             where = f"{nodes} node(s) × {req.devices_per_node} {acc.name}"
             if peak <= budget:
                 lines = [
-                    _model_line(m),
+                    model_line(m),
                     f"{where}: {memory.train_peak_gib:.1f} GiB a device at the peak of a"
                     f" step (of {budget / GIB:.1f} usable), micro-batches of {tokens} tokens"
                     + _offload_words(offload),
@@ -138,7 +138,7 @@ def _memory(
 ) -> MemoryEstimate:
     e = cfg.engine
     grad_ckpt = cfg.model.enable_gradient_checkpointing
-    c = _TrainCfg(
+    c = TrainCfg(
         backend,
         devices,
         offload[0],
@@ -154,10 +154,10 @@ def _memory(
     model = cfg.model
     adapter = lora_params(m, model.lora_rank, _targets(model.target_modules))
     if backend == "megatron":
-        state = _megatron_state(m, c, critic=False, reference=False)
+        state = megatron_state(m, c, critic=False, reference=False)
     else:
-        state = _fsdp_state(m, c, critic=False, reference=False, adapter=adapter)
-    act = _train_activations(m, c, tokens, seq)
+        state = fsdp_state(m, c, critic=False, reference=False, adapter=adapter)
+    act = train_activations(m, c, tokens, seq)
     return MemoryEstimate(
         device_gib=None,  # the accelerator's, filled in by _plan
         budget_gib=None,
@@ -199,7 +199,7 @@ def _plan(
     d, e = cfg.data, cfg.engine
     if req.accelerator is not None:
         acc = get_accelerator(req.accelerator)
-        usable = _budget_bytes(acc) / GIB
+        usable = budget_bytes(acc) / GIB
         memory = replace(memory, device_gib=acc.memory_gib, budget_gib=round(usable, 3))
         memory = replace(
             memory,

@@ -4,9 +4,9 @@ how many generate, the nodes the two groups take, and why (docs/planner.md, "Sep
 rollout and asynchronous training").
 
 Every candidate split is checked with the colocated planner's own parts: the training
-group as training on that many devices (``_evaluate_train``: the same memory model, the
+group as training on that many devices (``evaluate_train``: the same memory model, the
 same batch rules), the rollout group as a rollout engine with no training state beside
-it (``_fit_rollout``: weights and KV in its pool). Among the splits that fit, the one
+it (``fit_rollout``: weights and KV in its pool). Among the splits that fit, the one
 with the shortest estimated step wins: one_step_off and fully_async overlap generation
 with training, so a step takes the longer of the two; sync takes them in turn. The estimates are the
 planner's FLOPs model, generation's FLOPs weighted by ``GENERATION_TIME_FACTOR``.
@@ -20,18 +20,18 @@ from dataclasses import dataclass, replace
 
 from rlctl.hardware import Accelerator
 from rlctl.models import ModelShape
-from rlctl.planner.explain import _assemble, _duration, _reasoning
+from rlctl.planner.explain import assemble, duration_words, reasoning_lines
 from rlctl.planner.fit import (
-    _count,
-    _evaluate_train,
-    _Fit,
-    _fit_rollout,
-    _fmt,
-    _fmt_params,
-    _Layout,
-    _RolloutFit,
+    CandidateLayout,
+    Fit,
+    RolloutFit,
+    count_noun,
+    evaluate_train,
+    fit_rollout,
+    fmt_number,
+    fmt_params,
 )
-from rlctl.planner.memory import _budget_bytes, _pick_mini, _TrainMem
+from rlctl.planner.memory import TrainMem, budget_bytes, pick_mini
 from rlctl.planner.model import (
     ASSUMED_MFU,
     GENERATION_TIME_FACTOR,
@@ -44,12 +44,12 @@ from rlctl.planner.model import (
     job_nodes,
 )
 from rlctl.planner.search import (
-    _auto_layouts,
-    _fixed_layout,
-    _flops_per_param_token,
-    _train_options,
+    auto_layouts,
+    fixed_layout,
+    flops_per_param_token,
+    train_options,
 )
-from rlctl.planner.settings import _ARR, _Settings
+from rlctl.planner.settings import ARR_PREFIX, Settings
 
 # how each async mode overlaps generation with training, as the plan explains it
 _OVERLAP = {
@@ -57,19 +57,19 @@ _OVERLAP = {
     "fully_async": "the rollout generates without stopping while the actor trains",
 }
 
-_NOTHING = _TrainMem(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # no training state on the rollout's
+_NOTHING = TrainMem(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # no training state on the rollout's
 _KEYS = (  # the split's keys, in the order a reader names them
     ("trainer.nnodes", "nodes", "train", "nodes"),
     ("trainer.n_gpus_per_node", "per_node", "train", "per_node"),
-    (f"{_ARR}.rollout.separate_nnodes", "rollout_nodes", "rollout", "nodes"),
-    (f"{_ARR}.rollout.separate_n_gpus_per_node", "rollout_per_node", "rollout", "per_node"),
+    (f"{ARR_PREFIX}.rollout.separate_nnodes", "rollout_nodes", "rollout", "nodes"),
+    (f"{ARR_PREFIX}.rollout.separate_n_gpus_per_node", "rollout_per_node", "rollout", "per_node"),
 )
 
 
 @dataclass(frozen=True)
-class _Split:
-    train: _Layout
-    rollout: _Layout
+class Split:
+    train: CandidateLayout
+    rollout: CandidateLayout
     node_size: int  # devices a node has
 
     @property
@@ -77,7 +77,7 @@ class _Split:
         """Both groups' devices per node fit one node: they share nodes."""
         return self.train.per_node + self.rollout.per_node <= self.node_size
 
-    def job(self) -> _Layout:
+    def job(self) -> CandidateLayout:
         nodes, per_node = job_nodes(
             self.train.nodes,
             self.train.per_node,
@@ -85,7 +85,7 @@ class _Split:
             self.rollout.per_node,
             self.node_size,
         )
-        return _Layout(nodes, per_node)
+        return CandidateLayout(nodes, per_node)
 
     @property
     def label(self) -> str:
@@ -114,20 +114,20 @@ class _Split:
         )
 
 
-def _group(lay: _Layout) -> str:
-    return f"{_count(lay.nodes, 'node')} × {lay.per_node}"
+def _group(lay: CandidateLayout) -> str:
+    return f"{count_noun(lay.nodes, 'node')} × {lay.per_node}"
 
 
 @dataclass(frozen=True)
 class _SplitFit:
-    split: _Split
-    fit: _Fit  # fit.layout is the training group; fit.rollout is on the rollout group
+    split: Split
+    fit: Fit  # fit.layout is the training group; fit.rollout is on the rollout group
     generate_s: float
     train_s: float
     step_s: float
 
 
-def separate_plan(req: PlanRequest, s: _Settings, m: ModelShape, acc: Accelerator) -> Plan:
+def separate_plan(req: PlanRequest, s: Settings, m: ModelShape, acc: Accelerator) -> Plan:
     """The plan with the rollout on devices of its own; raises ``InfeasiblePlanError``
     with the reason and what would fit."""
     node_size = req.max_devices_per_node  # the hardware's node (8 for auto)
@@ -145,7 +145,7 @@ def separate_plan(req: PlanRequest, s: _Settings, m: ModelShape, acc: Accelerato
     else:
         # Auto: the step-time floor for a step of both phases at a balanced split.
         floor = min(math.ceil(sum(one) / s.target_s), MAX_THROUGHPUT_NODES * node_size)
-        everything = [lay for lay in _auto_layouts(node_size) if lay.devices >= 2]
+        everything = [lay for lay in auto_layouts(node_size) if lay.devices >= 2]
         totals = [lay for lay in everything if lay.devices >= floor] or everything[-1:]
         groups = [g for g in (_candidates(lay, s, node_size) for lay in totals) if g]
         if not groups:
@@ -156,8 +156,10 @@ def separate_plan(req: PlanRequest, s: _Settings, m: ModelShape, acc: Accelerato
     best = _choose(fits)
     layout_lines = _split_lines(s, m, acc, best, fits, tried, one, floor, fixed)
     chosen = best.fit
-    lines = _reasoning(s, m, acc, chosen, [], 0.0, floor, auto=False, layout_lines=layout_lines)
-    plan = _assemble(s, m, acc, chosen, lines, 0.0)
+    lines = reasoning_lines(
+        s, m, acc, chosen, [], 0.0, floor, auto=False, layout_lines=layout_lines
+    )
+    plan = assemble(s, m, acc, chosen, lines, 0.0)
     job = best.split.job()
     return replace(
         plan,
@@ -174,50 +176,50 @@ def separate_plan(req: PlanRequest, s: _Settings, m: ModelShape, acc: Accelerato
 # candidates
 
 
-def _hardware(req: PlanRequest, s: _Settings, acc: Accelerator) -> _Layout | None:
+def _hardware(req: PlanRequest, s: Settings, acc: Accelerator) -> CandidateLayout | None:
     """The devices the recipe's hardware gives the job (both groups), or None (auto)."""
     if req.num_devices is None:
         return None
     # trainer.nnodes / n_gpus_per_node size the training group here, not the job
-    return _fixed_layout(req, replace(s, nodes=None, per_node=None), acc.name)
+    return fixed_layout(req, replace(s, nodes=None, per_node=None), acc.name)
 
 
-def _pinned_split(s: _Settings, node_size: int) -> _Split | None:
+def _pinned_split(s: Settings, node_size: int) -> Split | None:
     if None in (s.nodes, s.per_node, s.rollout_nodes, s.rollout_per_node):
         return None
-    return _Split(
-        _Layout(s.nodes or 1, s.per_node or 1),
-        _Layout(s.rollout_nodes or 1, s.rollout_per_node or 1),
+    return Split(
+        CandidateLayout(s.nodes or 1, s.per_node or 1),
+        CandidateLayout(s.rollout_nodes or 1, s.rollout_per_node or 1),
         node_size,
     )
 
 
-def _candidates(total: _Layout, s: _Settings, node_size: int) -> list[_Split]:
+def _candidates(total: CandidateLayout, s: Settings, node_size: int) -> list[Split]:
     """The splits of ``total`` that use all of it and keep the recipe's pins: every node
     shared (r of its devices generate, the rest train), or whole nodes for each group."""
     n, p = total.nodes, total.per_node
-    out = [_Split(_Layout(n, p - r), _Layout(n, r), node_size) for r in range(1, p)]
-    out += [_Split(_Layout(n - k, p), _Layout(k, p), node_size) for k in range(1, n)]
+    out = [Split(CandidateLayout(n, p - r), CandidateLayout(n, r), node_size) for r in range(1, p)]
+    out += [Split(CandidateLayout(n - k, p), CandidateLayout(k, p), node_size) for k in range(1, n)]
     return [c for c in out if all(_value(c, k) == v for k, v in _pins(s).items())]
 
 
-def _pins(s: _Settings) -> dict[str, int]:
+def _pins(s: Settings) -> dict[str, int]:
     """The split's keys the recipe pinned, with their values."""
     return {key: getattr(s, attr) for key, attr, _, _ in _KEYS if getattr(s, attr) is not None}
 
 
-def _value(c: _Split, key: str) -> int:
+def _value(c: Split, key: str) -> int:
     for k, _, group, part in _KEYS:
         if k == key:
             return int(getattr(getattr(c, group), part))
     raise KeyError(key)
 
 
-def _check_pinned(c: _Split, fixed: _Layout | None, acc_name: str) -> None:
+def _check_pinned(c: Split, fixed: CandidateLayout | None, acc_name: str) -> None:
     """A split the recipe pinned whole: each group's devices per node within a node, and
     the nodes it takes within the recipe's hardware."""
     for lay, key in ((c.train, "trainer.n_gpus_per_node"),
-                     (c.rollout, f"{_ARR}.rollout.separate_n_gpus_per_node")):  # fmt: skip
+                     (c.rollout, f"{ARR_PREFIX}.rollout.separate_n_gpus_per_node")):  # fmt: skip
         if lay.per_node > c.node_size:
             raise InfeasiblePlanError(
                 f"{key} {lay.per_node} is more than the {c.node_size} devices a node has",
@@ -242,20 +244,20 @@ def _check_pinned(c: _Split, fixed: _Layout | None, acc_name: str) -> None:
     if room >= 1 and max(c.train.nodes, c.rollout.nodes) <= fixed.nodes and not c.shares_nodes:
         hints.insert(
             0,
-            f"set {_ARR}.rollout.separate_n_gpus_per_node {room} ({t} + {room} ="
+            f"set {ARR_PREFIX}.rollout.separate_n_gpus_per_node {room} ({t} + {room} ="
             f" {c.node_size}: the groups then share each node)",
         )
     hints.append("unpin the four keys and let the planner split")
     raise InfeasiblePlanError(
         f"the pinned split, {c.describe()} (trainer.nnodes × trainer.n_gpus_per_node +"
-        f" {_ARR}.rollout.separate_nnodes × {_ARR}.rollout.separate_n_gpus_per_node), needs"
-        f" {_count(job.nodes, 'node')} ({why}); the recipe's hardware is"
+        f" {ARR_PREFIX}.rollout.separate_nnodes × {ARR_PREFIX}.rollout.separate_n_gpus_per_node), needs"
+        f" {count_noun(job.nodes, 'node')} ({why}); the recipe's hardware is"
         f" {fixed.describe(acc_name)}",
         hint="; or ".join(hints),
     )
 
 
-def _no_candidate(s: _Settings, where: str) -> InfeasiblePlanError:
+def _no_candidate(s: Settings, where: str) -> InfeasiblePlanError:
     pins = _pins(s)
     if not pins:
         return InfeasiblePlanError(
@@ -273,7 +275,7 @@ def _no_candidate(s: _Settings, where: str) -> InfeasiblePlanError:
     )
 
 
-def cpu_split(s: _Settings, total: _Layout) -> _Split:
+def cpu_split(s: Settings, total: CandidateLayout) -> Split:
     """The CPU quickstart's split of its workers: no time model there (a CPU has no
     FLOPS figure in the table), so the rollout takes the fewest workers a split allows
     (the HF rollout generates on one as well as on several) and training the rest;
@@ -288,7 +290,7 @@ def cpu_split(s: _Settings, total: _Layout) -> _Split:
     return min(candidates, key=lambda c: (c.rollout.devices, c.train.nodes))
 
 
-def cpu_split_lines(s: _Settings, c: _Split) -> list[str]:
+def cpu_split_lines(s: Settings, c: Split) -> list[str]:
     how = "pinned by the recipe" if len(_pins(s)) == len(_KEYS) else "the fewest for the rollout"
     return [
         f"placement: the rollout on workers of its own (async_training.mode={s.async_mode})",
@@ -303,23 +305,23 @@ def cpu_split_lines(s: _Settings, c: _Split) -> list[str]:
 
 
 def _search_splits(
-    m: ModelShape, s: _Settings, acc: Accelerator, groups: list[list[_Split]]
-) -> tuple[list[_SplitFit], list[tuple[_Split, str]]]:
+    m: ModelShape, s: Settings, acc: Accelerator, groups: list[list[Split]]
+) -> tuple[list[_SplitFit], list[tuple[Split, str]]]:
     """The splits that fit in the first group of candidates (one group per total layout,
     smallest first) where any does, tier by tier like the colocated search (no offload on
     more devices before offload on fewer); and why the others did not."""
-    budget = _budget_bytes(acc)
-    rollouts: dict[_Layout, tuple[_RolloutFit | None, str]] = {}
-    options: dict[_Layout, list] = {}  # the training configurations of a group, once
+    budget = budget_bytes(acc)
+    rollouts: dict[CandidateLayout, tuple[RolloutFit | None, str]] = {}
+    options: dict[CandidateLayout, list] = {}  # the training configurations of a group, once
 
-    def options_of(lay: _Layout) -> list:
+    def options_of(lay: CandidateLayout) -> list:
         if lay not in options:
-            options[lay] = _train_options(m, s, lay)
+            options[lay] = train_options(m, s, lay)
         return options[lay]
 
     # every layout has as many tiers (offload levels) as the settings allow
-    tiers = len(_train_options(m, s, groups[0][0].train))
-    reasons: dict[_Split, str] = {}
+    tiers = len(train_options(m, s, groups[0][0].train))
+    reasons: dict[Split, str] = {}
     for tier in range(tiers):
         for group in groups:
             fits = []
@@ -339,20 +341,20 @@ def _search_splits(
 
 def _evaluate_split(
     m: ModelShape,
-    s: _Settings,
+    s: Settings,
     acc: Accelerator,
-    c: _Split,
-    options_of: Callable[[_Layout], list],
+    c: Split,
+    options_of: Callable[[CandidateLayout], list],
     tier: int,
     budget: float,
-    rollouts: dict[_Layout, tuple[_RolloutFit | None, str]],
+    rollouts: dict[CandidateLayout, tuple[RolloutFit | None, str]],
 ) -> tuple[_SplitFit | None, str]:
     if s.samples % c.rollout.devices:  # the engine hands each rollout rank an equal share
         return None, (
             f"rollout: the {s.samples} samples of a batch ({s.train_batch} prompts × {s.n}) do"
             f" not split evenly over {c.rollout.devices} generating devices"
         )
-    mini, why = _pick_mini(s, c.train.devices)
+    mini, why = pick_mini(s, c.train.devices)
     if why:  # said shortly: every split of a layout is listed with its reason
         if s.mini is not None:
             return None, (
@@ -379,39 +381,39 @@ def _evaluate_split(
     why = ""
     for group in options[tier]:
         for cfg in group:  # the least offload first
-            trained, reason = _evaluate_train(m, s, c.train, cfg, budget)
+            trained, reason = evaluate_train(m, s, c.train, cfg, budget)
             if trained is None:
                 why = why or reason
                 continue
             if c.rollout not in rollouts:
-                rollouts[c.rollout] = _fit_rollout(m, s, acc, c.rollout, _NOTHING, budget)
+                rollouts[c.rollout] = fit_rollout(m, s, acc, c.rollout, _NOTHING, budget)
             rollout, reason = rollouts[c.rollout]
             if rollout is None:
                 return None, reason if reason.startswith("rollout") else f"rollout: {reason}"
             if rollout.tp > c.rollout.per_node and c.shares_nodes:
                 return None, (
                     f"rollout: TP {rollout.tp} would span nodes that hold"
-                    f" {_count(c.rollout.per_node, 'rollout device')} each"
+                    f" {count_noun(c.rollout.per_node, 'rollout device')} each"
                 )
             mini, train = trained
             gen, tr = _split_seconds(m, s, acc, c)
             step = max(gen, tr) if s.async_mode != "sync" else gen + tr
-            return _SplitFit(c, _Fit(c.train, cfg, mini, train, rollout), gen, tr, step), ""
+            return _SplitFit(c, Fit(c.train, cfg, mini, train, rollout), gen, tr, step), ""
     return None, f"training: {why}" if why else ""
 
 
-def _one_device_seconds(m: ModelShape, s: _Settings, acc: Accelerator) -> tuple[float, float]:
+def _one_device_seconds(m: ModelShape, s: Settings, acc: Accelerator) -> tuple[float, float]:
     """(generation, training) of one step on one device: the planner's FLOPs (2 to
     generate; old log-probs, update, reference and critic to train), generation's weighted
     by ``GENERATION_TIME_FACTOR``, at ``ASSUMED_MFU`` of the device's bf16 peak."""
     work = s.samples * s.seq_len * m.compute_params
     rate = acc.bf16_tflops * 1e12 * ASSUMED_MFU
     generate = work * 2 * GENERATION_TIME_FACTOR / rate
-    train = work * (_flops_per_param_token(s) - 2) / rate
+    train = work * (flops_per_param_token(s) - 2) / rate
     return generate, train
 
 
-def _split_seconds(m: ModelShape, s: _Settings, acc: Accelerator, c: _Split) -> tuple[float, float]:
+def _split_seconds(m: ModelShape, s: Settings, acc: Accelerator, c: Split) -> tuple[float, float]:
     generate, train = _one_device_seconds(m, s, acc)
     return generate / c.rollout.devices, train / c.train.devices
 
@@ -430,15 +432,15 @@ def _choose(fits: list[_SplitFit]) -> _SplitFit:
 
 
 def _split_lines(
-    s: _Settings,
+    s: Settings,
     m: ModelShape,
     acc: Accelerator,
     best: _SplitFit,
     fits: list[_SplitFit],
-    tried: list[tuple[_Split, str]],
+    tried: list[tuple[Split, str]],
     one: tuple[float, float],
     floor: int,
-    fixed: _Layout | None,
+    fixed: CandidateLayout | None,
 ) -> list[str]:
     c = best.split
     overlap = s.async_mode != "sync"
@@ -449,11 +451,11 @@ def _split_lines(
     lines = [
         _placement_line(s),
         f"step compute: {s.train_batch} prompts × {s.n} samples × {s.seq_len} tokens ="
-        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {_fmt_params(m.compute_params)}"
+        f" {s.samples * s.seq_len / 1e6:.2f}M tokens × {fmt_params(m.compute_params)}"
         f"{' active' if m.is_moe else ''} params; generation 2 FLOPs × {GENERATION_TIME_FACTOR:g}"
         " (decoding is bound by memory bandwidth and waits for the longest response: about"
-        f" {GENERATION_TIME_FACTOR:g}× training's time per FLOP) = {_duration(gen_1)}, training"
-        f" {_flops_per_param_token(s) - 2} FLOPs ({train_parts}) = {_duration(train_1)}, on one"
+        f" {GENERATION_TIME_FACTOR:g}× training's time per FLOP) = {duration_words(gen_1)}, training"
+        f" {flops_per_param_token(s) - 2} FLOPs ({train_parts}) = {duration_words(train_1)}, on one"
         f" {acc.name} at {ASSUMED_MFU:.0%} of {acc.bf16_tflops:g} TFLOPS (upper bounds: every"
         " response at its maximum length)",
     ]
@@ -474,12 +476,12 @@ def _split_lines(
     where = fixed.describe(acc.name) if fixed is not None else c.job().describe(acc.name)
     line = (
         f"split: {c.train.devices} train + {c.rollout.devices} generate on {where} — {how},"
-        f" {combine}(generate {_duration(best.generate_s)} on {c.rollout.devices}, train"
-        f" {_duration(best.train_s)} on {c.train.devices}) = {_duration(best.step_s)}"
+        f" {combine}(generate {duration_words(best.generate_s)} on {c.rollout.devices}, train"
+        f" {duration_words(best.train_s)} on {c.train.devices}) = {duration_words(best.step_s)}"
     )
     shown = [
-        (f.split, f"{combine}({_duration(f.generate_s)}, {_duration(f.train_s)}) ="
-                  f" {_duration(f.step_s)}" + _tie(f, best))
+        (f.split, f"{combine}({duration_words(f.generate_s)}, {duration_words(f.train_s)}) ="
+                  f" {duration_words(f.step_s)}" + _tie(f, best))
         for f in fits if f is not best
     ]  # fmt: skip
     shown += tried[:4]
@@ -491,21 +493,21 @@ def _split_lines(
     lines.append(line)
     if overlap and best.generate_s > best.train_s * 1.001:
         lines.append(
-            f"note: generation ({_duration(best.generate_s)}) outlasts training"
-            f" ({_duration(best.train_s)}): the training waits for each batch"
+            f"note: generation ({duration_words(best.generate_s)}) outlasts training"
+            f" ({duration_words(best.train_s)}): the training waits for each batch"
             " (timing_s/wait_prev_gen); more devices for the rollout shorten it"
         )
     lines.append(_nodes_line(c, acc.name, fixed))
     when = "once per step, before it generates the next batch" if overlap else "after every update"
     lines.append(
-        f"weights: the actor's first rank sends the bf16 weights ({_fmt(2 * m.num_params)}) to"
-        f" the rollout's {_count(c.rollout.devices, 'device')} {when}, bucket by bucket"
-        f" ({_ARR}.rollout.update_weights_bucket_megabytes; docs/async.md); not in the estimate"
+        f"weights: the actor's first rank sends the bf16 weights ({fmt_number(2 * m.num_params)}) to"
+        f" the rollout's {count_noun(c.rollout.devices, 'device')} {when}, bucket by bucket"
+        f" ({ARR_PREFIX}.rollout.update_weights_bucket_megabytes; docs/async.md); not in the estimate"
     )
     return lines
 
 
-def _placement_line(s: _Settings) -> str:
+def _placement_line(s: Settings) -> str:
     if s.async_mode != "sync":
         return (
             f"placement: the rollout on devices of its own (async_training.mode={s.async_mode}:"
@@ -518,20 +520,20 @@ def _placement_line(s: _Settings) -> str:
     )
 
 
-def _nodes_line(c: _Split, what: str, fixed: _Layout | None, unit: str = "devices") -> str:
+def _nodes_line(c: Split, what: str, fixed: CandidateLayout | None, unit: str = "devices") -> str:
     """The nodes the job asks for: verl's rule (``job_nodes``) with the numbers."""
     job = c.job()
     if c.shares_nodes:
         nodes = (
             f"nodes: {c.train.per_node} + {c.rollout.per_node} ≤ {c.node_size} {unit} per node,"
             f" so the groups share nodes: max({c.train.nodes}, {c.rollout.nodes}) ="
-            f" {_count(job.nodes, 'node')} × {job.per_node}"
+            f" {count_noun(job.nodes, 'node')} × {job.per_node}"
         )
     else:
         nodes = (
             f"nodes: {c.train.per_node} + {c.rollout.per_node} > {c.node_size} {unit} per node,"
             f" so each group takes nodes of its own: {c.train.nodes} + {c.rollout.nodes} ="
-            f" {_count(job.nodes, 'node')} × {job.per_node}"
+            f" {count_noun(job.nodes, 'node')} × {job.per_node}"
         )
     nodes += f" {what} for the job (training {_group(c.train)}, rollout {_group(c.rollout)})"
     used = c.train.devices + c.rollout.devices
@@ -556,13 +558,13 @@ def _tie(f: _SplitFit, best: _SplitFit) -> str:
 
 def _infeasible(
     req: PlanRequest,
-    s: _Settings,
+    s: Settings,
     m: ModelShape,
     acc: Accelerator,
-    fixed: _Layout | None,
-    pinned: _Split | None,
-    groups: list[list[_Split]],
-    tried: list[tuple[_Split, str]],
+    fixed: CandidateLayout | None,
+    pinned: Split | None,
+    groups: list[list[Split]],
+    tried: list[tuple[Split, str]],
 ) -> InfeasiblePlanError:
     if pinned is not None:
         where = f"the pinned split, {pinned.describe()}"
@@ -586,7 +588,7 @@ def _infeasible(
     if fixed is not None or pinned is not None:
         free = replace(s, nodes=None, per_node=None, rollout_nodes=None, rollout_per_node=None)
         node_size = req.max_devices_per_node
-        auto = [lay for lay in _auto_layouts(node_size) if lay.devices >= 2]
+        auto = [lay for lay in auto_layouts(node_size) if lay.devices >= 2]
         fits, _ = _search_splits(
             m, free, acc, [g for g in (_candidates(t, free, node_size) for t in auto) if g]
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlctl.hardware import get_accelerator
 from rlctl.models import UnknownModelError, model_shape
-from rlctl.planner.memory import _budget_bytes
+from rlctl.planner.memory import budget_bytes
 from rlctl.planner.model import GIB, InfeasiblePlanError, Plan, PlanRequest, TeacherPool, job_nodes
 
 BF16 = 2
@@ -92,7 +92,7 @@ def with_teacher_pool(plan: Plan, req: PlanRequest) -> Plan:
 def _teacher_lines(config: Any, pool_size: int, req: PlanRequest) -> list[str]:
     d = config.distillation
     acc = get_accelerator(req.accelerator) if req.accelerator is not None else None
-    budget = _budget_bytes(acc) if acc is not None else None
+    budget = budget_bytes(acc) if acc is not None else None
     lines = []
     for t in d.teachers(config.actor_rollout_ref.rollout.name, pool_size):
         try:
