@@ -17,7 +17,8 @@ from typing import Any
 from rlctl.hardware import get_accelerator
 from rlctl.models import UnknownModelError, model_shape
 from rlctl.planner.memory import budget_bytes
-from rlctl.planner.model import GIB, InfeasiblePlanError, Plan, PlanRequest, TeacherPool, job_nodes
+from rlctl.planner.model import GIB, InfeasiblePlanError, Plan, PlanRequest, TeacherPool
+from rlctl.planner.own_pool import OwnPool, placed, sized_on_pins
 
 BF16 = 2
 FLOAT32 = 4
@@ -33,12 +34,8 @@ def own_teacher_pool(config: Any) -> tuple[int, int] | None:
 
 
 def training_request(req: PlanRequest) -> PlanRequest:
-    """With the teachers on devices of their own and the training's size pinned, size the
-    training on those pins, not the whole hardware (``with_teacher_pool`` checks the sum)."""
-    pinned = {"trainer.nnodes", "trainer.n_gpus_per_node"} <= req.pinned
-    if own_teacher_pool(req.config) and pinned:
-        return replace(req, num_devices=None)
-    return req
+    """What the planner sizes the training on (``own_pool.sized_on_pins``)."""
+    return sized_on_pins(req, own_teacher_pool(req.config) is not None)
 
 
 def with_teacher_pool(plan: Plan, req: PlanRequest) -> Plan:
@@ -56,28 +53,17 @@ def with_teacher_pool(plan: Plan, req: PlanRequest) -> Plan:
         )
         return replace(plan, reasoning=[*plan.reasoning, note])
     t_nodes, t_per_node = pool
-    node_size = req.max_devices_per_node
-    if t_per_node > node_size:
-        raise InfeasiblePlanError(
-            f"distillation.n_gpus_per_node {t_per_node} is more than a node's {node_size} devices",
-            hint=f"use at most {node_size}, and more distillation.nnodes",
-        )
-    nodes, per_node = job_nodes(plan.nodes, plan.devices_per_node, t_nodes, t_per_node, node_size)
-    hardware_nodes = req.num_devices // node_size if req.num_devices else None
-    if hardware_nodes is not None and nodes > max(hardware_nodes, 1):
-        raise InfeasiblePlanError(
-            f"the teachers' own {t_nodes} × {t_per_node} devices (distillation.nnodes) beside"
-            f" the training's {plan.nodes} × {plan.devices_per_node} need {nodes} node(s) of"
-            f" {node_size}; the recipe's hardware has {hardware_nodes}",
-            hint=f"set hardware.nodes: {nodes}, or pin trainer.nnodes and"
-            " trainer.n_gpus_per_node so that training leaves the teachers' devices free"
-            f" (e.g. trainer.n_gpus_per_node: {max(node_size - t_per_node, 1)})",
-        )
-    shares = plan.devices_per_node + t_per_node <= node_size
-    line = (
-        f"teachers on devices of their own (distillation.nnodes): {t_nodes} node(s) ×"
-        f" {t_per_node}, which {'share the nodes' if shares else 'take nodes of their own'}"
-        f" with training: the job asks for {nodes} node(s) × {per_node}"
+    nodes, per_node, line = placed(
+        plan,
+        req,
+        OwnPool(
+            t_nodes,
+            t_per_node,
+            "distillation",
+            "distillation.nnodes",
+            "the teachers'",
+            "teachers on devices of their own",
+        ),
     )
     line += "; " + "; ".join(_teacher_lines(config, t_nodes * t_per_node, req))
     return replace(
