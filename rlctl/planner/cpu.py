@@ -40,7 +40,8 @@ from rlctl.planner.settings import (
     made_for,
     pinned_values,
 )
-from rlctl.planner.split import Split, cpu_split, cpu_split_lines
+from rlctl.planner.split import cpu_split, cpu_split_lines
+from rlctl.planner.split_layout import Split
 
 # ---------------------------------------------------------------------------
 # CPU (the local quickstart)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rlctl.hardware import Accelerator
 from rlctl.models import ModelShape
@@ -40,8 +40,6 @@ from rlctl.planner.model import (
     InfeasiblePlanError,
     Plan,
     PlanRequest,
-    RolloutSplit,
-    job_nodes,
 )
 from rlctl.planner.search import (
     auto_layouts,
@@ -50,6 +48,7 @@ from rlctl.planner.search import (
     train_options,
 )
 from rlctl.planner.settings import ARR_PREFIX, Settings
+from rlctl.planner.split_layout import Split, SplitFit, group_label
 
 # how each async mode overlaps generation with training, as the plan explains it
 _OVERLAP = {
@@ -64,67 +63,6 @@ _KEYS = (  # the split's keys, in the order a reader names them
     (f"{ARR_PREFIX}.rollout.separate_nnodes", "rollout_nodes", "rollout", "nodes"),
     (f"{ARR_PREFIX}.rollout.separate_n_gpus_per_node", "rollout_per_node", "rollout", "per_node"),
 )
-
-
-@dataclass(frozen=True)
-class Split:
-    train: CandidateLayout
-    rollout: CandidateLayout
-    node_size: int  # devices a node has
-
-    @property
-    def shares_nodes(self) -> bool:
-        """Both groups' devices per node fit one node: they share nodes."""
-        return self.train.per_node + self.rollout.per_node <= self.node_size
-
-    def job(self) -> CandidateLayout:
-        nodes, per_node = job_nodes(
-            self.train.nodes,
-            self.train.per_node,
-            self.rollout.nodes,
-            self.rollout.per_node,
-            self.node_size,
-        )
-        return CandidateLayout(nodes, per_node)
-
-    @property
-    def label(self) -> str:
-        """Devices training + generating: per node when the groups share nodes."""
-        if not self.shares_nodes:
-            return f"{_group(self.train)} + {_group(self.rollout)}"
-        each = f"{self.train.per_node} + {self.rollout.per_node}"
-        return each if self.train.nodes == 1 else f"{each} on each of {self.train.nodes} nodes"
-
-    def describe(self) -> str:
-        return f"training {_group(self.train)} + rollout {_group(self.rollout)}"
-
-    def in_plan(
-        self, mode: str, generate_s: float | None = None, train_s: float | None = None
-    ) -> RolloutSplit:
-        """The split as the plan records it (with the estimates it was chosen by)."""
-        return RolloutSplit(
-            mode=mode,
-            train_nodes=self.train.nodes,
-            train_devices_per_node=self.train.per_node,
-            rollout_nodes=self.rollout.nodes,
-            rollout_devices_per_node=self.rollout.per_node,
-            node_size=self.node_size,
-            generate_seconds=generate_s,
-            train_seconds=train_s,
-        )
-
-
-def _group(lay: CandidateLayout) -> str:
-    return f"{count_noun(lay.nodes, 'node')} × {lay.per_node}"
-
-
-@dataclass(frozen=True)
-class _SplitFit:
-    split: Split
-    fit: Fit  # fit.layout is the training group; fit.rollout is on the rollout group
-    generate_s: float
-    train_s: float
-    step_s: float
 
 
 def separate_plan(req: PlanRequest, s: Settings, m: ModelShape, acc: Accelerator) -> Plan:
@@ -306,7 +244,7 @@ def cpu_split_lines(s: Settings, c: Split) -> list[str]:
 
 def _search_splits(
     m: ModelShape, s: Settings, acc: Accelerator, groups: list[list[Split]]
-) -> tuple[list[_SplitFit], list[tuple[Split, str]]]:
+) -> tuple[list[SplitFit], list[tuple[Split, str]]]:
     """The splits that fit in the first group of candidates (one group per total layout,
     smallest first) where any does, tier by tier like the colocated search (no offload on
     more devices before offload on fewer); and why the others did not."""
@@ -348,7 +286,7 @@ def _evaluate_split(
     tier: int,
     budget: float,
     rollouts: dict[CandidateLayout, tuple[RolloutFit | None, str]],
-) -> tuple[_SplitFit | None, str]:
+) -> tuple[SplitFit | None, str]:
     if s.samples % c.rollout.devices:  # the engine hands each rollout rank an equal share
         return None, (
             f"rollout: the {s.samples} samples of a batch ({s.train_batch} prompts × {s.n}) do"
@@ -398,7 +336,7 @@ def _evaluate_split(
             mini, train = trained
             gen, tr = _split_seconds(m, s, acc, c)
             step = max(gen, tr) if s.async_mode != "sync" else gen + tr
-            return _SplitFit(c, Fit(c.train, cfg, mini, train, rollout), gen, tr, step), ""
+            return SplitFit(c, Fit(c.train, cfg, mini, train, rollout), gen, tr, step), ""
     return None, f"training: {why}" if why else ""
 
 
@@ -418,7 +356,7 @@ def _split_seconds(m: ModelShape, s: Settings, acc: Accelerator, c: Split) -> tu
     return generate / c.rollout.devices, train / c.train.devices
 
 
-def _choose(fits: list[_SplitFit]) -> _SplitFit:
+def _choose(fits: list[SplitFit]) -> SplitFit:
     """The shortest estimated step; at a tie (within 0.1 %), the fewer rollout devices
     (more for training's memory), then the training group on fewer nodes (its
     collectives stay within nodes)."""
@@ -435,8 +373,8 @@ def _split_lines(
     s: Settings,
     m: ModelShape,
     acc: Accelerator,
-    best: _SplitFit,
-    fits: list[_SplitFit],
+    best: SplitFit,
+    fits: list[SplitFit],
     tried: list[tuple[Split, str]],
     one: tuple[float, float],
     floor: int,
@@ -535,7 +473,9 @@ def _nodes_line(c: Split, what: str, fixed: CandidateLayout | None, unit: str = 
             f" so each group takes nodes of its own: {c.train.nodes} + {c.rollout.nodes} ="
             f" {count_noun(job.nodes, 'node')} × {job.per_node}"
         )
-    nodes += f" {what} for the job (training {_group(c.train)}, rollout {_group(c.rollout)})"
+    nodes += (
+        f" {what} for the job (training {group_label(c.train)}, rollout {group_label(c.rollout)})"
+    )
     used = c.train.devices + c.rollout.devices
     if job.devices > used:  # a node's request is what its busiest node holds
         nodes += f"; {job.devices - used} of the {unit} it asks for stay idle"
@@ -544,7 +484,7 @@ def _nodes_line(c: Split, what: str, fixed: CandidateLayout | None, unit: str = 
     return nodes
 
 
-def _tie(f: _SplitFit, best: _SplitFit) -> str:
+def _tie(f: SplitFit, best: SplitFit) -> str:
     if f.step_s > best.step_s * 1.001:
         return ""
     if f.split.rollout.devices > best.split.rollout.devices:
