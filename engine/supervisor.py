@@ -266,9 +266,11 @@ class Supervisor:
     def handed_back(self, attempt: Attempt, code: int) -> int:
         """``--hand-back``: a restart is SkyPilot's to make (exit ``hand_back``); any
         other ending must not exit with that code, or SkyPilot would start it again."""
-        if self.stopped and attempt.reason in ("preempted", "worker_died"):
+        if self.stopped and code != 0:
             # SIGTERM from outside: the cluster going away (SkyPilot recovers that
-            # without counting it) or the user's cancel (nothing is recovered)
+            # without counting it) or the user's cancel (nothing is recovered). The
+            # engine may end any way then: its own save on SIGTERM, or an error or a dead
+            # worker as Ray's daemons die under it; it is the same preemption.
             attempt.next, attempt.why = RECOVERED, "stopped from outside: a preemption"
             self.save()
             return self.hand_back

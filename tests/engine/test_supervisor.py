@@ -38,9 +38,9 @@ import json, os, signal, sys, time
 plan, counter = json.load(open(sys.argv[1])), sys.argv[2]
 n = int(open(counter).read()) if os.path.exists(counter) else 0
 open(counter, "w").write(str(n + 1))
-code, reason, seconds = plan[n]
+code, reason, seconds, *on_term = plan[n]
 def stop(*_):
-    code, reason = 75, "preempted"
+    code, reason = on_term[0] if on_term else (75, "preempted")
     write(code, reason)
     sys.exit(code)
 def write(code, reason):
@@ -57,7 +57,9 @@ sys.exit(code)
 """
 
 
-def fake(tmp_path: Path, *plan: tuple[int, str | None] | tuple[int, str | None, float]) -> list:
+def fake(tmp_path: Path, *plan: tuple) -> list:
+    """An engine whose n-th start ends as ``plan[n]`` says: (code, reason), (code, reason,
+    seconds it runs first) or (..., seconds, [code, reason] it ends with on SIGTERM)."""
     steps = [[*p, 0.0] if len(p) == 2 else list(p) for p in plan]
     (tmp_path / "plan.json").write_text(json.dumps(steps))
     (tmp_path / "fake.py").write_text(FAKE_ENGINE)
@@ -318,6 +320,18 @@ def test_hand_back_a_stop_from_outside_is_a_preemption_not_counted(tmp_path):
     assert code == 75
     restarts = read_restarts(tmp_path / "restarts.json")
     assert restarts is not None and summary(restarts) == [(75, "preempted", RECOVERED)]
+    assert restarts.used == 0
+
+
+def test_hand_back_any_end_under_a_stop_from_outside_is_a_preemption(tmp_path):
+    """The allocation going away kills Ray's daemons under the engine too: it may end
+    with an error rather than its own save (seen in the managed-job e2e: exit 1 while
+    Slurm cancelled the allocation); still the cluster's going, recorded as recovered
+    and not counted."""
+    code = run_signalled(tmp_path, [(0, None, 30.0, [1, "error"])], hand_back=75)
+    assert code == 75
+    restarts = read_restarts(tmp_path / "restarts.json")
+    assert restarts is not None and summary(restarts) == [(1, "error", RECOVERED)]
     assert restarts.used == 0
 
 
