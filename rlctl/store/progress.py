@@ -46,6 +46,8 @@ SPARK_WIDTH = 40  # the sparkline shows at most this many of the last steps
 SHOWN_ATTEMPTS = 5  # the last attempts status lists, one line each
 MESSAGE_WIDTH = 160  # of an attempt's message, on its line
 BLOCKS = "▁▂▃▄▅▆▇█"
+# a SkyPilot job without a bucket: its run writes progress.json beside checkpoints there
+SKY_HINT = " (with a checkpoints: bucket in the recipe, status reads the run's progress there)"
 
 # the engine's console line (engine/tracking.py:console_line) and resume line
 # (engine/loop/trainer.py:resume)
@@ -171,7 +173,8 @@ def _readable_root(job: Job) -> Path | Progress:
     if not job.handle:
         return Progress(note="not submitted: no run to read")
     if job.backend == "skypilot":
-        return Progress(note="not readable from here: the metrics are on the cloud's nodes")
+        hint = "" if job.handle.get("progress") else SKY_HINT
+        return Progress(note=f"not readable from here: the metrics are on the cloud's nodes{hint}")
     if job.handle.get("ssh"):
         return Progress(
             note=f"not readable from here: the job root is on {job.handle['ssh']} (over ssh)"
