@@ -110,7 +110,7 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
+def whole_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor from a DTensor shard (a collective: every rank must call it)."""
     full_tensor = getattr(tensor, "full_tensor", None)
     return full_tensor() if callable(full_tensor) else tensor
@@ -131,7 +131,7 @@ def full_tensors(
     pairs: Iterable[NamedTensor] = (
         (name, tensor)
         for name, tensor in model.state_dict().items()
-        if not _skipped(name, skip_lm_head)
+        if not skipped_weight(name, skip_lm_head)
     )
     gathered = _gathered(pairs, dtype, device)
     yield from as_engine_names(as_checkpoint(gathered, checkpoint_reverter(model)), name_map)
@@ -147,7 +147,7 @@ def as_engine_names(pairs: Iterable[NamedTensor], name_map: NameMap) -> Iterator
     yield from pairs
 
 
-def _skipped(raw_name: str, skip_lm_head: bool) -> bool:
+def skipped_weight(raw_name: str, skip_lm_head: bool) -> bool:
     name = clean_name(raw_name)
     if name.endswith("rotary_emb.inv_freq") or name.endswith("rotary_emb.original_inv_freq"):
         return True
@@ -165,7 +165,7 @@ def _gathered(
             shard = shard.to(dtype)
         if device is not None:
             shard = shard.to(device)
-        full = _full(shard)
+        full = whole_tensor(shard)
         yield clean_name(raw_name), full
 
 

@@ -24,11 +24,11 @@ _SECRET_ENV = (
     "CLOUDSDK_AUTH_ACCESS_TOKEN",
     "GOOGLE_OAUTH_ACCESS_TOKEN",
 )
-_AWS_CREDENTIALS_HINT = (
+AWS_CREDENTIALS_HINT = (
     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary"
     " keys), or AWS_PROFILE with ~/.aws/credentials, or run where an instance role applies"
 )
-_GCS_CREDENTIALS_HINT = (
+GCS_CREDENTIALS_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run"
     " `gcloud auth application-default login`, or run where a service account is attached"
 )
@@ -85,7 +85,7 @@ class Store(Protocol):
         ...
 
 
-def _clean(path: str) -> str:
+def clean_path(path: str) -> str:
     """A relative, '/'-separated path without empty or '.' parts; '..' is refused."""
     parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
     if ".." in parts:
@@ -93,7 +93,7 @@ def _clean(path: str) -> str:
     return "/".join(parts)
 
 
-def _local_files(local_dir: Path) -> list[tuple[Path, str]]:
+def local_files(local_dir: Path) -> list[tuple[Path, str]]:
     """(file, its path relative to local_dir with '/') for every file below local_dir."""
     if not local_dir.is_dir():
         raise StorageError(f"cannot upload {local_dir}: it is not a directory")
@@ -105,7 +105,7 @@ def _local_files(local_dir: Path) -> list[tuple[Path, str]]:
     return sorted(files, key=lambda f: f[1])
 
 
-def _run_parallel(fn: Callable[[Any], None], items: list[Any], max_workers: int) -> None:
+def run_parallel(fn: Callable[[Any], None], items: list[Any], max_workers: int) -> None:
     """fn(item) for every item on a thread pool; the first error cancels the rest, raised."""
     if not items:
         return
@@ -120,13 +120,13 @@ def _run_parallel(fn: Callable[[Any], None], items: list[Any], max_workers: int)
             raise
 
 
-def _tmp_sibling(path: Path) -> Path:
+def tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
 
 
-def _copy_file_atomic(src: Path, dest: Path) -> None:
+def copy_file_atomic(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(dest)
+    tmp = tmp_sibling(dest)
     try:
         shutil.copyfile(src, tmp)
         os.replace(tmp, dest)
@@ -134,16 +134,16 @@ def _copy_file_atomic(src: Path, dest: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _split_bucket_url(url: str) -> tuple[str, str, str]:
+def split_bucket_url(url: str) -> tuple[str, str, str]:
     """``s3://bucket/a/b/`` -> ("s3", "bucket", "a/b")."""
     scheme, sep, rest = url.partition("://")
     bucket, _, prefix = rest.partition("/")
     if not sep or scheme not in REMOTE_SCHEMES or not bucket:
         raise StorageError(f"storage URL {url!r} must look like {scheme or 's3'}://bucket/prefix")
-    return scheme, bucket, _clean(prefix)
+    return scheme, bucket, clean_path(prefix)
 
 
-def _missing_extra(url: str, package: str, extra: str) -> StorageError:
+def missing_extra(url: str, package: str, extra: str) -> StorageError:
     return StorageError(
         f"{url} needs the {package} package, which is not installed: pip install 'rlctl[{extra}]'"
     )
@@ -157,11 +157,11 @@ class BucketPaths:
     prefix: str
 
     def url(self, path: str = "") -> str:
-        rel = _clean(path)
+        rel = clean_path(path)
         return f"{self.root}/{rel}" if rel else self.root
 
     def _key(self, path: str) -> str:
-        return "/".join(p for p in (self.prefix, _clean(path)) if p)
+        return "/".join(p for p in (self.prefix, clean_path(path)) if p)
 
     def _dir_prefix(self, path: str) -> str:
         key = self._key(path)

@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from engine.storage.base import (
-    _GCS_CREDENTIALS_HINT,
+    GCS_CREDENTIALS_HINT,
     BucketPaths,
     MiB,
     StorageError,
-    _clean,
-    _local_files,
-    _missing_extra,
-    _run_parallel,
-    _split_bucket_url,
-    _tmp_sibling,
+    clean_path,
+    local_files,
+    missing_extra,
+    run_parallel,
+    split_bucket_url,
+    tmp_sibling,
 )
 
 # ----------------------------------------------------------------------------- GCS
@@ -35,12 +35,12 @@ class GCSStore(BucketPaths):
     """
 
     def __init__(self, root: str, *, chunk_size: int = 64 * MiB, max_workers: int = 8) -> None:
-        _, self.bucket_name, self.prefix = _split_bucket_url(root)
+        _, self.bucket_name, self.prefix = split_bucket_url(root)
         self.root = f"gs://{self.bucket_name}/{self.prefix}".rstrip("/")
         try:
             from google.cloud import storage
         except ImportError:
-            raise _missing_extra(root, "google-cloud-storage", "gcs") from None
+            raise missing_extra(root, "google-cloud-storage", "gcs") from None
         with self._errors("open", ""):
             self._client = storage.Client()
         self._bucket = self._client.bucket(self.bucket_name)
@@ -52,7 +52,7 @@ class GCSStore(BucketPaths):
         return self._bucket.blob(key, chunk_size=self._chunk_size)
 
     def upload_dir(self, local_dir: Path, dest: str) -> None:
-        files = _local_files(Path(local_dir))
+        files = local_files(Path(local_dir))
         base = self._dir_prefix(dest)
 
         def upload(item: tuple[Path, str]) -> None:
@@ -62,15 +62,15 @@ class GCSStore(BucketPaths):
             self._blob(base + rel).upload_from_filename(str(path), retry=self._retry)
 
         with self._errors("upload to", dest):
-            _run_parallel(upload, files, self._max_workers)
+            run_parallel(upload, files, self._max_workers)
 
     def download_dir(self, src: str, local_dir: Path) -> None:
         base = self._dir_prefix(src)
 
         def download(blob: Any) -> None:
-            target = Path(local_dir) / _clean(blob.name[len(base) :])
+            target = Path(local_dir) / clean_path(blob.name[len(base) :])
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _tmp_sibling(target)
+            tmp = tmp_sibling(target)
             try:
                 blob.download_to_filename(str(tmp), retry=self._retry)
                 os.replace(tmp, target)
@@ -85,7 +85,7 @@ class GCSStore(BucketPaths):
             ]
             if not blobs:
                 raise StorageError(f"nothing to download at {self.url(src)}")
-            _run_parallel(download, blobs, self._max_workers)
+            run_parallel(download, blobs, self._max_workers)
 
     def write_text(self, dest: str, text: str) -> None:
         with self._errors("write", dest):
@@ -124,7 +124,7 @@ class GCSStore(BucketPaths):
     def delete_dir(self, path: str) -> None:
         from google.api_core.exceptions import NotFound
 
-        if not _clean(path):
+        if not clean_path(path):
             raise StorageError(f"refusing to delete the whole store {self.url()}")
 
         def delete(blob: Any) -> None:
@@ -133,7 +133,7 @@ class GCSStore(BucketPaths):
 
         with self._errors("delete", path):
             blobs = list(self._client.list_blobs(self._bucket, prefix=self._dir_prefix(path)))
-            _run_parallel(delete, blobs, self._max_workers)
+            run_parallel(delete, blobs, self._max_workers)
 
     def _check_bucket(self) -> None:
         # objects.list needs only object-level permission, unlike buckets.get.
@@ -153,12 +153,12 @@ class GCSStore(BucketPaths):
             raise
         except ax.DefaultCredentialsError:
             raise StorageError(
-                f"{what}: no Google Cloud credentials found; {_GCS_CREDENTIALS_HINT}"
+                f"{what}: no Google Cloud credentials found; {GCS_CREDENTIALS_HINT}"
             ) from None
         except ax.GoogleAuthError as e:
             raise StorageError(
                 f"{what}: Google Cloud credentials were rejected ({type(e).__name__});"
-                f" {_GCS_CREDENTIALS_HINT}"
+                f" {GCS_CREDENTIALS_HINT}"
             ) from None
         except gx.NotFound:
             raise StorageError(
@@ -168,7 +168,7 @@ class GCSStore(BucketPaths):
         except (gx.Forbidden, gx.Unauthorized) as e:
             raise StorageError(
                 f"{what}: access denied ({e.code}); check that the credentials may use bucket"
-                f" {self.bucket_name!r} ({_GCS_CREDENTIALS_HINT})"
+                f" {self.bucket_name!r} ({GCS_CREDENTIALS_HINT})"
             ) from None
         except requests.exceptions.ConnectionError:
             raise StorageError(

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.storage.base import StorageError, _clean, _copy_file_atomic, _local_files, _tmp_sibling
+from engine.storage.base import StorageError, clean_path, copy_file_atomic, local_files, tmp_sibling
 
 # ----------------------------------------------------------------------------- local
 
@@ -24,31 +24,31 @@ class LocalStore:
         return str(self._path(path))
 
     def _path(self, path: str) -> Path:
-        rel = _clean(path)
+        rel = clean_path(path)
         return self._root / rel if rel else self._root
 
     def upload_dir(self, local_dir: Path, dest: str) -> None:
         target = self._path(dest)
-        files = _local_files(Path(local_dir))
+        files = local_files(Path(local_dir))
         if target.exists() and target.samefile(local_dir):
             return  # already in place: the run directory is its own staging directory
         with self._errors("upload to", dest):
             for path, rel in files:
-                _copy_file_atomic(path, target / rel)
+                copy_file_atomic(path, target / rel)
 
     def download_dir(self, src: str, local_dir: Path) -> None:
         source = self._path(src)
         if not source.is_dir() or not any(p.is_file() for p in source.rglob("*")):
             raise StorageError(f"nothing to download at {self.url(src)}")
         with self._errors("download from", src):
-            for path, rel in _local_files(source):
-                _copy_file_atomic(path, Path(local_dir) / rel)
+            for path, rel in local_files(source):
+                copy_file_atomic(path, Path(local_dir) / rel)
 
     def write_text(self, dest: str, text: str) -> None:
         path = self._path(dest)
         with self._errors("write", dest):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _tmp_sibling(path)
+            tmp = tmp_sibling(path)
             try:
                 tmp.write_text(text)
                 os.replace(tmp, path)
@@ -72,7 +72,7 @@ class LocalStore:
         return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def delete_dir(self, path: str) -> None:
-        if not _clean(path):
+        if not clean_path(path):
             raise StorageError(f"refusing to delete the whole store {self.url()}")
         target = self._path(path)
         if not target.exists():

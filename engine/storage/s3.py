@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.storage.base import (
-    _AWS_CREDENTIALS_HINT,
+    AWS_CREDENTIALS_HINT,
     BucketPaths,
     MiB,
     StorageError,
-    _clean,
-    _local_files,
-    _missing_extra,
-    _split_bucket_url,
+    clean_path,
+    local_files,
+    missing_extra,
+    split_bucket_url,
 )
 
 # ----------------------------------------------------------------------------- S3
@@ -40,14 +40,14 @@ class S3Store(BucketPaths):
         multipart_chunksize: int = 64 * MiB,
         max_workers: int = 8,
     ) -> None:
-        _, self.bucket, self.prefix = _split_bucket_url(root)
+        _, self.bucket, self.prefix = split_bucket_url(root)
         self.root = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         try:
             import boto3
             from botocore.config import Config
             from s3transfer.manager import TransferConfig
         except ImportError:
-            raise _missing_extra(root, "boto3", "aws") from None
+            raise missing_extra(root, "boto3", "aws") from None
         retries: dict[str, Any] = {}
         if "AWS_RETRY_MODE" not in os.environ:
             retries["mode"] = "standard"
@@ -71,7 +71,7 @@ class S3Store(BucketPaths):
     def upload_dir(self, local_dir: Path, dest: str) -> None:
         from s3transfer.manager import TransferManager
 
-        files = _local_files(Path(local_dir))
+        files = local_files(Path(local_dir))
         base = self._dir_prefix(dest)
         with (
             self._errors("upload to", dest),
@@ -92,7 +92,7 @@ class S3Store(BucketPaths):
             with TransferManager(self._client, self._transfer_config) as manager:
                 futures = []
                 for key in keys:
-                    target = Path(local_dir) / _clean(key[len(base) :])
+                    target = Path(local_dir) / clean_path(key[len(base) :])
                     target.parent.mkdir(parents=True, exist_ok=True)
                     futures.append(manager.download(self.bucket, key, str(target)))
                 for future in futures:
@@ -144,7 +144,7 @@ class S3Store(BucketPaths):
         return sorted(n for n in names if n)
 
     def delete_dir(self, path: str) -> None:
-        if not _clean(path):
+        if not clean_path(path):
             raise StorageError(f"refusing to delete the whole store {self.url()}")
         with self._errors("delete", path):
             keys = list(self._keys_under(path))
@@ -189,7 +189,7 @@ class S3Store(BucketPaths):
         endpoint = self._client.meta.endpoint_url
         what = f"cannot {action} {where}"
         if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
-            return StorageError(f"{what}: no AWS credentials found; {_AWS_CREDENTIALS_HINT}")
+            return StorageError(f"{what}: no AWS credentials found; {AWS_CREDENTIALS_HINT}")
         if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
             return StorageError(
                 f"{what}: cannot reach the S3 endpoint {endpoint}; check AWS_ENDPOINT_URL"
@@ -208,7 +208,7 @@ class S3Store(BucketPaths):
             if code in _S3_AUTH_CODES or status in (401, 403):
                 return StorageError(
                     f"{what}: access denied ({code}) at {endpoint}; check that the credentials"
-                    f" are valid and may use bucket {self.bucket!r} ({_AWS_CREDENTIALS_HINT})"
+                    f" are valid and may use bucket {self.bucket!r} ({AWS_CREDENTIALS_HINT})"
                 )
             return StorageError(f"{what}: S3 error {code} at {endpoint}: {cause}")
         return StorageError(f"{what}: {type(e).__name__}: {e}")

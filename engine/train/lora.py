@@ -146,12 +146,12 @@ def merged_tensors(
     (W, then A and B of the same module). ``merge=False``: the base weights W alone, under
     the same names (for an engine that applies the adapter itself)."""
     from engine.rollout.weights import (
-        _full,
-        _skipped,
         as_checkpoint,
         checkpoint_reverter,
         clean_name,
+        skipped_weight,
         ties_embeddings,
+        whole_tensor,
     )
 
     layers = lora_layers(model)
@@ -160,12 +160,12 @@ def merged_tensors(
     def gathered() -> Iterator[tuple[str, torch.Tensor]]:
         for raw_name, tensor in model.state_dict().items():
             name = clean_name(raw_name)
-            if is_adapter_name(name) or _skipped(name, skip_lm_head):
+            if is_adapter_name(name) or skipped_weight(name, skip_lm_head):
                 continue  # A and B are folded into their base weight below
             module_name, _, leaf = name.rpartition(".")
             owner = module_name.removesuffix(".base_layer")
             shard = tensor.detach()
-            full = _full(shard.to(device) if device is not None else shard)
+            full = whole_tensor(shard.to(device) if device is not None else shard)
             if owner in layers and module_name.endswith(".base_layer"):
                 name = f"{owner}.{leaf}"
                 if leaf == "weight" and merge:
@@ -179,11 +179,11 @@ def merged_tensors(
 
 def _delta(layer: Any, device: torch.device | None) -> torch.Tensor:
     """scaling·B·A of one LoRA layer, from its gathered A and B."""
-    from engine.rollout.weights import _full
+    from engine.rollout.weights import whole_tensor
 
     def gathered(linear: nn.Module) -> torch.Tensor:
         weight = linear.weight.detach()
-        return _full(weight.to(device) if device is not None else weight).float()
+        return whole_tensor(weight.to(device) if device is not None else weight).float()
 
     a = gathered(layer.lora_A[ADAPTER])
     b = gathered(layer.lora_B[ADAPTER])
@@ -197,14 +197,14 @@ def adapter_tensors(
     """The adapter's full tensors under peft's saved names (``base_model.model.<module>.
     lora_A.weight``), as ``PeftModel.save_pretrained`` writes them and vLLM reads them.
     Collective: every rank gathers each, in the same order."""
-    from engine.rollout.weights import _full, clean_name
+    from engine.rollout.weights import clean_name, whole_tensor
 
     for raw_name, tensor in model.state_dict().items():
         name = clean_name(raw_name)
         if not is_adapter_name(name):
             continue
         shard = tensor.detach()
-        full = _full(shard.to(device) if device is not None else shard)
+        full = whole_tensor(shard.to(device) if device is not None else shard)
         if dtype is not None:
             full = full.to(dtype)
         yield f"base_model.model.{name.replace(f'.{ADAPTER}.', '.')}", full

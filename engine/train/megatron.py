@@ -113,15 +113,15 @@ from engine.errors import EngineError
 from engine.train.megatron_checkpoint import MegatronCheckpoint, hf_state_dict_from_checkpoint
 from engine.train.megatron_forward import MegatronForward
 from engine.train.megatron_model import (
-    _build_gpt,
-    _load_hf_weights,
-    _stage,
-    _wrap_ddp,
+    build_gpt,
     load_hf_state_dict,
+    load_hf_weights,
+    local_stage,
+    wrap_ddp,
 )
 from engine.train.megatron_modules import SDPAttention
 from engine.train.megatron_ops import attention_mask_B1SS, check_consecutive_positions
-from engine.train.megatron_setup import _init_parallel_state, require_megatron_core
+from engine.train.megatron_setup import init_parallel_state, require_megatron_core
 from engine.train.megatron_update import MegatronUpdate
 from engine.train.megatron_weights import MegatronWeights
 
@@ -176,12 +176,12 @@ class MegatronEngine(MegatronForward, MegatronUpdate, MegatronWeights, MegatronC
         if not dist.is_initialized():
             raise EngineError("the Megatron engine needs torch.distributed initialised first")
         parallel.validate(dist.get_world_size(), hf_config, CONFIG_KEYS[role])
-        _init_parallel_state(parallel, device, seed)
+        init_parallel_state(parallel, device, seed)
         torch_dtype = torch.bfloat16 if dtype == "bfloat16" and device.supports_bf16 else None
         if dtype == "float16" and device.supports_bf16:
             raise EngineError("the Megatron engine trains in bfloat16 or float32, not float16")
-        stage = _stage(hf_config)
-        model = _build_gpt(
+        stage = local_stage(hf_config)
+        model = build_gpt(
             hf_config,
             parallel,
             stage,
@@ -193,11 +193,11 @@ class MegatronEngine(MegatronForward, MegatronUpdate, MegatronWeights, MegatronC
         )
         if state_dict is None:
             state_dict = load_hf_state_dict(model_path)
-        _load_hf_weights(model, state_dict, hf_config, stage, role, seed)
+        load_hf_weights(model, state_dict, hf_config, stage, role, seed)
         del state_dict
         ddp = None
         if optim_cfg is not None:
-            ddp = _wrap_ddp(model, parallel, device)
+            ddp = wrap_ddp(model, parallel, device)
         else:
             model.requires_grad_(False)
         engine = cls(model, ddp, hf_config, parallel, optim_cfg, device, role, total_steps, stage)

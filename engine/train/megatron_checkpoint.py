@@ -23,8 +23,8 @@ import torch.distributed as dist
 from engine.config.megatron_parallel import MegatronParallel
 from engine.errors import EngineError
 from engine.train.megatron_convert import is_expert, merge_from_tp
-from engine.train.megatron_model import _is_tp_split, _to_hf_pairs
-from engine.train.megatron_ops import _atomic_save
+from engine.train.megatron_model import is_tp_split, to_hf_pairs
+from engine.train.megatron_ops import atomic_save
 from engine.train.megatron_state import EngineState
 
 CHECKPOINT_FORMAT = 1
@@ -77,7 +77,7 @@ class MegatronCheckpoint(EngineState):
             "lr_step": self.lr_step,
             "extra": extra or {},
         }
-        _atomic_save(state, path / f"rank_{self.layout.rank}.pt")
+        atomic_save(state, path / f"rank_{self.layout.rank}.pt")
         if self._distributed_optimizer:  # its state is sharded over DP: gathered to DP rank 0
             self.optimizer.save_parameter_state(str(path / self._dist_optim_file()))
         layouts: list[Any] = [None] * self.layout.world_size
@@ -169,8 +169,6 @@ def hf_state_dict_from_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
         for name in files[0]["model"]:
             if name not in shared and (apart and is_expert(name)) == experts:
                 slices = [f["model"][name] for f in files]
-                merged[name] = (
-                    merge_from_tp(name, slices) if _is_tp_split(name, role) else slices[0]
-                )
+                merged[name] = merge_from_tp(name, slices) if is_tp_split(name, role) else slices[0]
     hf_config = AutoConfig.from_pretrained(path / "hf")
-    return dict(_to_hf_pairs(iter(merged.items()), hf_config, role))
+    return dict(to_hf_pairs(iter(merged.items()), hf_config, role))

@@ -52,7 +52,7 @@ as gate and up separately, so each rank holds ``[gate_r; up_r]``), row-parallel 
 replicated. Experts, routed and shared, split as the dense MLP: the shared experts over
 the TP ranks, each routed expert over its expert-tensor-parallel (ETP) ranks, the TP
 size unless set; expert parallelism then gives each rank E/EP of the routed experts,
-whole in number and ETP-sliced (``megatron_model._split_size`` says which count a weight
+whole in number and ETP-sliced (``megatron_model.split_size`` says which count a weight
 splits by). MLA's up projections split by heads (dim 0); its down projections are whole
 on every rank.
 """

@@ -20,9 +20,9 @@ from engine.errors import EngineError
 from engine.train import megatron_context
 from engine.train.forward import trim_padding
 from engine.train.megatron_ops import (
-    _pad_responses,
     attention_mask_B1SS,
     check_consecutive_positions,
+    pad_responses,
     vocab_parallel_logprobs_at,
     vocab_parallel_logprobs_entropy,
     vocab_parallel_sum_squared_probs,
@@ -259,7 +259,7 @@ class MegatronForward(EngineState):
         def finish(values: torch.Tensor) -> torch.Tensor:
             if held is not None:
                 values = self._whole_sequence(values, held, s)[:, s - kept - 1 : s - 1]
-            return _pad_responses(values, r_len)
+            return pad_responses(values, r_len)
 
         return logits, targets.to(logits.device), finish
 
@@ -274,4 +274,4 @@ class MegatronForward(EngineState):
             return self._stage_placeholder(tokens)
         s = trimmed.input_ids_BS.shape[1]
         values = self._whole_sequence(out[..., 0].float(), held, s)
-        return _pad_responses(values[:, s - kept - 1 : s - 1], r_len)
+        return pad_responses(values[:, s - kept - 1 : s - 1], r_len)

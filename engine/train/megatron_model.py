@@ -39,7 +39,7 @@ from engine.train.megatron_convert import (
     split_for_tp,
     tp_split_dim,
 )
-from engine.train.megatron_modules import SDPAttention, TorchRMSNorm, ValueHead, _duplicated_linear
+from engine.train.megatron_modules import SDPAttention, TorchRMSNorm, ValueHead, duplicated_linear
 from engine.train.megatron_pipeline import Stage, shift_layer
 
 VALUE_HEAD = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
@@ -72,7 +72,7 @@ def load_hf_state_dict(model_path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _build_gpt(
+def build_gpt(
     hf_config: Any,
     parallel: MegatronParallel,
     stage: Stage,
@@ -207,7 +207,7 @@ def _layer_spec(hf_config: Any, qk_layernorm: bool, moe: bool) -> Any:
     layer.input_layernorm = layer.pre_mlp_layernorm = TorchRMSNorm
     if mla:  # the low-rank query's and key/value's norms; whole down projections
         attention.q_layernorm = attention.kv_layernorm = TorchRMSNorm
-        attention.linear_q_down_proj = attention.linear_kv_down_proj = _duplicated_linear()
+        attention.linear_q_down_proj = attention.linear_kv_down_proj = duplicated_linear()
     elif qk_layernorm:  # Qwen3; per head, after the (gathered) qkv projection
         attention.q_layernorm = attention.k_layernorm = TorchRMSNorm
     if moe:
@@ -260,7 +260,7 @@ def _tensor_cuda_is_identity() -> Iterator[None]:
         torch.Tensor.cuda = cuda  # type: ignore[method-assign]
 
 
-def _stage(hf_config: Any) -> Stage:
+def local_stage(hf_config: Any) -> Stage:
     """The pipeline stage this rank holds (parallel state initialised)."""
     from megatron.core import parallel_state as ps
 
@@ -274,7 +274,7 @@ def _stage(hf_config: Any) -> Stage:
     )
 
 
-def _local_experts(hf_config: Any) -> range:
+def local_experts(hf_config: Any) -> range:
     """The routed experts this rank holds, by their numbers in the whole model: E/EP of
     them from ``ep_rank`` · E/EP (empty for a dense model; parallel state initialised)."""
     from megatron.core import parallel_state as ps
@@ -284,7 +284,7 @@ def _local_experts(hf_config: Any) -> range:
     return range(first, first + per_rank)
 
 
-def _load_hf_weights(
+def load_hf_weights(
     model: nn.Module,
     hf_state: dict[str, torch.Tensor],
     hf_config: Any,
@@ -300,10 +300,10 @@ def _load_hf_weights(
     tp_rank = ps.get_tensor_model_parallel_rank()
     etp = ps.get_expert_tensor_parallel_world_size()
     etp_rank = ps.get_expert_tensor_parallel_rank()
-    experts = _local_experts(hf_config)
+    experts = local_experts(hf_config)
 
     def share(name: str, tensor: torch.Tensor) -> torch.Tensor:  # this rank's slice
-        slices = _split_size(name, role, tp, etp)
+        slices = split_size(name, role, tp, etp)
         if slices == 1:
             return tensor
         return split_for_tp(name, tensor, slices)[etp_rank if is_expert(name) else tp_rank]
@@ -336,7 +336,7 @@ def _load_hf_weights(
         for name, t in full.items()
         if held(name)
     }
-    params = dict(_weights(model))
+    params = dict(checkpoint_weights(model))
     missing = sorted(set(params) - set(mine))
     unexpected = sorted(set(mine) - set(params))
     if missing or unexpected:
@@ -369,7 +369,7 @@ def _value_head_state(head: dict[str, torch.Tensor], hf_config: Any, seed: int) 
     return {"output_layer.weight": weight, "output_layer.bias": torch.zeros(1)}
 
 
-def _wrap_ddp(model: nn.Module, parallel: MegatronParallel, device: DeviceSpec) -> nn.Module:
+def wrap_ddp(model: nn.Module, parallel: MegatronParallel, device: DeviceSpec) -> nn.Module:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp_config = DistributedDataParallelConfig(
@@ -383,7 +383,7 @@ def _wrap_ddp(model: nn.Module, parallel: MegatronParallel, device: DeviceSpec) 
     return ddp
 
 
-def _full_shape(name: str, shape: torch.Size, slices: int) -> tuple[int, ...]:
+def full_shape(name: str, shape: torch.Size, slices: int) -> tuple[int, ...]:
     """The shape of the full tensor of one of ``slices`` slices of ``shape``."""
     full = list(shape)
     if slices > 1:
@@ -391,23 +391,23 @@ def _full_shape(name: str, shape: torch.Size, slices: int) -> tuple[int, ...]:
     return tuple(full)
 
 
-def _split_size(name: str, role: str, tp: int, etp: int) -> int:
+def split_size(name: str, role: str, tp: int, etp: int) -> int:
     """How many ranks hold slices of ``name``: ETP for a routed expert's weights (Megatron's
     expert tensor parallelism; the shared experts split like the dense MLP), TP for the
     other split weights, 1 for a replicated one."""
-    if not _is_tp_split(name, role):
+    if not is_tp_split(name, role):
         return 1
     return etp if is_expert(name) else tp
 
 
-def _is_tp_split(name: str, role: str) -> bool:
+def is_tp_split(name: str, role: str) -> bool:
     """Whether this rank holds a TP slice of ``name`` (the critic's head is replicated)."""
     if role == "critic" and name in VALUE_HEAD:
         return False
     return tp_split_dim(name) is not None
 
 
-def _weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The parameters, and the one buffer that is a checkpoint's weight too: DeepSeek's
     per-expert routing bias (``router.expert_bias``, fixed here, as in HF's forward)."""
     yield from model.named_parameters()
@@ -423,7 +423,7 @@ def _beyond_the_model(name: str, hf_config: Any) -> bool:
     return match is not None and int(match.group(1)) >= hf_config.num_hidden_layers
 
 
-def _to_hf_pairs(
+def to_hf_pairs(
     pairs: Iterator[tuple[str, torch.Tensor]], hf_config: Any, role: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Full Megatron pairs as HF pairs; the critic's head as ``score.*``."""

@@ -138,7 +138,7 @@ class DuplicatedLinear(nn.Linear):
         return super().forward(x), None
 
 
-def _duplicated_linear() -> type:
+def duplicated_linear() -> type:
     """The whole-on-every-rank linear Megatron's MLA accepts for its down projections:
     Megatron's own (with Transformer Engine installed) or ``DuplicatedLinear``, bound to
     the name the MLA module checks against (None without Transformer Engine)."""

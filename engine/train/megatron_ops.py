@@ -128,11 +128,11 @@ def vocab_parallel_sum_squared_probs(logits_BRv: torch.Tensor) -> torch.Tensor:
         return sums[1] / sums[0].square()
 
 
-def _pad_responses(values_BR: torch.Tensor, r_len: int) -> torch.Tensor:
+def pad_responses(values_BR: torch.Tensor, r_len: int) -> torch.Tensor:
     return F.pad(values_BR, (0, r_len - values_BR.shape[1]))
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
+def atomic_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     torch.save(obj, tmp)
     os.replace(tmp, path)

@@ -70,7 +70,7 @@ def _without_transformer_engine() -> None:
         moe_utils.te_general_gemm = None
 
 
-def _init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: int) -> None:
+def init_parallel_state(parallel: MegatronParallel, device: DeviceSpec, seed: int) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 

@@ -16,7 +16,7 @@ from torch import nn
 from engine.config import OptimConfig
 from engine.config.megatron_parallel import MegatronParallel
 from engine.device import DeviceSpec
-from engine.train.megatron_model import _local_experts
+from engine.train.megatron_model import local_experts
 from engine.train.megatron_pipeline import Stage, StageLink
 from engine.train.routing_replay import NO_REPLAY
 
@@ -105,7 +105,7 @@ class EngineState:
         self.tp_ep_group = ps.get_expert_tensor_and_model_parallel_group()
         # Each routed expert's ETP slice once: what the gradient norm sums over for them.
         self.expert_norm_group = ps.get_expert_tensor_model_pipeline_parallel_group()
-        self.experts = _local_experts(hf_config)  # global numbers of this rank's experts
+        self.experts = local_experts(hf_config)  # global numbers of this rank's experts
         self.stage = stage
         self.link = StageLink()
         # (stage input, stage output) of each micro-batch whose backward is still to come:

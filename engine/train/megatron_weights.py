@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.train.megatron_convert import is_expert, merge_from_tp, shift_expert
-from engine.train.megatron_model import _full_shape, _split_size, _to_hf_pairs, _weights
+from engine.train.megatron_model import checkpoint_weights, full_shape, split_size, to_hf_pairs
 from engine.train.megatron_pipeline import shift_layer
 from engine.train.megatron_state import EngineState
 
@@ -26,13 +26,13 @@ class MegatronWeights(EngineState):
         """This stage's parameters by their global Megatron names (layers and routed
         experts numbered in the whole model); the last stage's copy of tied embeddings
         (``shared``) only when asked."""
-        for name, param in _weights(self.model):
+        for name, param in checkpoint_weights(self.model):
             if with_shared or not getattr(param, "shared", False):
                 global_name = shift_layer(name, self.stage.layer_offset)
                 yield shift_expert(global_name, self.experts.start), param
 
     def _split_size(self, name: str) -> int:
-        return _split_size(name, self.role, self.layout.tp, self.layout.etp)
+        return split_size(name, self.role, self.layout.tp, self.layout.etp)
 
     def _gathered(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """The full tensor of this rank's slice (the TP group takes part; for a routed
@@ -78,7 +78,7 @@ class MegatronWeights(EngineState):
         for stage in range(self.stage.count):
             src = dist.get_global_rank(self.pp_group, stage)
             mine = list(self._stage_parameters()) if stage == self.stage.index else []
-            shapes = ((n, _full_shape(n, p.shape, self._split_size(n)), p.dtype) for n, p in mine)
+            shapes = ((n, full_shape(n, p.shape, self._split_size(n)), p.dtype) for n, p in mine)
             specs = [[(peer, s, d) for n, s, d in shapes for peer in self._expert_peers(n)]]
             dist.broadcast_object_list(specs, src=src, group=self.pp_group)
             tensors = (t for n, p in mine for t in self._full_tensors_of(n, p))
@@ -95,5 +95,5 @@ class MegatronWeights(EngineState):
         on every rank). The critic's value head comes out as ``score.{weight,bias}``.
         Tensors not split over TP are views of the live parameters: copy what you keep."""
         pairs = self._full_megatron_tensors()
-        for name, tensor in _to_hf_pairs(pairs, self.hf_config, self.role):
+        for name, tensor in to_hf_pairs(pairs, self.hf_config, self.role):
             yield name, tensor if dtype is None else tensor.to(dtype)
