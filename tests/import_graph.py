@@ -101,3 +101,17 @@ def package_graph(graph: dict[str, set[str]], depth: int = 2) -> dict[str, set[s
             if target != source:
                 out[source].add(target)
     return out
+
+
+def private_imports(package: Path) -> list[str]:
+    """Every ``from <package>.x import _name`` in the package: a module's _name is its own."""
+    found = []
+    for name, path in module_names(package).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package.name):
+                found += [
+                    f"{name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    return found

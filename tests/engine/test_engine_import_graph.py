@@ -5,7 +5,7 @@ and an import order that works only by accident (issue 31 removed the last five)
 
 import pytest
 
-from tests.import_graph import REPO, circles, import_graph, package_graph
+from tests.import_graph import REPO, circles, import_graph, package_graph, private_imports
 
 PACKAGE = REPO / "engine"
 
@@ -82,15 +82,4 @@ def test_the_loop_is_driven_from_the_run_only():
 
 def test_no_module_imports_another_modules_private_name():
     """What a module gives others is public; ``_name`` stays in its own module."""
-    import ast
-
-    found = []
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("engine"):
-                found += [
-                    f"{path.relative_to(PACKAGE.parent)}: {node.module}.{a.name}"
-                    for a in node.names
-                    if a.name.startswith("_") and not a.name.startswith("__")
-                ]
-    assert found == []
+    assert private_imports(PACKAGE) == []
